@@ -1,0 +1,156 @@
+"""The device interface every platform module implements."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class DeviceUnavailableError(RuntimeError):
+    """An explicitly requested device cannot be used on this machine."""
+
+
+class Device(ABC):
+    """Everything mindrl needs to know about one kind of device, and nothing more.
+
+    Attributes:
+        name: mindrl's name for the platform: ``"cpu"``, ``"cuda"`` or ``"npu"``.
+        torch_device_type: the ``torch.device`` type string.
+        dist_backend: torch.distributed backend (``gloo``, ``nccl``, ``hccl``).
+        ray_resource: Ray resource name workers ask for (``CPU``, ``GPU``, ``NPU``).
+        visible_devices_env: environment variable that restricts visible devices, or
+            ``None`` when the platform has none (CPU).
+    """
+
+    name: str
+    torch_device_type: str
+    dist_backend: str
+    ray_resource: str
+    visible_devices_env: str | None
+
+    # ---- availability -------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def unavailable_reason(cls) -> str | None:
+        """Return ``None`` when usable here, else one line saying why not and the fix."""
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return cls.unavailable_reason() is None
+
+    @abstractmethod
+    def device_count(self) -> int:
+        """Number of devices visible to this process."""
+
+    # ---- placement ----------------------------------------------------------------
+    def device(self, index: int | None = None) -> torch.device:
+        """The ``torch.device`` for local device ``index`` (current device if None)."""
+        if index is None:
+            index = self.current_index()
+        return torch.device(self.torch_device_type, index)
+
+    @abstractmethod
+    def current_index(self) -> int:
+        """Index of the current device of this process."""
+
+    @abstractmethod
+    def set_device(self, index: int) -> None:
+        """Make local device ``index`` current for this process."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait for all queued work on the current device."""
+
+    # ---- streams and events (no-ops on CPU) -------------------------------------------
+    @abstractmethod
+    def new_stream(self) -> Any:
+        """A side stream for overlapping copies with compute; ``None`` on CPU."""
+
+    @abstractmethod
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager:
+        """Context manager that makes ``stream`` current (no-op for ``None``)."""
+
+    @abstractmethod
+    def new_event(self) -> Any:
+        """An event that can be recorded on a stream and waited on."""
+
+    # ---- host memory ---------------------------------------------------------------
+    @abstractmethod
+    def pinned_empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised page-locked host tensor (plain host memory on CPU)."""
+
+    # ---- memory statistics ----------------------------------------------------------
+    @abstractmethod
+    def memory_allocated(self) -> int:
+        """Bytes of device memory held by tensors right now."""
+
+    @abstractmethod
+    def max_memory_allocated(self) -> int:
+        """Peak of :meth:`memory_allocated` since the last reset."""
+
+    @abstractmethod
+    def reset_peak_memory_stats(self) -> None:
+        """Start a new peak window."""
+
+    @abstractmethod
+    def total_memory(self) -> int:
+        """Capacity of one device in bytes."""
+
+    def track(self, *tensors: torch.Tensor) -> None:
+        """Declare tensors as device-resident for the CPU ledger (no-op elsewhere).
+
+        On accelerators the caching allocator already sees every device tensor.
+        """
+
+    # ---- distributed -----------------------------------------------------------------
+    def init_process_group(
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str = "127.0.0.1",
+        master_port: int = 29500,
+        timeout_s: float = 300.0,
+    ) -> None:
+        """Join the default process group with this platform's backend.
+
+        The local device (``rank % device_count``) is made current first, as NCCL and
+        HCCL require.
+        """
+        if self.device_count() > 0 and self.torch_device_type != "cpu":
+            self.set_device(rank % self.device_count())
+        dist.init_process_group(
+            backend=self.dist_backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+
+    def visible_devices_for(self, indexes: list[int]) -> dict[str, str]:
+        """Environment a worker needs to see only ``indexes`` (empty on CPU)."""
+        if self.visible_devices_env is None:
+            return {}
+        return {self.visible_devices_env: ",".join(str(i) for i in indexes)}
+
+    def visible_devices(self) -> list[str] | None:
+        """The devices this process was restricted to, or ``None`` if unrestricted."""
+        if self.visible_devices_env is None:
+            return None
+        value = os.environ.get(self.visible_devices_env)
+        return None if value is None else [v for v in value.split(",") if v]
+
+    # ---- Megatron-core ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def megatron_compat(self) -> Iterator[None]:
+        """Make Megatron-core usable on this device (only the CPU needs changes)."""
+        yield
+
+    def __repr__(self) -> str:
+        return f"<Device {self.name}: {self.dist_backend}, ray={self.ray_resource}>"

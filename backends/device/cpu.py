@@ -1,0 +1,102 @@
+"""CPU device: gloo, Ray ``CPU`` resources, and a ledger for "device" memory."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import os
+
+import torch
+
+from backends.device.base import Device
+from backends.device.ledger import MemoryLedger
+
+
+class CpuDevice(Device):
+    """The CPU as a device. Streams and events are no-ops; memory comes from a ledger.
+
+    Memory statistics are those of :class:`~backends.device.ledger.MemoryLedger`: the
+    bytes of tensors mindrl declared device-resident with :meth:`track`, because on a
+    CPU the process RSS mixes "device" and host memory.
+    """
+
+    name = "cpu"
+    torch_device_type = "cpu"
+    dist_backend = "gloo"
+    ray_resource = "CPU"
+    visible_devices_env = None
+
+    def __init__(self) -> None:
+        self.ledger = MemoryLedger()
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return None
+
+    def device_count(self) -> int:
+        return 1
+
+    def device(self, index: int | None = None) -> torch.device:
+        return torch.device("cpu")
+
+    def current_index(self) -> int:
+        return 0
+
+    def set_device(self, index: int) -> None:
+        """Nothing to select on CPU."""
+
+    def synchronize(self) -> None:
+        """CPU ops are synchronous."""
+
+    def new_stream(self) -> Any:
+        return None
+
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def new_event(self) -> Any:
+        return _CpuEvent()
+
+    def pinned_empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        # Page-locking needs an accelerator runtime; a CPU-only torch refuses pin_memory.
+        return torch.empty(shape, dtype=dtype)
+
+    def memory_allocated(self) -> int:
+        return self.ledger.allocated()
+
+    def max_memory_allocated(self) -> int:
+        return self.ledger.peak()
+
+    def reset_peak_memory_stats(self) -> None:
+        self.ledger.reset_peak()
+
+    def total_memory(self) -> int:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    def track(self, *tensors: torch.Tensor) -> None:
+        self.ledger.track(*tensors)
+
+    @contextlib.contextmanager
+    def megatron_compat(self) -> Iterator[None]:
+        from backends.device.megatron_cpu import megatron_on_cpu
+
+        with megatron_on_cpu():
+            yield
+
+
+class _CpuEvent:
+    """Event stand-in: CPU work is complete when the call returns."""
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True

