@@ -103,11 +103,12 @@ class Device(ABC):
     def total_memory(self) -> int:
         """Capacity of one device in bytes."""
 
-    def track(self, *tensors: torch.Tensor) -> None:
+    def track(self, *tensors: torch.Tensor) -> None:  # noqa: B027 - no-op default
         """Declare tensors as device-resident for the CPU ledger (no-op elsewhere).
 
         On accelerators the caching allocator already sees every device tensor.
         """
+        return
 
     # ---- distributed -----------------------------------------------------------------
     def init_process_group(

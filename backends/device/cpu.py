@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
-
-import os
 
 import torch
 

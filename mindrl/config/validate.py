@@ -1,0 +1,161 @@
+"""Cross-field checks: layouts that must multiply to the world size and divide the model.
+
+Each check returns one-line problems naming the dotted keys and the fix; the loader
+prefixes the file name and reports them all together.
+"""
+
+from __future__ import annotations
+
+from mindrl.config.schema import MindRLConfig, ModelConfig, ParallelConfig
+
+GROUP_TRAINERS = ("grpo", "dapo")
+
+
+def validate_config(config: MindRLConfig, trainer: str | None = None) -> list[str]:
+    """All cross-field problems of ``config`` (empty when it is consistent)."""
+    world = config.world_size
+    roles = ["actor", "reference"] + (["critic"] if trainer in (None, "ppo") else [])
+    problems: list[str] = []
+    for role in roles:
+        parallel = getattr(config, role).parallel
+        problems += check_training_layout(f"{role}.parallel", parallel, config.model, world)
+    problems += check_generation_layout(config, world)
+    problems += check_batch(config, trainer)
+    problems += check_lengths(config)
+    return problems
+
+
+def data_parallel_size(parallel: ParallelConfig, world: int) -> int:
+    """DP of a training layout (0 when the layout does not divide the world)."""
+    model_parallel = parallel.tp * parallel.cp * parallel.pp
+    return world // model_parallel if world % model_parallel == 0 else 0
+
+
+def expert_data_parallel_size(parallel: ParallelConfig, world: int) -> int:
+    """Expert DP: EP * ETP * EDP * PP = world (0 when it does not divide)."""
+    expert_parallel = parallel.ep * parallel.etp * parallel.pp
+    return world // expert_parallel if world % expert_parallel == 0 else 0
+
+
+def check_training_layout(
+    key: str, parallel: ParallelConfig, model: ModelConfig, world: int
+) -> list[str]:
+    problems = []
+    product = parallel.tp * parallel.cp * parallel.pp
+    if world % product:
+        problems.append(
+            f"{key}: tp*cp*pp = {parallel.tp}*{parallel.cp}*{parallel.pp} = {product} does not "
+            f"divide the world size {world} (resources.nodes * resources.devices_per_node)"
+        )
+    problems += divides(
+        f"{key}.tp", parallel.tp, "model.num_attention_heads", model.num_attention_heads
+    )
+    if not model.uses_mla:
+        problems += divides(f"{key}.tp", parallel.tp, "model.num_kv_heads", model.num_kv_heads)
+    problems += divides(f"{key}.tp", parallel.tp, "model.ffn_hidden_size", model.ffn_hidden_size)
+    problems += check_stage_layers(key, parallel, model)
+    if model.is_moe:
+        problems += divides(f"{key}.ep", parallel.ep, "model.num_experts", model.num_experts)
+        expert_product = parallel.ep * parallel.etp * parallel.pp
+        if world % expert_product:
+            problems.append(
+                f"{key}: ep*etp*pp = {expert_product} does not divide the world size {world}"
+            )
+    elif parallel.ep > 1 or parallel.etp > 1:
+        problems.append(
+            f"{key}.ep/etp: expert parallelism needs an MoE model (model.num_experts > 0)"
+        )
+    return problems
+
+
+def stage_layer_counts(parallel: ParallelConfig, num_layers: int) -> list[int]:
+    """Layers per pipeline stage: ``first_stage_layers`` first, the rest split evenly."""
+    if parallel.pp == 1:
+        return [num_layers]
+    first = parallel.first_stage_layers
+    if first is None:
+        return [num_layers // parallel.pp] * parallel.pp
+    return [first] + [(num_layers - first) // (parallel.pp - 1)] * (parallel.pp - 1)
+
+
+def check_stage_layers(key: str, parallel: ParallelConfig, model: ModelConfig) -> list[str]:
+    first = parallel.first_stage_layers
+    if first is None:
+        return divides(f"{key}.pp", parallel.pp, "model.num_layers", model.num_layers)
+    rest = model.num_layers - first
+    if parallel.pp == 1 or rest <= 0 or rest % (parallel.pp - 1):
+        return [
+            f"{key}.first_stage_layers: {first} leaves {rest} layers that do not split evenly over "
+            f"the other {parallel.pp - 1} pipeline stages of model.num_layers {model.num_layers}"
+        ]
+    return []
+
+
+def check_generation_layout(config: MindRLConfig, world: int) -> list[str]:
+    rollout, model, train = config.rollout, config.model, config.actor.parallel
+    problems = []
+    if world % rollout.tp:
+        problems.append(f"rollout.tp: {rollout.tp} does not divide the world size {world}")
+    problems += divides(
+        "rollout.tp", rollout.tp, "model.num_attention_heads", model.num_attention_heads
+    )
+    kv = model.num_kv_heads
+    if not model.uses_mla and kv % rollout.tp and rollout.tp % kv:
+        problems.append(
+            f"rollout.tp: {rollout.tp} and model.num_kv_heads {kv} must divide one another "
+            "(KV heads are split or replicated across generation TP ranks)"
+        )
+    if model.is_moe:
+        problems += divides("rollout.ep", rollout.ep, "model.num_experts", model.num_experts)
+        if world % rollout.ep:
+            problems.append(f"rollout.ep: {rollout.ep} does not divide the world size {world}")
+    elif rollout.ep > 1:
+        problems.append("rollout.ep: expert parallelism needs an MoE model (model.num_experts > 0)")
+    small, large = sorted((train.tp, rollout.tp))
+    if large % small:
+        problems.append(
+            f"rollout.tp: generation TP {rollout.tp} and actor.parallel.tp {train.tp} must be "
+            "multiples of one another so each generation shard is a run of training shards"
+        )
+    return problems
+
+
+def check_batch(config: MindRLConfig, trainer: str | None) -> list[str]:
+    data, world = config.data, config.world_size
+    problems = []
+    if trainer in GROUP_TRAINERS and data.n_samples_per_prompt < 2:
+        problems.append(
+            f"data.n_samples_per_prompt: {trainer} compares responses within a group and needs "
+            f"at least 2, got {data.n_samples_per_prompt}"
+        )
+    samples = data.global_batch_size * data.n_samples_per_prompt
+    dp = data_parallel_size(config.actor.parallel, world)
+    if dp and samples % dp:
+        problems.append(
+            f"data.global_batch_size * data.n_samples_per_prompt = {samples} samples cannot be "
+            f"split evenly over the actor's {dp} data-parallel ranks"
+        )
+    mini = config.actor.mini_batch_size
+    if mini is not None and data.global_batch_size % mini:
+        problems.append(
+            f"actor.mini_batch_size: {mini} does not divide data.global_batch_size "
+            f"{data.global_batch_size}"
+        )
+    return problems
+
+
+def check_lengths(config: MindRLConfig) -> list[str]:
+    rollout, model = config.rollout, config.model
+    total = rollout.max_prompt_length + rollout.max_response_length
+    if total > model.max_position_embeddings:
+        return [
+            f"rollout.max_prompt_length + rollout.max_response_length = {total} exceeds "
+            f"model.max_position_embeddings {model.max_position_embeddings}"
+        ]
+    return []
+
+
+def divides(key: str, size: int, target_key: str, target: int) -> list[str]:
+    if target % size:
+        return [f"{key}: {size} does not divide {target_key} {target}"]
+    return []

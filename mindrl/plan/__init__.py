@@ -1,0 +1,1 @@
+"""Analytic planning: parameter counts by layout kind, per-device memory, sample flow."""

@@ -1,0 +1,127 @@
+"""Human-readable rendering of a plan (rich tables)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+GB = 1e9
+
+
+def gb(value: float) -> str:
+    return f"{value / GB:,.2f} GB"
+
+
+def render_plan(plan: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(
+        f"[bold]mindrl plan[/bold]: {plan['trainer']} on {plan['world_size']} {plan['device']} "
+        f"device(s) = {plan['nodes']} node(s) x {plan['devices_per_node']}; model "
+        f"{plan['model']['family']} {plan['model']['params'] / 1e9:,.2f}B params "
+        f"({plan['model']['dtype']})"
+    )
+    console.print(placement_table(plan))
+    console.print(layout_table(plan))
+    console.print(memory_table(plan))
+    console.print(flow_table(plan))
+    for problem in plan["fit_problems"]:
+        console.print(f"[bold red]does not fit:[/bold red] {problem}")
+    if not plan["fit_problems"]:
+        console.print("[green]fits:[/green] every stage fits in device memory")
+
+
+def placement_table(plan: dict) -> Table:
+    """One row per run of nodes that host the same things (48 nodes stay readable)."""
+    table = Table(title="placement (roles collocated on every device)")
+    for col in ("nodes", "ranks", "roles", "TD warehouse", "TD controllers"):
+        table.add_column(col)
+    for run in node_runs(plan["placement"]):
+        first, last = run[0], run[-1]
+        nodes = str(first["node"]) if len(run) == 1 else f"{first['node']}-{last['node']}"
+        table.add_row(
+            nodes,
+            f"{first['ranks'][0]}-{last['ranks'][1]}",
+            ", ".join(first["roles"]),
+            "one per node" if first["td_warehouse"] else "-",
+            ", ".join(first["td_controllers"]) or "-",
+        )
+    return table
+
+
+def node_runs(placement: list[dict]) -> list[list[dict]]:
+    def key(node: dict) -> tuple:
+        return (tuple(node["roles"]), node["td_warehouse"], tuple(node["td_controllers"]))
+
+    runs: list[list[dict]] = []
+    for node in placement:
+        if runs and key(runs[-1][-1]) == key(node):
+            runs[-1].append(node)
+        else:
+            runs.append([node])
+    return runs
+
+
+def layout_table(plan: dict) -> Table:
+    table = Table(title="parallel layouts")
+    for col in ("stage", "TP", "PP", "CP", "DP", "EP", "ETP", "EDP"):
+        table.add_column(col, justify="right")
+    for role, lay in plan["training_layouts"].items():
+        table.add_row(
+            f"{role} (train)", *(str(lay[k]) for k in ("tp", "pp", "cp", "dp", "ep", "etp", "edp"))
+        )
+    gen = plan["generation_layout"]
+    table.add_row("generation", str(gen["tp"]), "1", "1", str(gen["dp"]), str(gen["ep"]), "1", "-")
+    return table
+
+
+def memory_table(plan: dict) -> Table:
+    mem = plan["memory"]
+    train, naive, swap = mem["training"], mem["generation_naive"], mem["generation_swap"]
+    table = Table(title=f"per-device memory (device: {gb(mem['device_bytes'])})")
+    table.add_column("item")
+    table.add_column("naive", justify="right")
+    table.add_column("allgather-swap", justify="right")
+    rows = [
+        ("train: weights", train["weights"], train["weights"]),
+        ("train: grads (fp32)", train["grads"], train["grads"]),
+        ("train: optimizer state", train["optimizer"], train["optimizer"]),
+        ("train: activations (est.)", train["activations"], train["activations"]),
+        ("train: total", train["total"], train["total"]),
+        ("gen: weight shard", naive["shard"], swap["shard"]),
+        ("gen: resident training state", naive["resident_training"], swap["resident_training"]),
+        ("gen: KV-cache budget", naive["kv_cache_budget"], swap["kv_cache_budget"]),
+    ]
+    for name, a, b in rows:
+        table.add_row(name, gb(a), gb(b))
+    tokens = (
+        naive["kv_cache_budget"] // naive["kv_bytes_per_token"],
+        swap["kv_cache_budget"] // swap["kv_bytes_per_token"],
+    )
+    table.add_row("gen: KV-cache tokens", f"{max(tokens[0], 0):,}", f"{max(tokens[1], 0):,}")
+    table.add_row("redundant weight bytes (Eq. 3)", gb(mem["redundant_bytes"]), gb(0))
+    table.add_row("swapped to host per iteration", "-", gb(mem["swap_bytes"]))
+    return table
+
+
+def flow_table(plan: dict) -> Table:
+    flow = plan["sample_flow"]
+    table = Table(title="sample flow of one iteration (paper Eq. 2, 100 MB/s between hosts)")
+    table.add_column("endpoint")
+    table.add_column("bytes", justify="right")
+    table.add_column("dispatch time", justify="right")
+    table.add_row(
+        "centralized buffer",
+        f"{flow['central_bytes'] / 2**30:,.3f} GiB",
+        f"{flow['central_seconds']:,.2f} s",
+    )
+    table.add_row(
+        f"dock: busiest of {flow['warehouses']} warehouse(s)",
+        f"{flow['dock_endpoint_bytes'] / 2**30:,.3f} GiB",
+        f"{flow['dock_endpoint_seconds']:,.2f} s",
+    )
+    table.add_row(
+        f"dock: metadata ({flow['controllers']} controllers)",
+        f"{flow['dock_metadata_bytes'] / 2**20:,.3f} MiB",
+        "-",
+    )
+    return table

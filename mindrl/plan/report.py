@@ -1,0 +1,125 @@
+"""The ``--dry-run`` plan: placement, layouts, memory per stage, sample flow, fit check.
+
+Everything here is analytic: no accelerator, no Ray, no model weights are needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindrl.config import MindRLConfig, ParallelConfig
+from mindrl.config.validate import data_parallel_size, expert_data_parallel_size
+from mindrl.plan.memory import MemoryPlan, plan_memory
+from mindrl.plan.params import model_params
+from mindrl.plan.sample_flow import sample_flow
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class TrainerShape:
+    """What the planner needs to know about the chosen algorithm."""
+
+    name: str
+    stages: tuple[str, ...]
+    response_fields: int
+    roles: tuple[str, ...]
+
+
+def layout_dict(parallel: ParallelConfig, world: int) -> dict:
+    return {
+        "tp": parallel.tp,
+        "pp": parallel.pp,
+        "cp": parallel.cp,
+        "dp": data_parallel_size(parallel, world),
+        "ep": parallel.ep,
+        "etp": parallel.etp,
+        "edp": expert_data_parallel_size(parallel, world),
+    }
+
+
+def placement(config: MindRLConfig, trainer: TrainerShape) -> list[dict]:
+    """Per node: global ranks, collocated roles, and the dock pieces it hosts."""
+    per_node = config.resources.devices_per_node
+    warehouses = config.dock.warehouses or config.resources.nodes
+    nodes = []
+    for node in range(config.resources.nodes):
+        nodes.append(
+            {
+                "node": node,
+                "ranks": [node * per_node, (node + 1) * per_node - 1],
+                "roles": list(trainer.roles),
+                "td_warehouse": node < warehouses,
+                "td_controllers": list(trainer.stages) if node == 0 else [],
+            }
+        )
+    return nodes
+
+
+def fit_problems(memory: MemoryPlan, swap: bool) -> list[str]:
+    """Stages that do not fit in one device, with the shortfall."""
+    problems = []
+    if memory.training.total > memory.device_bytes:
+        over = (memory.training.total - memory.device_bytes) / GB
+        problems.append(
+            f"training stage needs {memory.training.total / GB:.1f} GB per device, "
+            f"{over:.1f} GB more than the {memory.device_bytes / GB:.1f} GB available"
+        )
+    generation = memory.generation_swap if swap else memory.generation_naive
+    if generation.kv_cache_budget <= 0:
+        over = -generation.kv_cache_budget / GB
+        problems.append(
+            f"generation stage leaves no KV cache: weights and resident training state "
+            f"exceed rollout.memory_fraction of the device by {over:.1f} GB"
+        )
+    return problems
+
+
+def build_plan(
+    config: MindRLConfig, trainer: TrainerShape, device_name: str, device_bytes: int
+) -> dict:
+    """The whole plan as a JSON-serialisable dict."""
+    world = config.world_size
+    data = config.data
+    memory = plan_memory(config, device_bytes)
+    flow = sample_flow(
+        data.global_batch_size,
+        data.n_samples_per_prompt,
+        config.rollout.max_prompt_length,
+        config.rollout.max_response_length,
+        trainer.response_fields,
+        config.dock.warehouses or config.resources.nodes,
+        len(trainer.stages),
+    )
+    params = model_params(config.model)
+    return {
+        "trainer": trainer.name,
+        "device": device_name,
+        "world_size": world,
+        "nodes": config.resources.nodes,
+        "devices_per_node": config.resources.devices_per_node,
+        "placement": placement(config, trainer),
+        "model": {
+            "family": config.model.family,
+            "params": params.total,
+            "tp_params": params.tp,
+            "expert_params": params.expert,
+            "replicated_params": params.replicated,
+            "dtype": config.model.dtype,
+        },
+        "training_layouts": {
+            role: layout_dict(getattr(config, role).parallel, world)
+            for role in trainer.roles
+            if role != "rollout"
+        },
+        "generation_layout": {
+            "tp": config.rollout.tp,
+            "ep": config.rollout.ep,
+            "dp": world // config.rollout.tp,
+            "pp": 1,
+        },
+        "memory": memory.as_dict(),
+        "sample_flow": flow.as_dict(),
+        "allgather_swap": config.rollout.swap,
+        "fit_problems": fit_problems(memory, config.rollout.swap),
+    }

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mindrl.config import ConfigError, load_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+RECIPES = sorted(CONFIGS.glob("*.yaml"))
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def problems_of(path=None, overrides=None, trainer="grpo") -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        load_config(path, overrides, trainer=trainer)
+    return err.value.problems
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_every_shipped_recipe_loads_for_every_trainer(recipe):
+    for trainer in ("grpo", "ppo", "dapo"):
+        config = load_config(recipe, trainer=trainer)
+        assert config.world_size == config.resources.nodes * config.resources.devices_per_node
+
+
+def test_the_paper_layouts_are_in_the_recipes():
+    qwen32 = load_config(CONFIGS / "qwen25_32b.yaml")
+    assert (qwen32.actor.parallel.tp, qwen32.world_size, qwen32.rollout.tp) == (8, 16, 4)
+    ds = load_config(CONFIGS / "deepseek671b.yaml")
+    p = ds.actor.parallel
+    assert (ds.world_size, p.tp, p.pp, p.ep, ds.rollout.tp, ds.rollout.ep) == (384, 4, 6, 16, 2, 64)
+
+
+def test_dotted_overrides_change_single_fields_and_parse_yaml_values():
+    config = load_config(
+        None, ["actor.optim.lr=1e-5", "reward.verifiers=[math, synthetic]", "checkpoint.dir=null"]
+    )
+    assert config.actor.optim.lr == pytest.approx(1e-5)
+    assert config.reward.verifiers == ["math", "synthetic"]
+    assert config.checkpoint.dir is None
+
+
+def test_an_unknown_key_is_named_with_a_suggestion(tmp_path):
+    path = write(tmp_path, "actor:\n  optim:\n    lrr: 1.0\n")
+    (problem,) = problems_of(path)
+    assert problem == f"{path}: actor.optim.lrr: unknown key (did you mean 'lr'?)"
+
+
+def test_several_problems_are_reported_together(tmp_path):
+    path = write(tmp_path, "iterations: many\nrollout:\n  top_p: 1.5\n  engine: sglang\nseeed: 1\n")
+    problems = problems_of(path)
+    assert len(problems) == 4
+    assert f"{path}: iterations: expected an integer, got 'many'" in problems
+    assert f"{path}: rollout.top_p: must be <= 1, got 1.5" in problems
+    assert any("rollout.engine: 'sglang' is not one of: auto, vllm, hf" in p for p in problems)
+    assert any("seeed: unknown key (did you mean 'seed'?)" in p for p in problems)
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    path = write(tmp_path, "model:\n  hidden_size: 64\n bad indent: [\n")
+    (problem,) = problems_of(path)
+    assert problem.startswith(f"{path}: invalid YAML at line 3")
+
+
+def test_a_missing_file_is_one_clear_problem(tmp_path):
+    (problem,) = problems_of(tmp_path / "nope.yaml")
+    assert "config file not found" in problem
+
+
+def test_a_layout_that_does_not_divide_the_world_is_refused():
+    problems = problems_of(None, ["actor.parallel.tp=3", "resources.devices_per_node=4"])
+    assert any(
+        "actor.parallel: tp*cp*pp = 3*1*1 = 3 does not divide the world size 4" in p
+        for p in problems
+    )
+
+
+def test_layouts_must_divide_heads_layers_and_experts():
+    problems = problems_of(
+        None,
+        [
+            "resources.devices_per_node=8",
+            "model.num_attention_heads=6",
+            "model.num_kv_heads=6",
+            "actor.parallel.tp=4",
+            "reference.parallel.tp=4",
+            "critic.parallel.tp=4",
+            "actor.parallel.pp=2",
+            "model.num_layers=3",
+            "rollout.tp=4",
+        ],
+    )
+    text = "\n".join(problems)
+    assert "actor.parallel.tp: 4 does not divide model.num_attention_heads 6" in text
+    assert "actor.parallel.pp: 2 does not divide model.num_layers 3" in text
+    assert "rollout.tp: 4 does not divide model.num_attention_heads 6" in text
+
+
+def test_expert_layouts_are_checked_against_the_expert_count():
+    problems = problems_of(
+        None,
+        [
+            "resources.devices_per_node=4",
+            "model.num_experts=6",
+            "model.moe_ffn_hidden_size=32",
+            "actor.parallel.ep=4",
+            "rollout.ep=4",
+        ],
+    )
+    assert any("actor.parallel.ep: 4 does not divide model.num_experts 6" in p for p in problems)
+    assert any("rollout.ep: 4 does not divide model.num_experts 6" in p for p in problems)
+
+
+def test_generation_tp_must_be_a_multiple_or_divisor_of_training_tp():
+    problems = problems_of(
+        None,
+        [
+            "resources.devices_per_node=6",
+            "model.num_attention_heads=6",
+            "model.num_kv_heads=6",
+            "model.ffn_hidden_size=258",
+            "actor.parallel.tp=2",
+            "reference.parallel.tp=2",
+            "critic.parallel.tp=2",
+            "rollout.tp=3",
+        ],
+    )
+    assert any("generation TP 3 and actor.parallel.tp 2 must be multiples" in p for p in problems)
+
+
+def test_group_trainers_need_two_samples_per_prompt_but_ppo_does_not():
+    (problem,) = problems_of(None, ["data.n_samples_per_prompt=1"], trainer="grpo")
+    assert "grpo compares responses within a group and needs at least 2, got 1" in problem
+    assert (
+        load_config(None, ["data.n_samples_per_prompt=1"], trainer="ppo").data.n_samples_per_prompt
+        == 1
+    )
+
+
+def test_uneven_pipeline_stages_need_a_consistent_first_stage():
+    overrides = [
+        "resources.devices_per_node=6",
+        "model.num_layers=61",
+        "actor.parallel.pp=6",
+        "reference.parallel.pp=6",
+        "critic.parallel.pp=6",
+    ]
+    ok = [
+        *overrides,
+        *(f"{r}.parallel.first_stage_layers=11" for r in ("actor", "reference", "critic")),
+    ]
+    assert load_config(None, ok).actor.parallel.first_stage_layers == 11
+    bad = [
+        *overrides,
+        *(f"{r}.parallel.first_stage_layers=12" for r in ("actor", "reference", "critic")),
+    ]
+    assert any("first_stage_layers: 12 leaves 49 layers" in p for p in problems_of(None, bad))

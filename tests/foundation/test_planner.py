@@ -1,0 +1,79 @@
+"""The analytic planner pinned to the paper (DESIGN.md §3, §4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mindrl.config import load_config
+from mindrl.plan.memory import plan_memory, redundant_bytes
+from mindrl.plan.params import model_params
+from mindrl.plan.sample_flow import central_volume_bytes, dispatch_seconds, sample_flow
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("recipe", "billions"),
+    [("qwen25_7b", 7.62), ("qwen25_32b", 32.76), ("qwen3_30b_a3b", 30.53), ("deepseek671b", 671.0)],
+)
+def test_recipes_have_the_real_parameter_counts(recipe, billions):
+    config = load_config(CONFIGS / f"{recipe}.yaml")
+    assert model_params(config.model).total / 1e9 == pytest.approx(billions, rel=2e-3)
+
+
+def test_qwen25_32b_tp8_to_tp4_frees_about_8_gb_per_device():
+    config = load_config(CONFIGS / "qwen25_32b.yaml")
+    redundant = redundant_bytes(config.model, config.actor.parallel, config.rollout.ep)
+    assert redundant / 1e9 == pytest.approx(8.19, abs=0.02)  # paper: 8 GB
+    plan = plan_memory(config, 128 * 10**9)
+    assert plan.generation_swap.kv_cache_budget - plan.generation_naive.kv_cache_budget >= redundant
+
+
+def test_generalised_eq3_matches_the_paper_form_for_the_figure3_layouts():
+    # TP2 EP2 DP2 -> TP1 EP4 DP4: M = S_tp/T_u + S_ep*(T_u/D_g - 1/E_g)
+    config = load_config(
+        None,
+        [
+            "resources.devices_per_node=4",
+            "model.num_experts=4",
+            "model.moe_ffn_hidden_size=64",
+            "actor.parallel.tp=2",
+            "actor.parallel.ep=2",
+            "reference.parallel.tp=2",
+            "reference.parallel.ep=2",
+            "critic.parallel.tp=2",
+            "critic.parallel.ep=2",
+            "rollout.tp=1",
+            "rollout.ep=4",
+        ],
+    )
+    params = model_params(config.model)
+    s_tp, s_ep = params.tp * 4, params.expert * 4  # float32 bytes
+    paper = s_tp / 2 + s_ep * (2 / 4 - 1 / 4)
+    assert redundant_bytes(config.model, config.actor.parallel, 4) == pytest.approx(paper, abs=8)
+
+
+# (G, N, L_p, n_l, L_r) -> volume GiB, seconds at 100 MB/s: DESIGN.md §3
+TABLE1_ROWS = [
+    ((256, 8, 2048, 5, 8192), 0.96875, 9.92),
+    ((8192, 64, 4096, 8, 65536), 3088.0, 31621.12),
+]
+
+
+@pytest.mark.parametrize(("row", "gib", "seconds"), TABLE1_ROWS)
+def test_centralized_volume_and_dispatch_time_match_table1(row, gib, seconds):
+    g, n, lp, nl, lr = row
+    volume = central_volume_bytes(g, n, lp, nl, lr)
+    assert volume / GIB == pytest.approx(gib)
+    assert dispatch_seconds(volume) == pytest.approx(seconds)
+
+
+def test_the_dock_splits_the_volume_over_warehouses_with_tiny_metadata():
+    flow = sample_flow(256, 8, 2048, 8192, 5, warehouses=16, controllers=6)
+    assert flow.dock_metadata_bytes < 0.01 * flow.central_bytes
+    assert flow.dock_endpoint_bytes == pytest.approx(
+        (flow.central_bytes + flow.dock_metadata_bytes) / 16
+    )

@@ -1,0 +1,155 @@
+"""``mindrl-train``: the one command that plans or runs a GRPO / PPO / DAPO job.
+
+It lives in ``trainers`` (the top layer) because it picks an algorithm by name; the
+config, planner and pipeline it drives live in ``mindrl``.
+
+Exit codes: 0 done, 1 the run failed, 2 bad input (config, override, device, file),
+3 the plan does not fit in device memory, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from backends.device import DeviceUnavailableError
+from backends.device.registry import DEVICE_CLASSES, resolve_device
+from mindrl.config import ConfigError, MindRLConfig, load_config
+from mindrl.plan.report import TrainerShape, build_plan
+
+TRAINERS = ("grpo", "ppo", "dapo")
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
+
+
+class UserError(Exception):
+    """A mistake in the command line or environment: one line, exit code 2."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="mindrl-train",
+        description="RL post-training (GRPO / PPO / DAPO) on NPU, GPU or CPU.",
+        epilog="Overrides: dotted.key=value, e.g. actor.optim.lr=1e-6 (or --set KEY=VALUE).",
+    )
+    parser.add_argument("--trainer", required=True, choices=TRAINERS, help="RL algorithm.")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help=f"YAML recipe (default: the CPU embedded default {DEFAULT_CONFIG.name}).",
+    )
+    parser.add_argument(
+        "--device",
+        choices=["auto", *DEVICE_CLASSES],
+        help="Device platform (overrides config 'device' and $MINDRL_DEVICE).",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="Print the plan (layouts, memory, sample flow) and exit; no accelerator needed.",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="With --dry-run: print the plan as JSON."
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="Continue from the latest checkpoint."
+    )
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override one config value (repeatable).",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Config overrides.")
+    return parser.parse_args(argv)
+
+
+def trainer_shape(name: str) -> TrainerShape:
+    """Stages, response-length fields and roles of an algorithm, for the planner."""
+    from trainers.registry import get_algorithm
+
+    algo = get_algorithm(name)
+    stages = ["rollout", "reward"]
+    stages += ["ref_logp"] if algo.needs_reference else []
+    stages += ["old_logp"] + (["values"] if algo.needs_critic else []) + ["advantage", "update"]
+    # responses, mask, old log-probs, advantages (+ ref log-probs, + values and returns)
+    fields = 4 + int(algo.needs_reference) + 2 * int(algo.needs_critic)
+    roles = ["actor", "rollout"] + (["reference"] if algo.needs_reference else [])
+    roles += ["critic"] if algo.needs_critic else []
+    return TrainerShape(name, tuple(stages), fields, tuple(roles))
+
+
+def device_bytes_for_plan(config: MindRLConfig, device_name: str) -> int:
+    if config.resources.device_memory_gib is not None:
+        return int(config.resources.device_memory_gib * 2**30)
+    try:
+        from backends.device import get_device
+
+        return get_device(device_name).total_memory()
+    except DeviceUnavailableError as exc:
+        raise UserError(
+            f"cannot plan for '{device_name}' devices on this machine ({exc}); "
+            "set resources.device_memory_gib in the config"
+        ) from None
+
+
+def dry_run(config: MindRLConfig, trainer: str, requested_device: str | None, as_json: bool) -> int:
+    device_name = (
+        requested_device if requested_device not in (None, "auto") else resolve_device(None)
+    )
+    plan = build_plan(
+        config, trainer_shape(trainer), device_name, device_bytes_for_plan(config, device_name)
+    )
+    if as_json:
+        print(json.dumps(plan, indent=2))
+    else:
+        from mindrl.plan.render import render_plan
+
+        render_plan(plan)
+    return 3 if plan["fit_problems"] else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config, [*args.sets, *args.overrides], trainer=args.trainer)
+    requested = args.device or (None if config.device == "auto" else config.device)
+    if args.dry_run:
+        return dry_run(config, args.trainer, requested, args.json)
+    resolve_device(requested)  # fail fast, before any process starts
+    try:
+        from trainers.pipeline import train
+    except ModuleNotFoundError as exc:
+        if exc.name != "trainers.pipeline":
+            raise
+        dry_run(config, args.trainer, requested, as_json=False)
+        print(
+            "mindrl-train: the training pipeline has not landed yet (issue 7); "
+            "stopped after the planner",
+            file=sys.stderr,
+        )
+        return 0
+    return train(config, args.trainer, device=requested, resume=args.resume)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"mindrl-train: config error: {problem}", file=sys.stderr)
+        return 2
+    except (UserError, DeviceUnavailableError) as exc:
+        print(f"mindrl-train: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mindrl-train: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
