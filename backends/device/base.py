@@ -103,7 +103,7 @@ class Device(ABC):
     def total_memory(self) -> int:
         """Capacity of one device in bytes."""
 
-    def track(self, *tensors: torch.Tensor) -> None:  # noqa: B027 - no-op default
+    def track(self, *tensors: torch.Tensor) -> None:
         """Declare tensors as device-resident for the CPU ledger (no-op elsewhere).
 
         On accelerators the caching allocator already sees every device tensor.

@@ -1,0 +1,1 @@
+"""Ray plumbing: joining a cluster, placing worker groups, calling them with deadlines."""

@@ -1,0 +1,124 @@
+"""A group of identical Ray workers, one per device, placed with a placement group.
+
+Calls go to every worker (or a chosen subset) and are awaited with a deadline: a worker
+that dies raises :class:`WorkerDiedError` naming the worker and the stage at once, and a
+call that outlives its deadline raises :class:`StageTimeoutError`; nothing ever hangs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from backends.device import Device
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process died while a stage was waiting on it."""
+
+
+class StageTimeoutError(RuntimeError):
+    """A stage did not finish within its deadline."""
+
+
+POLL_S = 1.0
+
+
+class WorkerGroup:
+    """``size`` Ray actors of ``worker_cls``, one bundle each, packed onto nodes.
+
+    Args:
+        name: shown in errors, e.g. ``"actor"``.
+        worker_cls: a ``@ray.remote`` class whose constructor takes ``(rank, size, *args)``.
+        device: the device layer; each bundle asks for one ``device.ray_resource``.
+        cpus_per_worker: Ray CPU slots per worker on accelerators (CPU: the device slot).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        worker_cls: Any,
+        size: int,
+        device: Device,
+        args: Sequence[Any] = (),
+        cpus_per_worker: float = 1.0,
+        ready_timeout_s: float = 300.0,
+    ) -> None:
+        self.name = name
+        self.size = size
+        bundle = {device.ray_resource: 1.0}
+        if device.ray_resource != "CPU":
+            bundle["CPU"] = cpus_per_worker
+        self._pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK")
+        self._wait_for_placement(ready_timeout_s, bundle)
+        self.workers = [
+            worker_cls.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=i
+                ),
+                name=None,
+            ).remote(i, size, *args)
+            for i in range(size)
+        ]
+
+    def _wait_for_placement(self, timeout_s: float, bundle: dict[str, float]) -> None:
+        ready, _ = ray.wait([self._pg.ready()], timeout=timeout_s)
+        if not ready:
+            remove_placement_group(self._pg)
+            raise StageTimeoutError(
+                f"{self.name}: the cluster cannot place {self.size} workers of {bundle} within "
+                f"{timeout_s:.0f} s; check `ray status` for free resources or lower "
+                "resources.devices_per_node / resources.nodes"
+            )
+
+    def call(
+        self,
+        method: str,
+        *args: Any,
+        stage: str,
+        timeout_s: float,
+        ranks: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Call ``method`` on the chosen workers and return their results in rank order."""
+        ranks = list(range(self.size)) if ranks is None else list(ranks)
+        refs = [getattr(self.workers[r], method).remote(*args, **kwargs) for r in ranks]
+        return wait_all(refs, [f"{self.name}[{r}]" for r in ranks], stage, timeout_s)
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker, no_restart=True)
+        remove_placement_group(self._pg)
+
+
+def wait_all(refs: list[Any], names: list[str], stage: str, timeout_s: float) -> list[Any]:
+    """Results of ``refs``; the first death or the deadline raises at once."""
+    deadline = time.monotonic() + timeout_s
+    pending = dict(zip(refs, names, strict=True))
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            waiting = ", ".join(pending.values())
+            raise StageTimeoutError(
+                f"stage '{stage}' timed out after {timeout_s:.0f} s waiting on {waiting}"
+            )
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=min(POLL_S, remaining))
+        for ref in done:
+            name = pending.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerDiedError(
+                    f"worker {name} died during stage '{stage}': {first_line(exc)}"
+                ) from None
+    return ray.get(refs)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
