@@ -1,0 +1,88 @@
+"""Megatron-core on the CPU: a scoped, reversible redirection of its CUDA assumptions.
+
+Megatron-core 0.16 allocates buffers with ``device=torch.cuda.current_device()`` and
+keeps its tensor-parallel RNG streams in CUDA generators. On a CPU-only torch both
+fail, so inside :func:`megatron_on_cpu`:
+
+* ``torch.cuda.current_device()`` returns ``"cpu"`` (a valid ``device=`` argument);
+* the RNG tracker forks and restores the CPU generator instead of a CUDA one
+  (``torch.cuda.get_rng_state`` / ``set_rng_state`` / ``manual_seed`` and Megatron's
+  private state helpers are redirected to their CPU twins);
+* the default causal mask of the local softmax is built on the CPU (Megatron builds it
+  with ``device="cuda"`` when no mask is passed);
+* Megatron's "CPU RNG state changed within GPU RNG context" warning is muted, since on
+  CPU the forked stream *is* the CPU generator.
+
+Everything is restored on exit, also after an exception. Applied only by
+``CpuDevice.megatron_compat()``; accelerators never see it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class _Patches:
+    """Attribute replacements that can be undone in reverse order."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def set(self, owner: Any, name: str, value: Any) -> None:
+        self._saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def undo(self) -> None:
+        while self._saved:
+            owner, name, value = self._saved.pop()
+            setattr(owner, name, value)
+
+
+class _MuteForkWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
+
+
+def _cpu_get_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    torch.set_rng_state(state)
+
+
+def _cpu_manual_seed(seed: int) -> None:
+    torch.random.default_generator.manual_seed(seed)
+
+
+def _cpu_causal_mask(sq: int) -> torch.Tensor:
+    return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+
+@contextlib.contextmanager
+def megatron_on_cpu() -> Iterator[None]:
+    """Run Megatron-core model code on the CPU for the duration of the block."""
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.tensor_parallel import random as mp_random
+
+    patches = _Patches()
+    mute = _MuteForkWarning()
+    logger = logging.getLogger(mp_random.__name__)
+    try:
+        patches.set(torch.cuda, "current_device", lambda: "cpu")
+        patches.set(torch.cuda, "get_rng_state", _cpu_get_rng_state)
+        patches.set(torch.cuda, "set_rng_state", _cpu_set_rng_state)
+        patches.set(torch.cuda, "manual_seed", _cpu_manual_seed)
+        patches.set(mp_random, "_get_cuda_rng_state", _cpu_get_rng_state)
+        patches.set(mp_random, "_set_cuda_rng_state", _cpu_set_rng_state)
+        patches.set(fused_softmax, "get_default_causal_mask", _cpu_causal_mask)
+        logger.addFilter(mute)
+        yield
+    finally:
+        logger.removeFilter(mute)
+        patches.undo()
