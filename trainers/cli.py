@@ -18,8 +18,9 @@ from backends.device import DeviceUnavailableError
 from backends.device.registry import DEVICE_CLASSES, resolve_device
 from mindrl.config import ConfigError, MindRLConfig, load_config
 from mindrl.plan.report import TrainerShape, build_plan
+from trainers.registry import ALGORITHMS, get_algorithm
 
-TRAINERS = ("grpo", "ppo", "dapo")
+TRAINERS = tuple(ALGORITHMS)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
 
@@ -69,17 +70,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def trainer_shape(name: str) -> TrainerShape:
+def trainer_shape(name: str, config: MindRLConfig) -> TrainerShape:
     """Stages, response-length fields and roles of an algorithm, for the planner."""
-    from trainers.registry import get_algorithm
-
     algo = get_algorithm(name)
+    needs_reference = algo.needs_reference(algo.resolve(config.algorithm))
     stages = ["rollout", "reward"]
-    stages += ["ref_logp"] if algo.needs_reference else []
+    stages += ["ref_logp"] if needs_reference else []
     stages += ["old_logp"] + (["values"] if algo.needs_critic else []) + ["advantage", "update"]
     # responses, mask, old log-probs, advantages (+ ref log-probs, + values and returns)
-    fields = 4 + int(algo.needs_reference) + 2 * int(algo.needs_critic)
-    roles = ["actor", "rollout"] + (["reference"] if algo.needs_reference else [])
+    fields = 4 + int(needs_reference) + 2 * int(algo.needs_critic)
+    roles = ["actor", "rollout"] + (["reference"] if needs_reference else [])
     roles += ["critic"] if algo.needs_critic else []
     return TrainerShape(name, tuple(stages), fields, tuple(roles))
 
@@ -103,7 +103,10 @@ def dry_run(config: MindRLConfig, trainer: str, requested_device: str | None, as
         requested_device if requested_device not in (None, "auto") else resolve_device(None)
     )
     plan = build_plan(
-        config, trainer_shape(trainer), device_name, device_bytes_for_plan(config, device_name)
+        config,
+        trainer_shape(trainer, config),
+        device_name,
+        device_bytes_for_plan(config, device_name),
     )
     if as_json:
         print(json.dumps(plan, indent=2))

@@ -1,0 +1,72 @@
+"""`mindrl-train` as a user meets it: the console script in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "trainers.cli"]
+
+
+def mindrl_train(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_deepseek_dry_run_prints_the_plan_for_384_devices():
+    out = mindrl_train("--trainer", "grpo", "--config", "configs/deepseek671b.yaml", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "384" in out.stdout and "671.03B params" in out.stdout
+    assert "redundant weight bytes (Eq. 3)" in out.stdout
+
+
+def test_dry_run_json_carries_layouts_memory_and_sample_flow():
+    out = mindrl_train(
+        "--trainer", "ppo", "--config", "configs/qwen25_32b.yaml", "--dry-run", "--json"
+    )
+    plan = json.loads(out.stdout)
+    assert plan["training_layouts"]["actor"]["dp"] == 2
+    assert plan["generation_layout"] == {"tp": 4, "ep": 1, "dp": 4, "pp": 1}
+    assert "values" in plan["placement"][0]["td_controllers"]
+    assert plan["memory"]["redundant_bytes"] / 1e9 == pytest.approx(8.19, abs=0.02)
+
+
+def test_a_malformed_config_gets_one_line_and_exit_code_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  hidden_size: [\n")
+    out = mindrl_train("--trainer", "grpo", "--config", str(bad), "--dry-run")
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "invalid YAML at line 3" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_bad_overrides_are_all_reported_with_exit_code_2():
+    out = mindrl_train("--trainer", "grpo", "--dry-run", "actor.optim.lr=fast", "--set", "seeed=1")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("mindrl-train: config error:") for line in lines)
+
+
+def test_an_unmet_device_request_fails_at_once_in_one_line():
+    out = mindrl_train("--trainer", "grpo", "--device", "npu")
+    assert out.returncode == 2
+    assert out.stderr.startswith("mindrl-train: error: device 'npu' was requested but")
+    assert "Traceback" not in out.stderr
+
+
+def test_a_plan_that_does_not_fit_says_by_how_much_with_exit_code_3():
+    out = mindrl_train(
+        "--trainer",
+        "grpo",
+        "--config",
+        "configs/qwen25_32b.yaml",
+        "--dry-run",
+        "resources.device_memory_gib=40",
+        "rollout.swap=false",
+    )
+    assert out.returncode == 3
+    assert "does not fit" in out.stdout and "GB" in out.stdout

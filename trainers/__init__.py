@@ -1,0 +1,1 @@
+"""Top layer: RL algorithms (one file each), the CLI and the iteration loop."""
