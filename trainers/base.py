@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -43,7 +44,7 @@ class Algorithm(ABC):
     name: str
     needs_critic: bool = False
     uses_groups: bool = False
-    defaults: dict[str, object] = {}
+    defaults: ClassVar[dict[str, object]] = {}
 
     def resolve(self, config: AlgorithmConfig) -> AlgorithmOptions:
         values = {k: getattr(config, k) for k in AlgorithmOptions.__dataclass_fields__}

@@ -10,6 +10,7 @@ dropped; the pipeline keeps drawing prompt batches until the batch is full or
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 
@@ -42,7 +43,7 @@ def overlong_penalty(
 class DAPO(Algorithm):
     name = "dapo"
     uses_groups = True
-    defaults = {
+    defaults: ClassVar[dict[str, object]] = {
         "kl_coef": 0.0,
         "clip_high": 0.28,
         "loss_agg_mode": "token-mean",

@@ -8,6 +8,7 @@ std), broadcast over its response tokens. A group of one has mean 0 and std 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 
@@ -41,7 +42,7 @@ def compute_advantages(
 class GRPO(Algorithm):
     name = "grpo"
     uses_groups = True
-    defaults = {
+    defaults: ClassVar[dict[str, object]] = {
         "kl_coef": 0.001,
         "clip_high": 0.2,
         "loss_agg_mode": "token-mean",

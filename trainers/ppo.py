@@ -9,6 +9,8 @@ whitening); advantages are whitened over the masked tokens of the batch.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from trainers.base import Algorithm, AlgorithmOptions
@@ -43,7 +45,7 @@ def compute_gae(
 class PPO(Algorithm):
     name = "ppo"
     needs_critic = True
-    defaults = {
+    defaults: ClassVar[dict[str, object]] = {
         "kl_coef": 0.001,
         "clip_high": 0.2,
         "loss_agg_mode": "token-mean",
