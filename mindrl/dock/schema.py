@@ -1,0 +1,60 @@
+"""Field schema of the dock: what may be put, with which dtype and shape.
+
+A field is either fixed-shape per sample (``shape`` is the whole per-sample shape, e.g.
+``()`` for a scalar reward) or variable-length (``variable=True``: the first dimension
+varies per sample, ``shape`` is the trailing shape, e.g. ``()`` for token ids).
+Payloads are stored unpadded and padded with ``pad`` only on the way out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class DockError(RuntimeError):
+    """A dock request failed: bad put, dead actor, or a stage that waited too long."""
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    dtype: str
+    shape: tuple[int, ...] = ()
+    variable: bool = False
+    pad: float = 0
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+
+#: The fields of a GRPO/PPO iteration (DESIGN.md §3); trainers may pass their own.
+RL_FIELDS: dict[str, FieldSpec] = {
+    "prompt_ids": FieldSpec("int64", variable=True),
+    "response_ids": FieldSpec("int64", variable=True),
+    "rollout_logprob": FieldSpec("float32", variable=True),
+    "token_rewards": FieldSpec("float32", variable=True),
+    "reward": FieldSpec("float32"),
+    "ref_logprob": FieldSpec("float32", variable=True),
+    "old_logprob": FieldSpec("float32", variable=True),
+    "values": FieldSpec("float32", variable=True),
+    "advantages": FieldSpec("float32", variable=True),
+    "returns": FieldSpec("float32", variable=True),
+    "answer_id": FieldSpec("int64"),
+}
+
+
+def check_column(name: str, spec: FieldSpec, values: np.ndarray, lengths: np.ndarray) -> str | None:
+    """One-line reason the concatenated samples of a field do not fit ``spec``, or None."""
+    if values.dtype != spec.numpy_dtype:
+        return f"field '{name}' must be {spec.dtype}, got {values.dtype}"
+    if tuple(values.shape[1:]) != tuple(spec.shape):
+        kind = "trailing shape" if spec.variable else "shape"
+        return f"field '{name}' needs per-sample {kind} {spec.shape}, got {tuple(values.shape[1:])}"
+    if not spec.variable and np.any(lengths != 1):
+        return f"field '{name}' is fixed-shape: one value per sample"
+    if int(lengths.sum()) != len(values):
+        total = int(lengths.sum())
+        return f"field '{name}': lengths add up to {total} but {len(values)} values were sent"
+    return None

