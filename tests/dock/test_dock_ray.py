@@ -72,7 +72,7 @@ def test_one_warehouse_per_node_and_puts_land_in_the_local_one(ray_cluster, dock
         return local, idx
 
     local, idx = ray.get(worker_put.options(resources={"mindrl_node_2": 0.01}).remote(dock, "x"))
-    node2 = [n["NodeID"] for n in ray.nodes() if n["Resources"].get("mindrl_node_2")][0]
+    node2 = next(n["NodeID"] for n in ray.nodes() if n["Resources"].get("mindrl_node_2"))
     assert dock.warehouses[local].node_id == node2
     stats = ray.get([w.actor.stats.remote() for w in dock.warehouses])
     assert [s["bytes_in"] > 0 for s in stats].count(True) == 1 and stats[local]["bytes_in"] > 0
