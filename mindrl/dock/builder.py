@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from mindrl.dock.central import CentralBuffer
-from mindrl.dock.client import DockHandle, WarehouseInfo
 from mindrl.dock.controller import TDController
-from mindrl.dock.schema import DockError, FieldSpec
+from mindrl.dock.errors import DockError
+from mindrl.dock.handle import DockHandle, WarehouseInfo
+from mindrl.dock.schema import FieldSpec
 from mindrl.dock.warehouse import TDWarehouse
+
+#: Deadline for the dock's actors to start (a fresh Ray worker process each).
+STARTUP_TIMEOUT_S = 180.0
 
 
 def alive_node_ids() -> list[str]:
@@ -23,7 +28,7 @@ def alive_node_ids() -> list[str]:
 
 def group_aligned_shares(n_samples: int, group_size: int, parts: int) -> list[tuple[int, int]]:
     """Contiguous ``[first, last)`` index ranges, whole groups each, as even as possible."""
-    if n_samples % group_size:
+    if group_size < 1 or n_samples % group_size:
         raise DockError(f"{n_samples} samples are not whole groups of {group_size}")
     groups = n_samples // group_size
     if parts > groups:
@@ -40,56 +45,117 @@ def on_node(node_id: str) -> NodeAffinitySchedulingStrategy:
 
 def create_dock(
     schema: dict[str, FieldSpec],
-    stages: list[str],
+    stages: list[str] | dict[str, list[str]],
     n_samples: int,
     group_size: int = 1,
     warehouses: int | None = None,
     kind: str = "distributed",
     timeout_s: float = 120.0,
     controller_nodes: dict[str, str] | None = None,
+    group_ids: np.ndarray | None = None,
 ) -> DockHandle:
-    """Start the dock's actors and return the handle clients are built from.
+    """Start the dock's actors, wait until they are up, and return the handle.
 
     Args:
         schema: fields that may be put.
-        stages: one controller per stage.
+        stages: one controller per stage; as a dict, stage -> the fields it reads, so
+            warehouses only broadcast a put to the controllers that track its fields.
         n_samples: sample indexes per iteration (G * N).
-        group_size: N; whole groups stay in one warehouse.
+        group_size: N; index // N is the group, and whole groups stay in one warehouse.
         warehouses: how many; default one per alive node. More than the nodes are
             placed round-robin (for single-node benchmarks).
         kind: ``"distributed"`` or ``"central"`` (the baseline).
+        timeout_s: default deadline of waits and actor calls made through clients.
         controller_nodes: stage -> node id to place that stage's controller with its
             workers; default the driver's node.
+        group_ids: optional explicit group id per index (``[n_samples]``) for
+            whole-group claims, instead of index // group_size.
+
+    Raises:
+        DockError: bad shape of the dock, unknown kind, or an actor that did not start.
     """
+    reads = stages if isinstance(stages, dict) else {stage: list(schema) for stage in stages}
+    _check_reads(reads, schema)
     if kind == "central":
-        central = CentralBuffer.remote(n_samples, group_size, schema, stages)
+        central = CentralBuffer.remote(n_samples, group_size, schema, reads, group_ids)
         only = WarehouseInfo(central, ray.get_runtime_context().get_node_id(), 0, n_samples)
-        return DockHandle(
+        handle = DockHandle(
             schema, n_samples, group_size, [only], central=central, timeout_s=timeout_s
         )
+    elif kind == "distributed":
+        handle = _start_distributed(
+            schema,
+            reads,
+            n_samples,
+            group_size,
+            warehouses,
+            timeout_s,
+            controller_nodes or {},
+            group_ids,
+        )
+    else:
+        raise DockError(f"unknown dock kind '{kind}': use 'distributed' or 'central'")
+    _wait_started(handle)
+    return handle
+
+
+def _check_reads(reads: dict[str, list[str]], schema: dict[str, FieldSpec]) -> None:
+    for stage, fields in reads.items():
+        unknown = sorted(set(fields) - set(schema))
+        if unknown:
+            raise DockError(
+                f"stage '{stage}' reads unknown field(s) {unknown}; "
+                f"the dock schema has {sorted(schema)}"
+            )
+
+
+def _start_distributed(
+    schema: dict[str, FieldSpec],
+    reads: dict[str, list[str]],
+    n_samples: int,
+    group_size: int,
+    warehouses: int | None,
+    timeout_s: float,
+    controller_nodes: dict[str, str],
+    group_ids: np.ndarray | None,
+) -> DockHandle:
     nodes = alive_node_ids()
     controllers = {
         stage: TDController.options(
-            scheduling_strategy=on_node((controller_nodes or {}).get(stage, nodes[0]))
-        ).remote(stage, n_samples, group_size, list(schema))
-        for stage in stages
+            scheduling_strategy=on_node(controller_nodes.get(stage, nodes[0]))
+        ).remote(stage, n_samples, group_size, fields, group_ids)
+        for stage, fields in reads.items()
     }
-    shares = group_aligned_shares(n_samples, group_size, warehouses or len(nodes))
+    listeners = {s: (controllers[s], reads[s]) for s in reads}
     infos = []
-    for w, (first, last) in enumerate(shares):
+    for w, (first, last) in enumerate(
+        group_aligned_shares(n_samples, group_size, warehouses or len(nodes))
+    ):
         node = nodes[w % len(nodes)]
         actor = TDWarehouse.options(scheduling_strategy=on_node(node)).remote(
-            w, first, last, schema, list(controllers.values())
+            w, first, last, schema, listeners, timeout_s
         )
         infos.append(WarehouseInfo(actor, node, first, last))
     return DockHandle(schema, n_samples, group_size, infos, controllers, timeout_s=timeout_s)
 
 
+def _wait_started(handle: DockHandle) -> None:
+    """Block until every actor answers, so later deadlines time requests, not start-up."""
+    named = handle.actors()
+    refs = {name: actor.node_id.remote() for name, actor in named.items()}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=STARTUP_TIMEOUT_S)
+    late = [name for name, ref in refs.items() if ref not in ready]
+    if late:
+        shutdown_dock(handle)
+        raise DockError(f"{', '.join(late)} did not start within {STARTUP_TIMEOUT_S:g} s")
+    try:
+        ray.get(list(refs.values()))
+    except ray.exceptions.RayActorError as exc:
+        shutdown_dock(handle)
+        raise DockError(f"a dock actor died while starting: {exc}") from None
+
+
 def shutdown_dock(handle: DockHandle) -> None:
-    actors = (
-        [handle.central]
-        if handle.central is not None
-        else [*handle.controllers.values(), *(w.actor for w in handle.warehouses)]
-    )
-    for actor in actors:
+    """Kill every actor of the dock (its payloads go with it)."""
+    for actor in handle.actors().values():
         ray.kill(actor, no_restart=True)

@@ -1,7 +1,7 @@
 """Centralized replay buffer: one actor holds every payload and every stage's metadata.
 
 The baseline the paper compares the dock against; it speaks the same client interface,
-so swapping ``dock.kind: central`` in a config changes nothing else.
+so ``create_dock(..., kind="central")`` changes nothing else for workers.
 """
 
 from __future__ import annotations
@@ -11,25 +11,45 @@ import asyncio
 import numpy as np
 import ray
 
-from mindrl.dock.controller import ControllerState, balance_by_length, starved
-from mindrl.dock.schema import DockError, FieldSpec
+from mindrl.dock.controller import ControllerState, wait_and_claim
+from mindrl.dock.errors import DockError
+from mindrl.dock.schema import FieldSpec
 from mindrl.dock.warehouse import WarehouseStore
-from mindrl.dock.wire import Columns
+from mindrl.dock.wire import Columns, Padded
 
 
 @ray.remote(num_cpus=0)
 class CentralBuffer:
+    """Payloads of all samples plus one :class:`ControllerState` per stage, in one actor.
+
+    Args:
+        n_samples: sample indexes per iteration.
+        group_size: samples per group.
+        schema: the fields that may be put.
+        reads: stage -> the fields that stage tracks.
+        group_ids: optional explicit group id per index.
+    """
+
     def __init__(
-        self, n_samples: int, group_size: int, schema: dict[str, FieldSpec], stages: list[str]
+        self,
+        n_samples: int,
+        group_size: int,
+        schema: dict[str, FieldSpec],
+        reads: dict[str, list[str]],
+        group_ids: np.ndarray | None = None,
     ) -> None:
         self.store = WarehouseStore(0, 0, n_samples, schema)
-        self.states = {s: ControllerState(s, n_samples, group_size, list(schema)) for s in stages}
+        self.states = {
+            stage: ControllerState(stage, n_samples, group_size, fields, group_ids)
+            for stage, fields in reads.items()
+        }
         self.changed = asyncio.Condition()
 
     async def put(self, indexes: np.ndarray, columns: dict[str, Columns]) -> int:
         lengths = self.store.put(indexes, columns)
         for state in self.states.values():
-            state.on_put(indexes, list(columns), 0, lengths)
+            if set(state.fields) & set(columns):
+                state.on_put(indexes, list(columns), 0, lengths)
         async with self.changed:
             self.changed.notify_all()
         return len(indexes)
@@ -47,25 +67,14 @@ class CentralBuffer:
         state = self.states.get(stage)
         if state is None:
             raise DockError(f"unknown stage '{stage}'; known: {sorted(self.states)}")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        async with self.changed:
-            while state.claimable(fields, whole_groups) < batch_size:
-                remaining = deadline - loop.time()
-                try:
-                    if remaining <= 0:
-                        raise TimeoutError
-                    await asyncio.wait_for(self.changed.wait(), timeout=remaining)
-                except TimeoutError:
-                    have = state.claimable(fields, whole_groups)
-                    raise starved(stage, timeout_s, batch_size, have, fields) from None
-        taken = state.claim(fields, batch_size, whole_groups)
-        return [taken] if dp_parts == 1 else balance_by_length(taken, state.length[taken], dp_parts)
+        request = (fields, batch_size, whole_groups, prefer_warehouse)
+        return await wait_and_claim(state, self.changed, request, timeout_s, dp_parts)
 
-    def get(
-        self, indexes: np.ndarray, fields: list[str]
-    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    def get(self, indexes: np.ndarray, fields: list[str]) -> dict[str, Padded]:
         return self.store.get(indexes, fields)
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
     def stats(self) -> dict[str, int]:
         metadata = sum(s.metadata_bytes for s in self.states.values())

@@ -7,7 +7,6 @@ driver can claim and hand index lists to workers, which fetch their own payloads
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,39 +14,23 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from mindrl.dock.schema import DockError, FieldSpec
-from mindrl.dock.wire import Columns, columns_from, to_tensordict
+from mindrl.dock.errors import DockError
+from mindrl.dock.handle import DockHandle, warehouse_name
+from mindrl.dock.schema import FieldSpec, check_column
+from mindrl.dock.tensors import columns_from, to_tensordict
+from mindrl.dock.wire import Columns, merge_parts, pad_columns, take_rows
 
+#: Extra seconds a client waits for a controller's answer beyond the claim's own deadline,
+#: so the controller's "starved" error (which names the stage) arrives before ours.
 CLAIM_GRACE_S = 15.0
 
 
-@dataclass
-class WarehouseInfo:
-    actor: Any
-    node_id: str
-    first: int
-    last: int
-
-
-@dataclass
-class DockHandle:
-    """Picklable description of a dock; build a :class:`DockClient` from it anywhere."""
-
-    schema: dict[str, FieldSpec]
-    n_samples: int
-    group_size: int
-    warehouses: list[WarehouseInfo]
-    controllers: dict[str, Any] = field(default_factory=dict)
-    central: Any = None
-    timeout_s: float = 120.0
-
-    @property
-    def kind(self) -> str:
-        return "central" if self.central is not None else "distributed"
-
-
 class DockClient:
-    """Put / claim / fetch against a dock described by ``handle``."""
+    """Put / claim / fetch against a dock described by ``handle``.
+
+    Build one per process (driver or Ray worker) from the picklable handle; it talks to
+    controllers for metadata and straight to warehouses for payloads.
+    """
 
     def __init__(self, handle: DockHandle) -> None:
         self.handle = handle
@@ -62,6 +45,11 @@ class DockClient:
         node = ray.get_runtime_context().get_node_id()
         local = [i for i, w in enumerate(self.handle.warehouses) if w.node_id == node]
         return local[0] if local else None
+
+    @property
+    def local_warehouse(self) -> int | None:
+        """The warehouse on this process's node (claims prefer its samples), if any."""
+        return self._local
 
     # ---- payloads ---------------------------------------------------------------------
     def owner(self, indexes: np.ndarray) -> np.ndarray:
@@ -84,6 +72,11 @@ class DockClient:
         """
         indexes = np.asarray(indexes, dtype=np.int64)
         columns = self._encode(data)
+        for name, column in columns.items():
+            if len(column.lengths) != len(indexes):
+                raise DockError(
+                    f"field '{name}' has {len(column.lengths)} samples for {len(indexes)} indexes"
+                )
         owners = self.owner(indexes)
         refs, names = [], []
         for w in np.unique(owners):
@@ -100,18 +93,30 @@ class DockClient:
         for name in keys:
             if name.endswith("_lengths") and name.removesuffix("_lengths") in keys:
                 continue
-            spec = self.handle.schema.get(name)
-            if spec is None:
-                raise DockError(
-                    f"unknown field '{name}'; the dock schema has {sorted(self.handle.schema)}"
-                )
+            spec = self._spec(name)
             lengths = data.get(f"{name}_lengths") if f"{name}_lengths" in keys else None
-            columns[name] = columns_from(data[name], lengths, spec)
+            column = columns_from(data[name], lengths, spec)
+            # Checked here too, so a put split over warehouses is refused before any stores.
+            problem = check_column(name, spec, column.values, column.lengths)
+            if problem:
+                raise DockError(problem)
+            columns[name] = column
         return columns
+
+    def _spec(self, name: str) -> FieldSpec:
+        spec = self.handle.schema.get(name)
+        if spec is None:
+            raise DockError(
+                f"unknown field '{name}'; the dock schema has {sorted(self.handle.schema)}"
+            )
+        return spec
 
     def fetch(self, indexes: np.ndarray, fields: list[str]) -> TensorDict:
         """Payloads of ``fields`` for ``indexes``, padded, in the order given."""
         indexes = np.asarray(indexes, dtype=np.int64)
+        if len(indexes) == 0:
+            empty = {name: pad_columns([], self._spec(name)) for name in fields}
+            return to_tensordict(empty, self.handle.schema)
         owners = self.owner(indexes)
         groups = [(int(w), np.flatnonzero(owners == w)) for w in np.unique(owners)]
         refs = [self._fetch(w, indexes[rows], fields) for w, rows in groups]
@@ -168,32 +173,45 @@ class DockClient:
         return indexes, self.fetch(indexes, fields)
 
     def clear(self) -> None:
-        """Forget all samples and consumption (between iterations)."""
-        actors = (
-            [self.handle.central]
-            if self.handle.central is not None
-            else [*self.handle.controllers.values(), *(w.actor for w in self.handle.warehouses)]
-        )
-        self._get(
-            [a.clear.remote() for a in actors], ["dock actor"] * len(actors), self.handle.timeout_s
-        )
+        """Forget all samples and consumption in every actor (between iterations)."""
+        named = self.handle.actors()
+        # Warehouses first: each drains its metadata announcements before controllers forget.
+        stores = {n: a for n, a in named.items() if not n.startswith("TD controller")}
+        controllers = {n: a for n, a in named.items() if n not in stores}
+        for group in (stores, controllers):
+            refs = [actor.clear.remote() for actor in group.values()]
+            self._get(refs, list(group), self.handle.timeout_s)
 
     def stats(self) -> dict[str, Any]:
-        """Bytes through each endpoint and metadata bytes held by controllers."""
+        """Bytes through each endpoint and the metadata bytes the controllers handled.
+
+        Returns:
+            ``{"endpoints": [{"bytes_in", "bytes_out"} per warehouse (or the central
+            buffer)], "metadata_bytes": int, "client": {"bytes_sent", "bytes_received"}}``.
+        """
+        client = {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+        timeout = self.handle.timeout_s
         if self.handle.central is not None:
-            (central,) = self._get([self.handle.central.stats.remote()], ["centralized buffer"], 60)
-            return {"endpoints": [central], "metadata_bytes": central["metadata_bytes"]}
+            refs, names = [self.handle.central.stats.remote()], ["centralized buffer"]
+            (central,) = self._get(refs, names, timeout)
+            return {
+                "endpoints": [central],
+                "metadata_bytes": central["metadata_bytes"],
+                "client": client,
+            }
+        warehouses = self.handle.warehouses
         endpoints = self._get(
-            [w.actor.stats.remote() for w in self.handle.warehouses],
-            [self._warehouse_name(i) for i in range(len(self.handle.warehouses))],
-            60,
+            [w.actor.stats.remote() for w in warehouses],
+            [self._warehouse_name(i) for i in range(len(warehouses))],
+            timeout,
         )
+        stages = list(self.handle.controllers)
         metadata = self._get(
-            [c.metadata_bytes.remote() for c in self.handle.controllers.values()],
-            list(self.handle.controllers),
-            60,
+            [self.handle.controllers[s].metadata_bytes.remote() for s in stages],
+            [f"TD controller of stage '{s}'" for s in stages],
+            timeout,
         )
-        return {"endpoints": endpoints, "metadata_bytes": int(sum(metadata))}
+        return {"endpoints": endpoints, "metadata_bytes": int(sum(metadata)), "client": client}
 
     # ---- plumbing -----------------------------------------------------------------------
     def _store(self, w: int, indexes: np.ndarray, part: dict[str, Columns]) -> Any:
@@ -207,7 +225,7 @@ class DockClient:
     def _warehouse_name(self, w: int) -> str:
         if self.handle.central is not None:
             return "centralized buffer"
-        return f"TD warehouse {w} (node {self.handle.warehouses[w].node_id[:8]})"
+        return warehouse_name(w, self.handle.warehouses[w].node_id)
 
     @staticmethod
     def _get(refs: list[Any], names: list[str], timeout_s: float) -> list[Any]:
@@ -236,32 +254,3 @@ def _dead_actor_name(exc: Exception, refs: list[Any], names: list[str]) -> str:
         except Exception:
             continue
     return names[0]
-
-
-def take_rows(column: Columns, rows: np.ndarray) -> Columns:
-    """The samples ``rows`` of a column, still concatenated."""
-    offsets = column.offsets
-    pieces = [column.values[offsets[r] : offsets[r + 1]] for r in rows]
-    values = np.concatenate(pieces) if pieces else column.values[:0]
-    return Columns(values, column.lengths[rows])
-
-
-def merge_parts(parts: list[dict], rows: list[np.ndarray], schema: dict[str, FieldSpec]) -> dict:
-    """Combine per-warehouse padded parts into the caller's order, re-padding to one width."""
-    total = sum(len(r) for r in rows)
-    merged = {}
-    for name in parts[0]:
-        spec = schema[name]
-        width = max(p[name][0].shape[1] for p in parts) if spec.variable else None
-        shape = (total, width, *spec.shape) if spec.variable else (total, *spec.shape)
-        values = np.full(shape, spec.pad, dtype=spec.numpy_dtype)
-        lengths = np.zeros(total, dtype=np.int64)
-        for part, where in zip(parts, rows, strict=True):
-            v, n = part[name]
-            if spec.variable:
-                values[where, : v.shape[1]] = v
-            else:
-                values[where] = v
-            lengths[where] = n
-        merged[name] = (values, lengths)
-    return merged

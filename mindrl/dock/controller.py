@@ -13,20 +13,44 @@ import asyncio
 import numpy as np
 import ray
 
-from mindrl.dock.schema import DockError
+from mindrl.dock.errors import DockError
 
 
 class ControllerState:
-    """Readiness and consumption bookkeeping of one stage over ``n_samples`` indexes."""
+    """Readiness and consumption bookkeeping of one stage over ``n_samples`` indexes.
 
-    def __init__(self, stage: str, n_samples: int, group_size: int, fields: list[str]) -> None:
+    Args:
+        stage: the stage's name, used in every error.
+        n_samples: sample indexes per iteration.
+        group_size: samples per group; group id = index // group_size unless
+            ``group_ids`` gives each index its group explicitly.
+        fields: every field name of the dock schema.
+        group_ids: optional ``[n_samples]`` explicit group id per index.
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        n_samples: int,
+        group_size: int,
+        fields: list[str],
+        group_ids: np.ndarray | None = None,
+    ) -> None:
         self.stage = stage
         self.n_samples = n_samples
         self.group_size = group_size
         self.fields = list(fields)
+        ids = np.arange(n_samples) // group_size if group_ids is None else np.asarray(group_ids)
+        if ids.shape != (n_samples,):
+            raise DockError(f"group_ids needs one id per sample ({n_samples}), got {ids.shape}")
+        # Dense group numbers and each group's first index, so groups keep index order.
+        _, self.group_of = np.unique(ids, return_inverse=True)
+        self.group_sizes = np.bincount(self.group_of)
+        self.uniform_groups = group_ids is None
         self.clear()
 
     def clear(self) -> None:
+        """Forget readiness, consumption and locations (between iterations)."""
         self.ready = {f: np.zeros(self.n_samples, dtype=bool) for f in self.fields}
         self.consumed = np.zeros(self.n_samples, dtype=bool)
         self.warehouse = np.full(self.n_samples, -1, dtype=np.int32)
@@ -37,26 +61,28 @@ class ControllerState:
         self, indexes: np.ndarray, fields: list[str], warehouse: int, lengths: np.ndarray
     ) -> None:
         """Record that ``fields`` of ``indexes`` are now stored in ``warehouse``."""
-        for field in fields:
-            if field in self.ready:
-                self.ready[field][indexes] = True
+        for name in fields:
+            if name in self.ready:
+                self.ready[name][indexes] = True
         self.warehouse[indexes] = warehouse
         self.length[indexes] = np.maximum(self.length[indexes], lengths)
-        self.metadata_bytes += indexes.nbytes + lengths.nbytes + 4 * len(fields) + 4
+        self.metadata_bytes += indexes.nbytes + lengths.nbytes + 8 * len(fields) + 4
 
-    def available(self, fields: list[str]) -> np.ndarray:
-        """Mask of unconsumed indexes whose ``fields`` are all ready."""
+    def available(self, fields: list[str], whole_groups: bool = False) -> np.ndarray:
+        """Mask of unconsumed indexes whose ``fields`` are all ready (whole groups only
+        when asked: a group counts once every member is available)."""
+        self._check_fields(fields)
         mask = ~self.consumed
-        for field in fields:
-            mask &= self.ready[field]
+        for name in fields:
+            mask &= self.ready[name]
+        if whole_groups:
+            full = np.bincount(self.group_of[mask], minlength=len(self.group_sizes))
+            mask = (full == self.group_sizes)[self.group_of]
         return mask
 
     def claimable(self, fields: list[str], whole_groups: bool) -> int:
         """How many samples a claim could take now."""
-        mask = self.available(fields)
-        if whole_groups:
-            return int(mask.reshape(-1, self.group_size).all(axis=1).sum()) * self.group_size
-        return int(mask.sum())
+        return int(self.available(fields, whole_groups).sum())
 
     def claim(
         self,
@@ -67,49 +93,50 @@ class ControllerState:
     ) -> np.ndarray:
         """Take up to ``batch_size`` ready indexes (whole groups if asked), mark consumed.
 
-        Indexes stored in ``prefer_warehouse`` come first so workers read locally.
+        Indexes stored in ``prefer_warehouse`` come first so workers read locally; within
+        that order, indexes ascend and a group's members stay together.
         """
+        if whole_groups and self.uniform_groups and batch_size % self.group_size:
+            raise DockError(
+                f"stage '{self.stage}' asked for {batch_size} samples in whole groups of "
+                f"{self.group_size}: use a multiple of {self.group_size}"
+            )
+        candidates = np.flatnonzero(self.available(fields, whole_groups))
+        groups = self.group_of[candidates]
+        group_first = np.full(len(self.group_sizes), self.n_samples)
+        np.minimum.at(group_first, groups, candidates)
+        # A group is remote if any member is, so locality never splits a group apart.
+        group_remote = np.zeros(len(self.group_sizes), dtype=bool)
+        if prefer_warehouse is not None:
+            np.logical_or.at(group_remote, groups, self.warehouse[candidates] != prefer_warehouse)
+        # Sort key: local groups first, then by group (its first index), then by index.
+        order = np.lexsort((candidates, group_first[groups], group_remote[groups]))
+        candidates = candidates[order]
+        taken = candidates[:batch_size]
+        if whole_groups and len(taken) < len(candidates):
+            taken = self._drop_split_group(taken, candidates[len(taken)])
+        self.consumed[taken] = True
+        self.metadata_bytes += taken.nbytes + 8 * len(fields) + 16
+        return taken
+
+    def _drop_split_group(self, taken: np.ndarray, next_index: int) -> np.ndarray:
+        """Cut a claim back so the group straddling the cut is left whole for later."""
+        straddling = self.group_of[next_index]
+        return taken[self.group_of[taken] != straddling]
+
+    def _check_fields(self, fields: list[str]) -> None:
         unknown = [f for f in fields if f not in self.ready]
         if unknown:
             raise DockError(
                 f"stage '{self.stage}' asked for unknown field(s) {unknown}; known: {self.fields}"
             )
-        mask = self.available(fields)
-        if whole_groups:
-            groups = mask.reshape(-1, self.group_size).all(axis=1)
-            mask = np.repeat(groups, self.group_size)
-            batch_size -= batch_size % self.group_size
-        candidates = np.flatnonzero(mask)
-        if prefer_warehouse is not None and len(candidates):
-            local = self.warehouse[candidates] == prefer_warehouse
-            candidates = np.concatenate([candidates[local], candidates[~local]])
-            if whole_groups:  # keep groups contiguous after the reorder
-                candidates = self._group_order(candidates)
-        taken = np.sort(candidates[:batch_size]) if not whole_groups else candidates[:batch_size]
-        self.consumed[taken] = True
-        return taken
-
-    def _group_order(self, candidates: np.ndarray) -> np.ndarray:
-        group_ids = candidates // self.group_size
-        _, first = np.unique(group_ids, return_index=True)
-        ordered_groups = group_ids[np.sort(first)]
-        return (
-            np.concatenate(
-                [np.arange(g * self.group_size, (g + 1) * self.group_size) for g in ordered_groups]
-            )
-            if len(ordered_groups)
-            else candidates
-        )
-
-    def missing(self, fields: list[str]) -> int:
-        return int((~self.consumed & ~self.available(fields)).sum())
 
 
 def starved(stage: str, timeout_s: float, need: int, have: int, fields: list[str]) -> DockError:
     """The error of a stage that waited past its deadline."""
     return DockError(
-        f"stage '{stage}' waited {timeout_s:.0f} s for {need} samples with fields {fields}: "
-        f"{need - have} missing ({have} ready)"
+        f"stage '{stage}' waited {timeout_s:g} s for {need} samples with fields {fields}: "
+        f"{need - have} missing ({have} ready); did an upstream stage put them?"
     )
 
 
@@ -132,12 +159,49 @@ def balance_by_length(indexes: np.ndarray, lengths: np.ndarray, parts: int) -> l
     return [np.sort(np.array(m, dtype=np.int64)) for m in members]
 
 
+async def wait_and_claim(
+    state: ControllerState,
+    changed: asyncio.Condition,
+    request: tuple[list[str], int, bool, int | None],
+    timeout_s: float,
+    dp_parts: int,
+) -> list[np.ndarray]:
+    """Wait on ``changed`` until ``state`` can serve ``request``, then claim and split.
+
+    ``request`` is ``(fields, batch_size, whole_groups, prefer_warehouse)``.
+    """
+    fields, batch_size, whole_groups, prefer = request
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with changed:
+        while state.claimable(fields, whole_groups) < batch_size:
+            remaining = deadline - loop.time()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(changed.wait(), timeout=remaining)
+            except TimeoutError:
+                have = state.claimable(fields, whole_groups)
+                raise starved(state.stage, timeout_s, batch_size, have, fields) from None
+        taken = state.claim(fields, batch_size, whole_groups, prefer)
+    if dp_parts == 1:
+        return [taken]
+    return balance_by_length(taken, state.length[taken], dp_parts)
+
+
 @ray.remote(num_cpus=0)
 class TDController:
     """Ray actor around :class:`ControllerState`; ``claim`` waits with a deadline."""
 
-    def __init__(self, stage: str, n_samples: int, group_size: int, fields: list[str]) -> None:
-        self.state = ControllerState(stage, n_samples, group_size, fields)
+    def __init__(
+        self,
+        stage: str,
+        n_samples: int,
+        group_size: int,
+        fields: list[str],
+        group_ids: np.ndarray | None = None,
+    ) -> None:
+        self.state = ControllerState(stage, n_samples, group_size, fields, group_ids)
         self.changed = asyncio.Condition()
 
     async def on_put(
@@ -157,25 +221,11 @@ class TDController:
         dp_parts: int = 1,
     ) -> list[np.ndarray]:
         """Wait until ``batch_size`` samples are ready (or the deadline), then take them."""
-        need = batch_size
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        async with self.changed:
-            while self.state.claimable(fields, whole_groups) < need:
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0 or not await self._wait(remaining):
-                    have = self.state.claimable(fields, whole_groups)
-                    raise starved(self.state.stage, timeout_s, need, have, fields)
-        taken = self.state.claim(fields, batch_size, whole_groups, prefer_warehouse)
-        if dp_parts == 1:
-            return [taken]
-        return balance_by_length(taken, self.state.length[taken], dp_parts)
+        request = (fields, batch_size, whole_groups, prefer_warehouse)
+        return await wait_and_claim(self.state, self.changed, request, timeout_s, dp_parts)
 
-    async def _wait(self, seconds: float) -> bool:
-        try:
-            await asyncio.wait_for(self.changed.wait(), timeout=seconds)
-            return True
-        except TimeoutError:
-            return False
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
     def locations(self, indexes: np.ndarray) -> np.ndarray:
         return self.state.warehouse[indexes]

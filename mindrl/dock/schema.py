@@ -12,13 +12,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mindrl.dock.errors import DockError
 
-class DockError(RuntimeError):
-    """A dock request failed: bad put, dead actor, or a stage that waited too long."""
+__all__ = ["RL_FIELDS", "DockError", "FieldSpec", "check_column"]
 
 
 @dataclass(frozen=True)
 class FieldSpec:
+    """Declared dtype and per-sample shape of one field.
+
+    Attributes:
+        dtype: numpy dtype name, e.g. ``"int64"``; a put of any other dtype is refused.
+        shape: per-sample shape of a fixed field, or the trailing shape after the
+            variable first dimension of a variable-length field.
+        variable: the first dimension varies per sample (tokens); stored unpadded.
+        pad: value that fills the right padding of variable fields on the way out.
+    """
+
     dtype: str
     shape: tuple[int, ...] = ()
     variable: bool = False

@@ -9,11 +9,14 @@ pass through it.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import ray
 
-from mindrl.dock.schema import DockError, FieldSpec, check_column
-from mindrl.dock.wire import Columns, pad_columns
+from mindrl.dock.errors import DockError
+from mindrl.dock.schema import FieldSpec, check_column
+from mindrl.dock.wire import Columns, Padded, pad_columns
 
 
 class WarehouseStore:
@@ -27,6 +30,7 @@ class WarehouseStore:
         self.data: dict[str, dict[int, np.ndarray]] = {name: {} for name in schema}
         self.bytes_in = 0
         self.bytes_out = 0
+        self._count = threading.Lock()  # the actor serves several requests on threads
 
     def validate(self, indexes: np.ndarray, columns: dict[str, Columns]) -> None:
         outside = indexes[(indexes < self.first) | (indexes >= self.last)]
@@ -54,15 +58,16 @@ class WarehouseStore:
         self.validate(indexes, columns)
         for name, column in columns.items():
             store, offsets = self.data[name], column.offsets
+            # Views, not copies: the put's buffer (mapped from Ray's object store) is the
+            # storage, and a later get of the same run can hand it back without a copy.
             for position, index in enumerate(indexes.tolist()):
-                store[index] = column.values[offsets[position] : offsets[position + 1]].copy()
-            self.bytes_in += column.values.nbytes
+                store[index] = column.values[offsets[position] : offsets[position + 1]]
+            with self._count:
+                self.bytes_in += column.nbytes
         lengths = [c.lengths for n, c in columns.items() if self.schema[n].variable]
         return np.max(lengths, axis=0) if lengths else np.zeros(len(indexes), dtype=np.int64)
 
-    def get(
-        self, indexes: np.ndarray, fields: list[str]
-    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    def get(self, indexes: np.ndarray, fields: list[str]) -> dict[str, Padded]:
         """Padded ``[len(indexes), max_len, ...]`` arrays and lengths per field."""
         out = {}
         for name in fields:
@@ -76,7 +81,8 @@ class WarehouseStore:
             except KeyError as exc:
                 raise DockError(f"field '{name}' of sample {exc.args[0]} was never put") from None
             out[name] = pad_columns(samples, spec)
-            self.bytes_out += out[name][0].nbytes
+            with self._count:
+                self.bytes_out += out[name][0].nbytes + out[name][1].nbytes
         return out
 
     def clear(self) -> None:
@@ -84,9 +90,23 @@ class WarehouseStore:
             store.clear()
 
 
-@ray.remote(num_cpus=0)
+#: Requests a warehouse serves at once: numpy copies and Ray's (de)serialization release
+#: the GIL, so several readers of one node overlap instead of queueing.
+WAREHOUSE_THREADS = 4
+
+
+@ray.remote(num_cpus=0, max_concurrency=WAREHOUSE_THREADS)
 class TDWarehouse:
-    """Ray actor around :class:`WarehouseStore` that broadcasts metadata after puts."""
+    """Ray actor around :class:`WarehouseStore` that broadcasts metadata after puts.
+
+    Args:
+        warehouse_id: position in the dock's warehouse list.
+        first, last: the index share ``[first, last)`` it owns.
+        schema: the fields that may be put.
+        controllers: stage -> (TD controller actor, fields it tracks); a put is
+            announced to every controller tracking one of its fields.
+        timeout_s: deadline of the metadata broadcast.
+    """
 
     def __init__(
         self,
@@ -94,26 +114,67 @@ class TDWarehouse:
         first: int,
         last: int,
         schema: dict[str, FieldSpec],
-        controllers: list,
+        controllers: dict[str, tuple[ray.actor.ActorHandle, list[str]]],
+        timeout_s: float = 60.0,
     ) -> None:
         self.store = WarehouseStore(warehouse_id, first, last, schema)
         self.controllers = controllers
+        self.timeout_s = timeout_s
+        self.in_flight: list[tuple[str, ray.ObjectRef]] = []  # (stage, on_put ref)
+        self._lock = threading.Lock()
 
     def put(self, indexes: np.ndarray, columns: dict[str, Columns]) -> int:
+        """Validate and store (all or nothing), then announce to the controllers.
+
+        The announcement is not waited for: a claim waits until its samples are ready
+        anyway, and :meth:`clear` drains it first, so no stale metadata outlives an
+        iteration. A failed announcement is raised by the next put or clear.
+        """
+        self._raise_failed(wait_s=0)
         lengths = self.store.put(indexes, columns)
-        fields = list(columns)
-        # Wait for the broadcast so a consumer that hears "put done" finds the metadata.
-        ray.get(
-            [
-                c.on_put.remote(indexes, fields, self.store.warehouse_id, lengths)
-                for c in self.controllers
-            ]
-        )
+        w, fields = self.store.warehouse_id, list(columns)
+        sent = [
+            (stage, actor.on_put.remote(indexes, fields, w, lengths))
+            for stage, (actor, tracked) in self.controllers.items()
+            if set(tracked) & set(fields)
+        ]
+        with self._lock:
+            self.in_flight += sent
         return len(indexes)
 
-    def get(
-        self, indexes: np.ndarray, fields: list[str]
-    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    def flush(self) -> None:
+        """Wait until every controller has taken every announcement so far."""
+        self._raise_failed(wait_s=self.timeout_s)
+
+    def _raise_failed(self, wait_s: float) -> None:
+        """Drop delivered announcements; raise for one that failed (or, when waiting, is
+        still undelivered after ``wait_s``)."""
+        with self._lock:
+            pending, self.in_flight = self.in_flight, []
+        refs = [ref for _, ref in pending]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s) if refs else ([], [])
+        done = set(done)
+        with self._lock:
+            self.in_flight += [(stage, ref) for stage, ref in pending if ref not in done]
+            late = [stage for stage, ref in pending if ref not in done]
+        w = self.store.warehouse_id
+        for stage, ref in pending:
+            if ref not in done:
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                raise DockError(
+                    f"TD controller of stage '{stage}' is dead; warehouse {w} could not "
+                    "announce its samples to it"
+                ) from None
+        if wait_s > 0 and late:
+            raise DockError(
+                f"TD controller of stage '{late[0]}' did not take warehouse {w}'s metadata "
+                f"within {wait_s:g} s"
+            )
+
+    def get(self, indexes: np.ndarray, fields: list[str]) -> dict[str, Padded]:
         return self.store.get(indexes, fields)
 
     def node_id(self) -> str:
@@ -123,4 +184,7 @@ class TDWarehouse:
         return {"bytes_in": self.store.bytes_in, "bytes_out": self.store.bytes_out}
 
     def clear(self) -> None:
+        """Drain announcements, then drop every payload (the client clears controllers
+        after warehouses, so none hears of a sample from the old iteration)."""
+        self.flush()
         self.store.clear()

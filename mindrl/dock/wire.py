@@ -1,20 +1,23 @@
-"""Wire format: one flat numpy buffer per field plus per-sample lengths.
+"""Wire format: one flat numpy buffer per field plus per-sample lengths (numpy only).
 
 Ray hands numpy arrays from the same-node object store to readers without copying, while
 torch tensors are copied (DESIGN.md §6: 3 ms vs 120-520 ms for 100 MB), so payloads cross
-process boundaries as :class:`Columns` and are rebuilt into a TensorDict on the reader.
+process boundaries as :class:`Columns` (puts) or padded ``(values, lengths)`` pairs
+(gets). This module imports no torch, so the dock's actors start as light processes;
+the torch side lives in :mod:`mindrl.dock.tensors`.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from tensordict import TensorDict
 
 from mindrl.dock.schema import FieldSpec
+
+#: A padded field on its way out: values ``[n, max_len, *trailing]`` (fixed fields
+#: ``[n, *shape]``) and lengths ``[n]``.
+Padded = tuple[np.ndarray, np.ndarray]
 
 
 @dataclass
@@ -33,33 +36,46 @@ class Columns:
         return self.values.nbytes + self.lengths.nbytes
 
 
-def columns_from(
-    value: torch.Tensor | list[torch.Tensor], lengths: torch.Tensor | None, spec: FieldSpec
-) -> Columns:
-    """Encode a field given as a list of per-sample tensors or a padded tensor + lengths."""
-    if isinstance(value, list):
-        arrays = [t.detach().cpu().numpy() for t in value]
-        if not spec.variable:
-            arrays = [a.reshape(1, *a.shape) for a in arrays]
-        lens = np.array([len(a) for a in arrays], dtype=np.int64)
-        flat = np.concatenate(arrays) if arrays else np.zeros((0, *spec.shape), spec.numpy_dtype)
-        return Columns(flat, lens)
-    array = value.detach().cpu().numpy()
-    if not spec.variable:
-        return Columns(array, np.ones(len(array), dtype=np.int64))
-    if lengths is None:
-        lens = np.full(len(array), array.shape[1] if array.ndim > 1 else 0, dtype=np.int64)
-    else:
-        lens = lengths.cpu().numpy().astype(np.int64)
-    keep = np.arange(array.shape[1])[None, :] < lens[:, None]
-    return Columns(array[keep], lens)
+def take_rows(column: Columns, rows: np.ndarray) -> Columns:
+    """The samples ``rows`` of a column, still concatenated."""
+    if len(rows) == len(column.lengths) and np.array_equal(rows, np.arange(len(rows))):
+        return column  # the whole put goes to one warehouse: no copy
+    offsets = column.offsets
+    pieces = [column.values[offsets[r] : offsets[r + 1]] for r in rows]
+    values = np.concatenate(pieces) if pieces else column.values[:0]
+    return Columns(values, column.lengths[rows])
 
 
-def pad_columns(samples: list[np.ndarray], spec: FieldSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad variable-length samples to the longest; fixed ones are stacked."""
+def contiguous_block(samples: list[np.ndarray]) -> np.ndarray | None:
+    """The samples as one ``[n, len, ...]`` view when they are equal-length neighbours in
+    one buffer (the common case: a get of what one put stored), else None."""
+    if not samples or len(samples[0]) == 0 or samples[0].base is None:
+        return None
+    first, base = samples[0], samples[0].base
+    if not base.flags.c_contiguous or base.dtype != first.dtype:
+        return None
+    start, step = first.__array_interface__["data"][0], first.nbytes
+    for i, sample in enumerate(samples):
+        same_run = sample.base is base and len(sample) == len(first)
+        if not same_run or sample.__array_interface__["data"][0] != start + i * step:
+            return None
+    offset = (start - base.__array_interface__["data"][0]) // first.itemsize
+    flat = base.reshape(-1)[offset : offset + len(samples) * first.size]
+    if flat.size != len(samples) * first.size:
+        return None
+    return flat.reshape(len(samples), *first.shape)
+
+
+def pad_columns(samples: list[np.ndarray], spec: FieldSpec) -> Padded:
+    """Right-pad variable-length samples to the longest with ``spec.pad``; stack fixed ones."""
     lengths = np.array([len(s) for s in samples], dtype=np.int64)
     if not spec.variable:
-        return np.stack([s[0] for s in samples]) if samples else np.zeros((0, *spec.shape)), lengths
+        if not samples:
+            return np.zeros((0, *spec.shape), spec.numpy_dtype), lengths
+        return np.stack([s[0] for s in samples]), lengths
+    block = contiguous_block(samples)
+    if block is not None:
+        return block, lengths
     width = int(lengths.max()) if len(samples) else 0
     out = np.full((len(samples), width, *spec.shape), spec.pad, dtype=spec.numpy_dtype)
     for row, sample in enumerate(samples):
@@ -67,20 +83,24 @@ def pad_columns(samples: list[np.ndarray], spec: FieldSpec) -> tuple[np.ndarray,
     return out, lengths
 
 
-def to_tensordict(
-    parts: dict[str, tuple[np.ndarray, np.ndarray]], schema: dict[str, FieldSpec]
-) -> TensorDict:
-    """Padded numpy fields -> TensorDict with ``<field>`` and ``<field>_lengths`` entries.
-
-    Tensors are zero-copy views of the arrays Ray mapped from the object store, which are
-    read-only: clone a tensor before writing to it in place.
-    """
-    batch = len(next(iter(parts.values()))[1]) if parts else 0
-    out = {}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*non-writable.*")
-        for name, (values, lengths) in parts.items():
-            out[name] = torch.from_numpy(values)
-            if schema[name].variable:
-                out[f"{name}_lengths"] = torch.from_numpy(lengths)
-    return TensorDict(out, batch_size=[batch])
+def merge_parts(
+    parts: list[dict[str, Padded]], rows: list[np.ndarray], schema: dict[str, FieldSpec]
+) -> dict[str, Padded]:
+    """Combine per-warehouse padded parts into the caller's order, re-padding to one width."""
+    total = sum(len(r) for r in rows)
+    merged = {}
+    for name in parts[0]:
+        spec = schema[name]
+        width = max(p[name][0].shape[1] for p in parts) if spec.variable else None
+        shape = (total, width, *spec.shape) if spec.variable else (total, *spec.shape)
+        values = np.full(shape, spec.pad, dtype=spec.numpy_dtype)
+        lengths = np.zeros(total, dtype=np.int64)
+        for part, where in zip(parts, rows, strict=True):
+            part_values, part_lengths = part[name]
+            if spec.variable:
+                values[where, : part_values.shape[1]] = part_values
+            else:
+                values[where] = part_values
+            lengths[where] = part_lengths
+        merged[name] = (values, lengths)
+    return merged

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -10,8 +14,10 @@ from hypothesis import strategies as st
 
 from mindrl.dock.controller import ControllerState, balance_by_length
 from mindrl.dock.schema import RL_FIELDS, DockError
+from mindrl.dock.tensors import attention_mask, columns_from, to_tensordict
 from mindrl.dock.warehouse import WarehouseStore
-from mindrl.dock.wire import Columns, columns_from, pad_columns
+from mindrl.dock.wire import Columns, pad_columns
+from mindrl.plan.sample_flow import central_volume_bytes, dispatch_seconds
 
 FIELDS = ["prompt_ids", "response_ids", "reward"]
 
@@ -33,7 +39,29 @@ def test_whole_group_claims_never_split_a_group():
     state = ControllerState("advantage", n_samples=8, group_size=4, fields=FIELDS)
     state.on_put(np.array([0, 1, 2, 3, 4, 5]), ["reward"], 0, np.zeros(6, dtype=np.int64))
     assert state.claimable(["reward"], whole_groups=True) == 4
-    assert state.claim(["reward"], 6, whole_groups=True).tolist() == [0, 1, 2, 3]
+    assert state.claim(["reward"], 8, whole_groups=True).tolist() == [0, 1, 2, 3]
+    with pytest.raises(DockError, match="use a multiple of 4"):
+        state.claim(["reward"], 6, whole_groups=True)
+
+
+def test_explicit_group_ids_keep_scattered_members_together():
+    # Groups {0, 2, 5} and {1, 3, 4}: only the first is complete after the put.
+    ids = np.array([7, 9, 7, 9, 9, 7])
+    state = ControllerState("advantage", 6, 3, FIELDS, group_ids=ids)
+    state.on_put(np.array([0, 2, 5, 1, 3]), ["reward"], 0, np.zeros(5, dtype=np.int64))
+    assert state.claim(["reward"], 6, whole_groups=True).tolist() == [0, 2, 5]
+    state.on_put(np.array([4]), ["reward"], 0, np.zeros(1, dtype=np.int64))
+    assert state.claim(["reward"], 6, whole_groups=True).tolist() == [1, 3, 4]
+
+
+def test_local_preference_never_splits_a_group_spread_over_warehouses():
+    # Group 9 = {1, 3, 4} lives in warehouse 0; group 7 = {0, 2, 5} in warehouses 0 and 1.
+    state = ControllerState("update", 6, 3, FIELDS, group_ids=np.array([7, 9, 7, 9, 9, 7]))
+    state.on_put(np.array([0, 1, 2, 3, 4]), ["reward"], 0, np.zeros(5, dtype=np.int64))
+    state.on_put(np.array([5]), ["reward"], 1, np.zeros(1, dtype=np.int64))
+    first = state.claim(["reward"], 3, whole_groups=True, prefer_warehouse=0)
+    assert first.tolist() == [1, 3, 4]  # the wholly local group, not 0, 2 + a stray
+    assert sorted(first.tolist() + state.claim(["reward"], 3, True).tolist()) == list(range(6))
 
 
 def test_claims_prefer_samples_in_the_local_warehouse():
@@ -63,6 +91,24 @@ def test_dp_split_is_even_in_count_and_balanced_in_length():
     assert loads[1] - loads[0] <= 12
     with pytest.raises(DockError, match="cannot split 8 samples evenly over 3"):
         balance_by_length(indexes, lengths, 3)
+
+
+def test_metadata_is_a_few_scalars_per_sample_not_payload():
+    state = ControllerState("update", 64, 8, FIELDS)
+    state.on_put(np.arange(64), ["response_ids"], 0, np.full(64, 4096, dtype=np.int64))
+    state.claim(["response_ids"], 64, whole_groups=True)
+    # indexes + lengths on the put, indexes on the claim: 3 int64 per sample + headers.
+    assert 3 * 8 * 64 <= state.metadata_bytes <= 3 * 8 * 64 + 64
+
+
+def test_paper_table1_rows_follow_the_decoded_formula():
+    # The paper prints 0.969 GB as 0.96 and 31.6K s as 31K (truncated), 3088 GB as 3.1K.
+    small = central_volume_bytes(256, 8, 2048, 5, 8192)
+    assert math.floor(small / 2**30 * 100) / 100 == 0.96
+    assert dispatch_seconds(small) == pytest.approx(9.92, abs=0.005)
+    large = central_volume_bytes(8192, 64, 4096, 8, 65536)
+    assert round(large / 2**30 / 1000, 1) == 3.1 and large / 2**30 == pytest.approx(3088.0)
+    assert math.floor(dispatch_seconds(large) / 1000) == 31
 
 
 def test_a_bad_put_is_refused_whole_and_stores_nothing():
@@ -98,6 +144,20 @@ def test_padded_tensors_with_lengths_round_trip_through_columns():
     assert column.values.tolist() == [1, 2, 3]
     values, lengths = pad_columns([column.values[:2], column.values[2:]], RL_FIELDS["response_ids"])
     assert values.tolist() == [[1, 2], [3, 0]] and lengths.tolist() == [2, 1]
+    mask = attention_mask(torch.from_numpy(lengths), 2)
+    assert mask.tolist() == [[True, True], [True, False]]
+
+
+def test_a_get_of_one_equal_length_put_is_a_view_of_the_stored_buffer():
+    store = WarehouseStore(0, 0, 4, RL_FIELDS)
+    buffer = np.arange(12, dtype=np.int64)
+    store.put(np.arange(4), {"response_ids": Columns(buffer, np.full(4, 3))})
+    values, lengths = store.get(np.arange(4), ["response_ids"])["response_ids"]
+    assert np.shares_memory(values, buffer) and values.tolist() == buffer.reshape(4, 3).tolist()
+    reordered, _ = store.get(np.array([1, 0]), ["response_ids"])["response_ids"]
+    assert not np.shares_memory(reordered, buffer) and reordered.tolist() == [[3, 4, 5], [0, 1, 2]]
+    batch = to_tensordict({"response_ids": (values, lengths)}, RL_FIELDS)
+    assert batch["response_ids"].data_ptr() == values.__array_interface__["data"][0]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.large_base_example])
@@ -134,3 +194,14 @@ def test_any_interleaving_consumes_every_index_once_with_identical_payloads(
     state.clear()
     store.clear()
     assert state.claimable(["response_ids"], False) == 0 and not store.data["response_ids"]
+
+
+def test_the_dock_actors_modules_do_not_import_torch():
+    # Each actor is its own Ray worker process: without torch it starts light and fast.
+    code = (
+        "import sys, mindrl.dock.builder, mindrl.dock\n"
+        "mindrl.dock.DockError\n"
+        "print(sorted(m for m in ('torch', 'tensordict') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

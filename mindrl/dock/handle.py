@@ -1,0 +1,64 @@
+"""The picklable description of a dock that every client is built from (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindrl.dock.schema import FieldSpec
+
+
+@dataclass
+class WarehouseInfo:
+    """One TD warehouse: its actor, the node it lives on, its index share ``[first, last)``."""
+
+    actor: Any
+    node_id: str
+    first: int
+    last: int
+
+
+@dataclass
+class DockHandle:
+    """Picklable description of a dock; build a ``DockClient`` from it anywhere.
+
+    Attributes:
+        schema: the fields that may be put.
+        n_samples: sample indexes per iteration (G * N).
+        group_size: samples per group (N responses of a prompt); index // group_size is
+            the group id.
+        warehouses: the TD warehouses in index order (the central buffer is the only
+            "warehouse" of a centralized dock).
+        controllers: stage -> TD controller actor (empty for a centralized dock).
+        central: the centralized buffer actor, or None for a distributed dock.
+        timeout_s: default deadline of a wait for samples and of any actor call.
+    """
+
+    schema: dict[str, FieldSpec]
+    n_samples: int
+    group_size: int
+    warehouses: list[WarehouseInfo]
+    controllers: dict[str, Any] = field(default_factory=dict)
+    central: Any = None
+    timeout_s: float = 120.0
+
+    @property
+    def kind(self) -> str:
+        return "central" if self.central is not None else "distributed"
+
+    @property
+    def stages(self) -> list[str]:
+        return list(self.controllers)
+
+    def actors(self) -> dict[str, Any]:
+        """Every actor of the dock by the name errors use for it."""
+        if self.central is not None:
+            return {"centralized buffer": self.central}
+        named = {f"TD controller of stage '{s}'": c for s, c in self.controllers.items()}
+        for w, info in enumerate(self.warehouses):
+            named[warehouse_name(w, info.node_id)] = info.actor
+        return named
+
+
+def warehouse_name(w: int, node_id: str) -> str:
+    return f"TD warehouse {w} (node {node_id[:8]})"
