@@ -1,0 +1,91 @@
+"""Reward / KL / response-length curves of a run, rendered to a PNG.
+
+Console script: ``mindrl-plot RUN_DIR_OR_JSONL [-o out.png]`` (entry point
+``mindrl.metrics.plot:main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mindrl.metrics.logger import METRICS_FILE, read_metrics
+
+# (metric key, panel title) of each panel, left to right.
+PANELS: tuple[tuple[str, str], ...] = (
+    ("reward_mean", "reward (mean)"),
+    ("kl", "KL"),
+    ("response_length_mean", "response length (tokens)"),
+)
+FIGURE_SIZE_IN = (12.0, 3.5)
+DPI = 100  # -> a 1200 x 350 pixel PNG
+
+
+def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["iteration"], float(r[key])) for r in records if r.get(key) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_metrics(jsonl_path: str | Path, png_path: str | Path) -> Path:
+    """Render the reward, KL and response-length curves of a metrics JSONL to a PNG.
+
+    A metric the run did not record gets an empty panel saying so.
+
+    Returns:
+        The PNG path.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers; must precede pyplot
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(jsonl_path)
+    figure, axes = plt.subplots(1, len(PANELS), figsize=FIGURE_SIZE_IN, dpi=DPI)
+    for axis, (key, title) in zip(axes, PANELS, strict=True):
+        iterations, values = _series(records, key)
+        if values:
+            axis.plot(iterations, values, marker="." if len(values) < 50 else None)
+        else:
+            axis.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=axis.transAxes)
+        axis.set_title(title)
+        axis.set_xlabel("iteration")
+        axis.grid(alpha=0.3)
+    figure.suptitle(str(jsonl_path), fontsize=8)
+    figure.tight_layout()
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png_path, dpi=DPI)
+    plt.close(figure)
+    return png_path
+
+
+def _resolve_jsonl(target: Path) -> Path:
+    jsonl = target / METRICS_FILE if target.is_dir() else target
+    if not jsonl.is_file():
+        raise FileNotFoundError(f"no metrics file at {jsonl}; give a run folder or a .jsonl")
+    return jsonl
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``mindrl-plot RUN_DIR_OR_JSONL [-o out.png]``; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="mindrl-plot", description="Plot reward / KL / response-length curves of a run."
+    )
+    parser.add_argument("target", type=Path, help="run folder (with metrics.jsonl) or a .jsonl")
+    parser.add_argument("-o", "--output", type=Path, help="PNG path (default: beside the JSONL)")
+    args = parser.parse_args(argv)
+    try:
+        jsonl = _resolve_jsonl(args.target)
+        png = plot_metrics(jsonl, args.output or jsonl.with_suffix(".png"))
+    except (FileNotFoundError, ValueError) as error:
+        print(f"mindrl-plot: {error}", file=sys.stderr)
+        return 2
+    print(png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

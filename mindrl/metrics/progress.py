@@ -1,0 +1,99 @@
+"""Throughput (DESIGN.md Eq. 5), the one-line-per-iteration progress report, and the
+progress bar shown while responses are generated."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+# (metric key, label, format) of the progress line, in print order. A key a trainer
+# does not report (e.g. KL with kl_coef 0 not measured) prints as "-".
+PROGRESS_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("reward_mean", "reward", ".3f"),
+    ("response_length_mean", "resp_len", ".1f"),
+    ("kl", "kl", ".4f"),
+    ("entropy", "entropy", ".3f"),
+    ("clip_fraction", "clip", ".3f"),
+    ("tps", "tps", ".0f"),
+)
+STAGE_TIMES_KEY = "time"  # record["time"] = {stage: seconds}
+ITERATION_TIME_KEY = "iteration_time_s"
+
+
+def tokens_per_second(
+    num_prompts: int,
+    samples_per_prompt: int,
+    mean_prompt_length: float,
+    mean_response_length: float,
+    num_devices: int,
+    iteration_time_s: float,
+) -> float:
+    """TPS = G*N*(mean L_p + mean L_r) / (n_devices * T_iter), DESIGN.md Eq. 5.
+
+    Args:
+        num_prompts: G, prompts per iteration.
+        samples_per_prompt: N, responses per prompt.
+        mean_prompt_length: Mean prompt length in tokens.
+        mean_response_length: Mean response length in tokens.
+        num_devices: Devices (CPU: worker processes) the run uses.
+        iteration_time_s: Wall time of the iteration.
+
+    Raises:
+        ValueError: a non-positive device count or iteration time.
+    """
+    if num_devices <= 0 or iteration_time_s <= 0:
+        raise ValueError(
+            f"TPS needs num_devices > 0 and iteration_time_s > 0, got {num_devices} and "
+            f"{iteration_time_s}"
+        )
+    tokens = num_prompts * samples_per_prompt * (mean_prompt_length + mean_response_length)
+    return tokens / (num_devices * iteration_time_s)
+
+
+def mean_tps(records: Sequence[Mapping[str, Any]], warmup: int = 1, window: int = 5) -> float:
+    """Mean ``tps`` over ``window`` iterations after the first ``warmup`` ones (Eq. 5).
+
+    Raises:
+        ValueError: fewer records with ``tps`` than ``warmup + 1``.
+    """
+    values = [float(r["tps"]) for r in records if "tps" in r][warmup : warmup + window]
+    if not values:
+        raise ValueError(f"no TPS after {warmup} warm-up iterations; run more iterations")
+    return sum(values) / len(values)
+
+
+def _format_value(value: Any, spec: str) -> str:
+    return "-" if value is None else format(float(value), spec)
+
+
+def format_progress_line(iteration: int, metrics: Mapping[str, Any]) -> str:
+    """One line: iteration, reward, response length, KL, entropy, clip fraction, TPS,
+    iteration time and the time of every stage.
+
+    Example: ``iter 12 | reward 0.734 | resp_len 2.1 | kl - | ... | time 4.21s
+    (rollout 2.10 reward 0.05 update 1.90)``.
+    """
+    parts = [f"iter {iteration:>4d}"]
+    parts += [
+        f"{label} {_format_value(metrics.get(key), spec)}" for key, label, spec in PROGRESS_FIELDS
+    ]
+    stages = metrics.get(STAGE_TIMES_KEY) or {}
+    total = metrics.get(ITERATION_TIME_KEY)
+    stage_text = " ".join(f"{name} {seconds:.2f}" for name, seconds in stages.items())
+    parts.append(f"time {_format_value(total, '.2f')}s ({stage_text})")
+    return " | ".join(parts)
+
+
+def print_progress_line(line: str) -> None:
+    """Print a progress line without breaking an active progress bar."""
+    tqdm.write(line)
+
+
+def generation_progress(total: int, enabled: bool = True, desc: str = "generate") -> tqdm:
+    """A progress bar over ``total`` responses; use as a context manager and ``update(n)``.
+
+    Disabled bars (``enabled=False``, e.g. ``logging.progress_bar: false``) cost nothing.
+    """
+    return tqdm(total=total, desc=desc, unit="resp", leave=False, disable=not enabled)

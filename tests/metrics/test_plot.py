@@ -1,0 +1,48 @@
+"""Curves to PNG, via the function and the mindrl-plot entry point."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from mindrl.metrics import MetricsLogger
+from mindrl.metrics.plot import DPI, FIGURE_SIZE_IN, main, plot_metrics
+
+
+def _png_size(path):
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", header[16:24])
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    with MetricsLogger(tmp_path / "run", tensorboard=False) as logger:
+        for iteration in range(1, 21):
+            logger.log(
+                iteration,
+                {"reward_mean": iteration / 20, "kl": 0.01, "response_length_mean": 3.0},
+            )
+    return tmp_path / "run"
+
+
+def test_plot_writes_a_png_of_the_expected_size(run_dir, tmp_path):
+    png = plot_metrics(run_dir / "metrics.jsonl", tmp_path / "out" / "curves.png")
+    assert png.stat().st_size > 10_000
+    expected = (round(FIGURE_SIZE_IN[0] * DPI), round(FIGURE_SIZE_IN[1] * DPI))
+    assert _png_size(png) == expected
+
+
+def test_cli_takes_a_run_folder_and_defaults_beside_the_jsonl(run_dir, capsys):
+    assert main([str(run_dir)]) == 0
+    png = run_dir / "metrics.png"
+    assert capsys.readouterr().out.strip() == str(png)
+    assert _png_size(png) == (1200, 350)
+
+
+def test_cli_reports_a_missing_run_in_one_line(tmp_path, capsys):
+    assert main([str(tmp_path / "none"), "-o", str(tmp_path / "x.png")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("mindrl-plot: no metrics file") and error.count("\n") == 1
+    assert not (tmp_path / "x.png").exists()

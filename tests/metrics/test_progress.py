@@ -1,0 +1,62 @@
+"""TPS by DESIGN.md Eq. 5 and the one-line progress report."""
+
+from __future__ import annotations
+
+import pytest
+
+from mindrl.metrics import format_progress_line, generation_progress, mean_tps, tokens_per_second
+
+
+def test_tps_follows_eq5_on_known_numbers():
+    # G=16 prompts, N=8 samples, L_p=6, L_r=2 -> 1024 tokens; 2 devices, 4 s -> 128 tok/s/dev.
+    assert tokens_per_second(16, 8, 6.0, 2.0, num_devices=2, iteration_time_s=4.0) == 128.0
+    # Paper-scale: G=256, N=8, L_p=2048, L_r=8192 on 384 devices in 100 s.
+    expected = 256 * 8 * (2048 + 8192) / (384 * 100)
+    assert tokens_per_second(256, 8, 2048, 8192, 384, 100.0) == pytest.approx(expected)
+
+
+def test_tps_refuses_zero_devices_or_time():
+    with pytest.raises(ValueError, match="num_devices > 0"):
+        tokens_per_second(1, 1, 1, 1, num_devices=0, iteration_time_s=1.0)
+    with pytest.raises(ValueError, match="iteration_time_s > 0"):
+        tokens_per_second(1, 1, 1, 1, num_devices=1, iteration_time_s=0.0)
+
+
+def test_mean_tps_averages_five_iterations_after_warmup():
+    records = [{"tps": value} for value in (1000, 10, 20, 30, 40, 50, 9999)]
+    assert mean_tps(records, warmup=1, window=5) == 30.0
+    with pytest.raises(ValueError, match="warm-up"):
+        mean_tps(records[:1])
+
+
+def test_progress_line_shows_every_field_and_stage_time():
+    metrics = {
+        "reward_mean": 0.7349,
+        "response_length_mean": 2.06,
+        "kl": 0.00123,
+        "entropy": 1.5,
+        "clip_fraction": 0.031,
+        "tps": 1234.4,
+        "iteration_time_s": 4.214,
+        "time": {"rollout": 2.1, "reward": 0.05, "update": 1.9},
+    }
+    line = format_progress_line(12, metrics)
+    assert line == (
+        "iter   12 | reward 0.735 | resp_len 2.1 | kl 0.0012 | entropy 1.500 | clip 0.031 | "
+        "tps 1234 | time 4.21s (rollout 2.10 reward 0.05 update 1.90)"
+    )
+    assert "\n" not in line
+
+
+def test_progress_line_marks_unreported_metrics():
+    line = format_progress_line(1, {"reward_mean": 0.25})
+    assert line.startswith("iter    1 | reward 0.250 | resp_len - | kl - |")
+
+
+def test_generation_progress_bar_counts_updates():
+    with generation_progress(total=10, enabled=True) as bar:
+        bar.update(4)
+        bar.update(6)
+        assert bar.n == 10
+    with generation_progress(total=10, enabled=False) as bar:
+        assert bar.disable
