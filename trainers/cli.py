@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def trainer_shape(name: str, config: MindRLConfig) -> TrainerShape:
     """Stages, response-length fields and roles of an algorithm, for the planner."""
     algo = get_algorithm(name)
-    needs_reference = algo.needs_reference(algo.resolve(config.algorithm))
+    needs_reference = algo.uses_reference(algo.resolve(config.algorithm))
     stages = ["rollout", "reward"]
     stages += ["ref_logp"] if needs_reference else []
     stages += ["old_logp"] + (["values"] if algo.needs_critic else []) + ["advantage", "update"]

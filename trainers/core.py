@@ -1,12 +1,32 @@
 """Shared RL maths (DESIGN.md §5): masked reductions, KL estimators, loss aggregation,
 the clipped policy loss and the clipped value loss.
 
-Shapes: token matrices are ``[batch, response_len]``; ``mask`` is 1 for response tokens
-and 0 for padding. Everything is plain torch, dtype-preserving, usable in float32 or
-float64, and independent of Ray and Megatron.
+Shapes: token matrices are ``[batch, T]`` (``T`` = padded response length); ``mask`` is
+1/True on response tokens and 0/False on padding (a bool or 0/1 float tensor). Padding
+values never reach a result, even when they are NaN or inf (``torch.where``, not
+``values * mask``). Everything is plain torch: dtype- and device-preserving, float32 or
+float64, independent of Ray, Megatron and mindrl.
+
+Formulas:
+
+* KL estimators of KL(pi || ref) per token, with ``d = logp - ref``:
+  ``k1 = d``; ``k2 = d^2 / 2``; ``k3`` (alias ``low_var_kl``) ``= exp(-d) + d - 1`` with
+  ``-d`` clamped to [-20, 20] and the result to [-10, 10]; ``abs = |d|``.
+* Policy loss per token, ``r = exp(clamp(logp - old, -20, 20))``:
+  ``l = max(-A r, -A clamp(r, 1 - clip_low, 1 + clip_high))``; dual clip (``clip_c > 1``)
+  for ``A < 0``: ``l = min(l, -A clip_c)``.
+* Value loss per token: ``0.5 * max((v - R)^2, (clamp(v, old - clip, old + clip) - R)^2)``.
+* Aggregation, see :func:`aggregate_loss`.
+
+:class:`Algorithm` (bottom) is what each algorithm file (grpo, ppo, dapo) fills in.
 """
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 
@@ -15,33 +35,50 @@ KL_OUTPUT_CLAMP = 10.0
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl", "abs")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
+Number = int | float | torch.Tensor
+
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    return (values * mask).sum() if dim is None else (values * mask).sum(dim)
+    """Sum of ``values`` where ``mask`` is set (over everything, or along ``dim``)."""
+    kept = torch.where(mask.bool(), values, 0.0)
+    return kept.sum() if dim is None else kept.sum(dim)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of ``values`` where ``mask`` is set (0 where nothing is set)."""
-    mask = mask.to(values.dtype)
-    count = mask.sum() if dim is None else mask.sum(dim)
+    """Mean of ``values`` where ``mask`` is set; 0 where nothing is set.
+
+    Args:
+        values: ``[batch, T]`` (any shape broadcastable with ``mask``).
+        mask: 1/True where a value counts.
+        dim: reduce only along this dimension (e.g. ``-1``: one mean per sequence).
+    """
+    count = mask.bool().to(values.dtype)
+    count = count.sum() if dim is None else count.sum(dim)
     return masked_sum(values, mask, dim) / count.clamp(min=1)
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Shift and scale to zero mean, unit (unbiased) variance over the masked entries."""
-    mask = mask.to(values.dtype)
+    """Zero mean, unit unbiased variance over the masked entries; 0 on padding.
+
+    ``(x - mean) / sqrt(var_unbiased + eps)``; a single valid entry has variance 0.
+    """
     mean = masked_mean(values, mask)
-    count = mask.sum()
-    var = masked_sum((values - mean) ** 2, mask) / (count - 1).clamp(min=1)
-    return (values - mean) * torch.rsqrt(var + eps) * mask
+    count = mask.bool().to(values.dtype).sum()
+    var = masked_sum((values - mean).square(), mask) / (count - 1).clamp(min=1)
+    whitened = (values - mean) * torch.rsqrt(var + eps)
+    return torch.where(mask.bool(), whitened, 0.0)
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL(pi || ref) estimate.
+    """Per-token estimate of KL(pi || ref), same shape as the inputs.
 
-    ``k1 = logp - ref``; ``k2 = (logp - ref)^2 / 2``; ``k3`` (alias ``low_var_kl``)
-    ``= exp(ref - logp) - (ref - logp) - 1`` with the log-ratio clamped to +-20 and the
-    result to +-10 for stability; ``abs = |logp - ref|``.
+    Args:
+        logprob: log pi(token) of the current policy, ``[batch, T]``.
+        ref_logprob: log ref(token) of the reference policy, ``[batch, T]``.
+        kind: ``k1``, ``k2``, ``k3`` (= ``low_var_kl``) or ``abs`` (formulas above).
+
+    Raises:
+        ValueError: ``kind`` is none of the known estimators.
     """
     diff = logprob - ref_logprob
     if kind == "k1":
@@ -51,32 +88,55 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> t
     if kind == "abs":
         return diff.abs()
     if kind in ("k3", "low_var_kl"):
+        # Clamped both sides: exp() of a large log-ratio would overflow float32 first.
         log_ratio = (-diff).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         return (log_ratio.exp() - log_ratio - 1).clamp(-KL_OUTPUT_CLAMP, KL_OUTPUT_CLAMP)
     raise ValueError(f"unknown KL kind '{kind}'; known: {', '.join(KL_KINDS)}")
 
 
 def aggregate_loss(
-    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, num_tokens: float | None = None
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    num_tokens: Number | None = None,
+    *,
+    num_seqs: Number | None = None,
+    norm_len: int | None = None,
 ) -> torch.Tensor:
     """Reduce a ``[batch, T]`` per-token loss to a scalar.
 
-    * ``token-mean``: ``sum(loss * mask) / num_tokens``; pass the token count of the
-      whole global batch as ``num_tokens`` so micro-batching and DP do not change the
-      result (default: this mask's count).
-    * ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
-    * ``seq-mean-token-sum-norm``: mean over sequences of each sequence's token sum
-      divided by the padded response length ``T`` (Dr. GRPO's constant normaliser).
+    * ``token-mean``: ``sum(loss * mask) / num_tokens``. Pass the valid-token count of
+      the whole global batch (all micro-batches, all DP ranks) as ``num_tokens`` and sum
+      the micro-batch losses: the result equals the full-batch loss, so gradient
+      accumulation and DP do not change it. Default: this mask's count.
+    * ``seq-mean-token-mean``: each sequence's token mean, summed and divided by
+      ``num_seqs`` (default: the sequences with at least one valid token here).
+    * ``seq-mean-token-sum-norm`` (Dr. GRPO): each sequence's token sum divided by the
+      constant ``norm_len`` (default ``T = mask.shape[-1]``), then summed and divided by
+      ``num_seqs`` (default as above). verl's ``agg_loss`` omits the ``1 / num_seqs``;
+      that differs only by a constant factor (the learning-rate scale). Set ``norm_len``
+      to the configured max response length when micro-batches are padded differently.
+
+    Denominators below 1 are raised to 1, so an all-padding batch gives 0, not NaN.
+
+    Raises:
+        ValueError: ``mode`` is none of the known modes.
     """
-    mask = mask.to(loss_mat.dtype)
     if mode == "token-mean":
-        denominator = mask.sum() if num_tokens is None else num_tokens
-        return masked_sum(loss_mat, mask) / max(float(denominator), 1.0)
-    if mode == "seq-mean-token-mean":
-        return masked_mean(loss_mat, mask, dim=-1).mean()
-    if mode == "seq-mean-token-sum-norm":
-        return (masked_sum(loss_mat, mask, dim=-1) / loss_mat.shape[-1]).mean()
+        denominator = mask.bool().sum() if num_tokens is None else num_tokens
+        return masked_sum(loss_mat, mask) / _at_least_one(denominator, loss_mat)
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        if mode == "seq-mean-token-mean":
+            per_seq = masked_mean(loss_mat, mask, dim=-1)
+        else:
+            per_seq = masked_sum(loss_mat, mask, dim=-1) / (norm_len or mask.shape[-1])
+        denominator = mask.bool().any(-1).sum() if num_seqs is None else num_seqs
+        return per_seq.sum() / _at_least_one(denominator, loss_mat)
     raise ValueError(f"unknown loss aggregation '{mode}'; known: {', '.join(AGG_MODES)}")
+
+
+def _at_least_one(count: Number, like: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(count, dtype=like.dtype, device=like.device).clamp(min=1)
 
 
 def policy_loss(
@@ -88,21 +148,31 @@ def policy_loss(
     clip_high: float = 0.2,
     clip_c: float | None = None,
     mode: str = "token-mean",
-    num_tokens: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    num_tokens: Number | None = None,
+    **agg_kwargs: Number | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with asymmetric clip range and optional dual clip.
 
-    Per token: ``max(-A * r, -A * clamp(r, 1 - clip_low, 1 + clip_high))`` with
-    ``r = exp(clamp(logp - old, -20, 20))``; with ``clip_c`` (> 1) the loss of tokens
-    with ``A < 0`` is capped at ``-A * clip_c`` (dual clip).
+    Args:
+        old_logprob: log-probs of the policy that sampled the tokens, ``[batch, T]``.
+        logprob: log-probs of the policy being trained (carries the gradient).
+        advantages: per-token advantages, ``[batch, T]``.
+        mask: 1 on response tokens.
+        clip_low, clip_high: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]``.
+        clip_c: dual-clip bound (> 1) for negative advantages; None disables it.
+        mode, num_tokens, agg_kwargs: passed to :func:`aggregate_loss`.
 
     Returns:
-        The aggregated loss and metrics: ``clip_fraction`` (tokens where the clipped
-        branch was taken), ``dual_clip_fraction`` and ``approx_kl`` (mean of old - logp).
+        The loss and detached scalar tensors (no device sync; ``float()`` them when
+        logging): ``clip_fraction`` (tokens where the clipped branch is larger),
+        ``dual_clip_fraction`` (tokens capped by ``clip_c``) and ``approx_kl``
+        (masked mean of ``old - logp``, the k1 estimate of KL(old || pi)).
+
+    Raises:
+        ValueError: ``clip_c`` is set but not > 1.
     """
     if clip_c is not None and clip_c <= 1.0:
-        raise ValueError(f"clip_c must be > 1 for dual clip, got {clip_c}")
-    mask = mask.to(logprob.dtype)
+        raise ValueError(f"clip_c must be > 1 for dual clip (got {clip_c}); use None to disable")
     log_ratio = (logprob - old_logprob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
@@ -112,12 +182,13 @@ def policy_loss(
     if clip_c is not None:
         cap = -advantages * clip_c
         dual = (advantages < 0) & (per_token > cap)
-        per_token = torch.where(advantages < 0, torch.minimum(per_token, cap), per_token)
-    loss = aggregate_loss(per_token, mask, mode, num_tokens)
+        per_token = torch.where(dual, cap, per_token)
+    loss = aggregate_loss(per_token, mask, mode, num_tokens, **agg_kwargs)
+    as_fraction = lambda flags: masked_mean(flags.to(logprob.dtype), mask).detach()  # noqa: E731
     metrics = {
-        "clip_fraction": float(masked_mean((clipped > unclipped).to(mask.dtype), mask)),
-        "dual_clip_fraction": float(masked_mean(dual.to(mask.dtype), mask)),
-        "approx_kl": float(masked_mean(-log_ratio.detach(), mask)),
+        "clip_fraction": as_fraction(clipped > unclipped),
+        "dual_clip_fraction": as_fraction(dual),
+        "approx_kl": masked_mean(-log_ratio, mask).detach(),
     }
     return loss, metrics
 
@@ -129,20 +200,217 @@ def value_loss(
     mask: torch.Tensor,
     clip: float = 0.2,
     mode: str = "token-mean",
-    num_tokens: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped value loss ``0.5 * max((v - R)^2, (clip(v, old +- clip) - R)^2)``."""
-    mask = mask.to(values.dtype)
+    num_tokens: Number | None = None,
+    **agg_kwargs: Number | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss ``0.5 * max((v - R)^2, (clamp(v, old +- clip) - R)^2)``.
+
+    Args:
+        values: critic predictions being trained, ``[batch, T]``.
+        old_values: critic predictions when the batch was made (the clip centre).
+        returns: GAE returns (targets), ``[batch, T]``.
+        mask: 1 on response tokens.
+        clip: half-width of the trust region around ``old_values``.
+        mode, num_tokens, agg_kwargs: passed to :func:`aggregate_loss`.
+
+    Returns:
+        The loss and detached metrics ``value_clip_fraction`` (tokens where the
+        clipped branch is larger) and ``value_mean`` (masked mean prediction).
+    """
     clipped_values = old_values + (values - old_values).clamp(-clip, clip)
     unclipped_sq = (values - returns).square()
     clipped_sq = (clipped_values - returns).square()
     per_token = 0.5 * torch.maximum(unclipped_sq, clipped_sq)
-    loss = aggregate_loss(per_token, mask, mode, num_tokens)
-    frac = masked_mean((clipped_sq > unclipped_sq).to(mask.dtype), mask)
-    return loss, {"value_clip_fraction": float(frac)}
+    loss = aggregate_loss(per_token, mask, mode, num_tokens, **agg_kwargs)
+    metrics = {
+        "value_clip_fraction": masked_mean((clipped_sq > unclipped_sq).to(values.dtype), mask),
+        "value_mean": masked_mean(values, mask),
+    }
+    return loss, {name: value.detach() for name, value in metrics.items()}
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy of the categorical distribution given by ``logits``."""
+    """Per-position entropy ``[batch, T]`` of the categorical given by ``logits`` ``[..., V]``."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+# --- The description every algorithm file fills in -------------------------------------
+
+
+@dataclass(frozen=True)
+class AlgorithmOptions:
+    """Resolved algorithm options; field names match the config's ``algorithm`` section.
+
+    Built by :meth:`Algorithm.resolve` from a config section, a dict or nothing. For an
+    adaptive KL coefficient, pass ``dataclasses.replace(options, kl_coef=ctrl.value)``.
+    """
+
+    kl_coef: float = 0.0
+    kl_kind: str = "low_var_kl"
+    adaptive_kl: bool = False
+    kl_target: float = 0.01
+    kl_horizon: int = 10000
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_c: float | None = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coef: float = 0.0
+    norm_adv_by_std: bool = True
+    adv_eps: float = 1e-6
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_clip: float = 0.2
+    dynamic_sampling: bool = False
+    max_sample_batches: int = 4
+    overlong_buffer: int = 0
+    overlong_factor: float = 1.0
+
+
+# None means "disabled" for these, not "use the default".
+NULLABLE_OPTIONS = frozenset({"clip_c"})
+OPTION_PREFIX = "algorithm."
+_MISSING = object()
+
+
+class Algorithm(ABC):
+    """One RL algorithm: stateless maths called by the pipeline with plain tensors.
+
+    Class attributes: ``name``; ``needs_critic`` (a value model and GAE);
+    ``needs_reference`` (a reference policy, i.e. KL is used with the defaults; see
+    :meth:`uses_reference` for a resolved config); ``uses_groups`` (advantages compare
+    the responses of one prompt); ``default_overrides`` (dotted config keys this
+    algorithm sets when the config leaves them unset, e.g. ``algorithm.clip_high``).
+    """
+
+    name: ClassVar[str]
+    needs_critic: ClassVar[bool] = False
+    needs_reference: ClassVar[bool] = True
+    uses_groups: ClassVar[bool] = False
+    default_overrides: ClassVar[dict[str, object]] = {}
+    #: Options only this algorithm honours; others refuse them rather than ignore them.
+    own_options: ClassVar[frozenset[str]] = frozenset()
+
+    def resolve(self, section: object = None) -> AlgorithmOptions:
+        """Options from a config section (object or mapping), with this algorithm's defaults.
+
+        A field that is missing or ``None`` takes ``default_overrides`` first, then the
+        :class:`AlgorithmOptions` default (``clip_c=None`` stays None: dual clip off).
+
+        Raises:
+            ValueError: a mapping has unknown keys, or it switches on an option that
+                only another algorithm implements (e.g. dynamic sampling outside dapo).
+        """
+        if isinstance(section, AlgorithmOptions):
+            return section
+        values = {key: _read_option(section, key) for key in _option_names()}
+        if isinstance(section, Mapping):
+            unknown = sorted(set(section) - set(values))
+            if unknown:
+                raise ValueError(f"unknown algorithm options {unknown}; known: {sorted(values)}")
+        for key, value in values.items():
+            if value is _MISSING or (value is None and key not in NULLABLE_OPTIONS):
+                values[key] = self.default_overrides.get(OPTION_PREFIX + key, _default_of(key))
+        options = AlgorithmOptions(**values)
+        self._refuse_foreign_options(options)
+        return options
+
+    def _refuse_foreign_options(self, options: AlgorithmOptions) -> None:
+        foreign = {
+            "dynamic_sampling": options.dynamic_sampling,
+            "overlong_buffer": options.overlong_buffer > 0,
+        }
+        for key, switched_on in foreign.items():
+            if switched_on and key not in self.own_options:
+                raise ValueError(
+                    f"algorithm.{key} is a dapo feature; {self.name} does not use it "
+                    "(leave it unset or run --trainer dapo)"
+                )
+
+    def uses_reference(self, options: AlgorithmOptions) -> bool:
+        """Whether a reference model is needed: only when KL is penalised."""
+        return options.kl_coef > 0 or options.adaptive_kl
+
+    def keep_mask(
+        self, seq_rewards: torch.Tensor, group_ids: object, options: AlgorithmOptions
+    ) -> torch.Tensor:
+        """Samples to train on, ``[batch]`` bool; all of them unless an algorithm filters."""
+        return torch.ones(len(seq_rewards), dtype=torch.bool, device=seq_rewards.device)
+
+    def shape_rewards(
+        self,
+        token_rewards: torch.Tensor,
+        mask: torch.Tensor,
+        max_response_len: int,
+        options: AlgorithmOptions,
+    ) -> torch.Tensor:
+        """Reward shaping before advantages, ``[batch, T]``; none unless overridden."""
+        return token_rewards
+
+    @abstractmethod
+    def compute_advantages(
+        self, batch: Mapping[str, torch.Tensor], options: AlgorithmOptions
+    ) -> dict[str, torch.Tensor]:
+        """``advantages`` ``[batch, T]`` (plus ``returns`` for critics) from a batch.
+
+        ``batch`` holds ``token_rewards`` and ``response_mask`` ``[batch, T]``, and
+        ``group_ids`` ``[batch]`` (group algorithms) or ``values`` ``[batch, T]`` (critics).
+        """
+
+    def actor_loss(
+        self,
+        logprob: torch.Tensor,
+        batch: Mapping[str, torch.Tensor],
+        options: AlgorithmOptions,
+        num_tokens: Number | None = None,
+        entropy: torch.Tensor | None = None,
+        num_seqs: Number | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Clipped policy loss + kl_coef * KL - entropy_coef * entropy, one micro-batch.
+
+        Args:
+            logprob: ``[batch, T]`` log-probs of the policy being trained.
+            batch: ``advantages``, ``response_mask``, ``old_logprob`` (absent: on-policy,
+                ``logprob.detach()`` is used) and ``ref_logprob`` when KL is used.
+            options: resolved options (see :meth:`resolve`).
+            num_tokens: global-batch token count for token-mean (see aggregate_loss).
+            entropy: ``[batch, T]`` per-token entropy, for the bonus and the metric.
+            num_seqs: global-batch sequence count for the seq-mean modes.
+
+        Returns:
+            The loss and detached metrics (policy-loss metrics, ``kl``, ``entropy``).
+        """
+        mask = batch["response_mask"]
+        old = batch.get("old_logprob")
+        old = logprob.detach() if old is None else old
+        mode = options.loss_agg_mode
+        loss, metrics = policy_loss(
+            old, logprob, batch["advantages"], mask, options.clip_low, options.clip_high,
+            options.clip_c, mode, num_tokens, num_seqs=num_seqs,
+        )  # fmt: skip
+        metrics["pg_loss"] = loss.detach()
+        if options.kl_coef > 0:
+            kl = kl_penalty(logprob, batch["ref_logprob"], options.kl_kind)
+            kl_loss = aggregate_loss(kl, mask, mode, num_tokens, num_seqs=num_seqs)
+            loss = loss + options.kl_coef * kl_loss
+            metrics["kl"] = masked_mean(kl, mask).detach()
+        if entropy is not None:
+            metrics["entropy"] = masked_mean(entropy, mask).detach()
+            if options.entropy_coef > 0:
+                bonus = aggregate_loss(entropy, mask, mode, num_tokens, num_seqs=num_seqs)
+                loss = loss - options.entropy_coef * bonus
+        return loss, metrics
+
+
+def _option_names() -> tuple[str, ...]:
+    return tuple(field.name for field in fields(AlgorithmOptions))
+
+
+def _default_of(key: str) -> object:
+    return AlgorithmOptions.__dataclass_fields__[key].default
+
+
+def _read_option(section: object, key: str) -> object:
+    if isinstance(section, Mapping):
+        return section.get(key, _MISSING)
+    return getattr(section, key, _MISSING)

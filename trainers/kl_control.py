@@ -1,4 +1,9 @@
-"""KL coefficient controllers: fixed, and adaptive (Ziegler et al. 2019)."""
+"""KL coefficient controllers: fixed, and adaptive (Ziegler et al. 2019, as in verl).
+
+Adaptive: after each step with measured KL ``kl`` over ``n_steps`` samples,
+``error = clip(kl / target - 1, -0.2, 0.2)`` and ``coef *= 1 + error * n_steps / horizon``:
+too much KL raises the coefficient, too little lowers it, by at most 20% per horizon.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ PROPORTIONAL_CLIP = 0.2
 
 @dataclass
 class FixedKLController:
-    """A constant coefficient."""
+    """A constant coefficient ``value``."""
 
     value: float
 
@@ -19,23 +24,29 @@ class FixedKLController:
 
 @dataclass
 class AdaptiveKLController:
-    """Moves the coefficient so the observed KL approaches ``target``.
-
-    ``value *= 1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon``.
-    """
+    """Moves ``value`` so the observed KL approaches ``target`` over ``horizon`` steps."""
 
     value: float
     target: float
     horizon: int
 
+    def __post_init__(self) -> None:
+        if self.target <= 0 or self.horizon <= 0:
+            raise ValueError(
+                f"adaptive KL needs target > 0 and horizon > 0, got {self.target}, {self.horizon}"
+            )
+
     def update(self, current_kl: float, n_steps: int) -> None:
-        error = min(max(current_kl / self.target - 1.0, -PROPORTIONAL_CLIP), PROPORTIONAL_CLIP)
+        """Proportional step towards the target (module docstring)."""
+        error = current_kl / self.target - 1.0
+        error = min(max(error, -PROPORTIONAL_CLIP), PROPORTIONAL_CLIP)
         self.value *= 1.0 + error * n_steps / self.horizon
 
 
 def make_kl_controller(
     coef: float, adaptive: bool, target: float, horizon: int
 ) -> FixedKLController | AdaptiveKLController:
+    """The controller the ``algorithm`` options ask for (``kl_coef``, ``adaptive_kl``, ...)."""
     if adaptive:
         return AdaptiveKLController(coef, target, horizon)
     return FixedKLController(coef)

@@ -1,22 +1,29 @@
-"""PPO (Schulman et al. 2017) with a critic and GAE.
+"""PPO (Schulman et al. 2017) with a critic and GAE (Schulman et al. 2016).
 
-GAE runs backwards over each response, only across valid (masked-in) tokens:
-``delta_t = r_t + gamma * V_next - V_t`` and ``A_t = delta_t + gamma * lam * A_next``,
-where ``V_next`` / ``A_next`` are those of the next *valid* token (0 after the last),
-so padding anywhere in the response is skipped. ``returns = A + V`` (before
-whitening); advantages are whitened over the masked tokens of the batch.
+GAE runs backwards over each response, across valid (mask=1) tokens only:
+
+    delta_t = r_t + gamma * V_next - V_t
+    A_t     = delta_t + gamma * lam * A_next
+
+where ``V_next`` and ``A_next`` belong to the next *valid* token of the same row (0 after
+the last one). A masked position is skipped: it carries the next valid token's value
+and advantage through unchanged, so padding anywhere (right, left, or holes inside the
+response) neither cuts nor shifts the recursion; its reward is ignored (put rewards on
+valid tokens) and its advantage and return are 0. ``returns = A + V`` (unwhitened);
+the advantages are then whitened over all valid tokens of the batch (unbiased variance).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import torch
 
-from trainers.base import Algorithm, AlgorithmOptions
-from trainers.core import masked_whiten
+from trainers.core import Algorithm, AlgorithmOptions, Number, masked_whiten, value_loss
 
 
+@torch.no_grad()
 def compute_gae(
     token_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -24,37 +31,51 @@ def compute_gae(
     gamma: float,
     lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whitened advantages and returns, both ``[batch, T]`` and zero on padding."""
-    mask = mask.to(values.dtype)
-    batch, length = values.shape
+    """Generalised advantage estimation (formulas in the module docstring).
+
+    Args:
+        token_rewards: ``[batch, T]`` per-token rewards.
+        values: ``[batch, T]`` critic values of the old policy (no gradient flows).
+        mask: ``[batch, T]`` 1 on response tokens.
+        gamma: discount.
+        lam: GAE lambda.
+
+    Returns:
+        ``(advantages, returns)``, both ``[batch, T]`` and 0 on padding: advantages
+        whitened over the valid tokens, returns = unwhitened advantages + values.
+    """
+    valid = mask.bool()
     advantages = torch.zeros_like(values)
-    next_value = torch.zeros(batch, dtype=values.dtype)
-    next_advantage = torch.zeros(batch, dtype=values.dtype)
-    for t in reversed(range(length)):
-        valid = mask[:, t]
+    next_value = values.new_zeros(values.shape[0])
+    next_advantage = values.new_zeros(values.shape[0])
+    for t in reversed(range(values.shape[-1])):
         delta = token_rewards[:, t] + gamma * next_value - values[:, t]
         current = delta + gamma * lam * next_advantage
-        advantages[:, t] = current * valid
-        # Padding passes the next valid token's value and advantage through unchanged.
-        next_value = torch.where(valid > 0, values[:, t], next_value)
-        next_advantage = torch.where(valid > 0, current, next_advantage)
-    returns = (advantages + values) * mask
+        advantages[:, t] = torch.where(valid[:, t], current, 0.0)
+        # A padded position passes the next valid token's value and advantage through.
+        next_value = torch.where(valid[:, t], values[:, t], next_value)
+        next_advantage = torch.where(valid[:, t], current, next_advantage)
+    returns = torch.where(valid, advantages + values, 0.0)
     return masked_whiten(advantages, mask), returns
 
 
 class PPO(Algorithm):
+    """PPO with a learned value model, GAE advantages and a KL penalty in the loss."""
+
     name = "ppo"
     needs_critic = True
-    defaults: ClassVar[dict[str, object]] = {
-        "kl_coef": 0.001,
-        "clip_high": 0.2,
-        "loss_agg_mode": "token-mean",
-        "dynamic_sampling": False,
+    needs_reference = True
+    default_overrides: ClassVar[dict[str, object]] = {
+        "algorithm.kl_coef": 0.001,
+        "algorithm.clip_high": 0.2,
+        "algorithm.loss_agg_mode": "token-mean",
+        "algorithm.dynamic_sampling": False,
     }
 
     def compute_advantages(
-        self, batch: dict[str, torch.Tensor], options: AlgorithmOptions
+        self, batch: Mapping[str, torch.Tensor], options: AlgorithmOptions
     ) -> dict[str, torch.Tensor]:
+        """``advantages`` and ``returns`` from ``token_rewards``, ``values``, ``response_mask``."""
         advantages, returns = compute_gae(
             batch["token_rewards"],
             batch["values"],
@@ -63,3 +84,24 @@ class PPO(Algorithm):
             options.lam,
         )
         return {"advantages": advantages, "returns": returns}
+
+    def critic_loss(
+        self,
+        values: torch.Tensor,
+        batch: Mapping[str, torch.Tensor],
+        options: AlgorithmOptions,
+        num_tokens: Number | None = None,
+        num_seqs: Number | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Clipped value loss of ``values`` ``[batch, T]`` against the batch's ``returns``,
+        around its ``old_values``; ``num_tokens`` / ``num_seqs`` as in aggregate_loss."""
+        return value_loss(
+            values,
+            batch["old_values"],
+            batch["returns"],
+            batch["response_mask"],
+            options.value_clip,
+            options.loss_agg_mode,
+            num_tokens,
+            num_seqs=num_seqs,
+        )

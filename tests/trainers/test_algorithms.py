@@ -1,216 +1,204 @@
-"""Algorithm maths against float64 references written independently with plain loops."""
+"""The algorithm descriptions (registry, options, loss assembly) and the KL controllers."""
 
 from __future__ import annotations
 
-import math
+import ast
+import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from mindrl.config import AlgorithmConfig
-from trainers.core import aggregate_loss, kl_penalty, masked_mean, policy_loss, value_loss
-from trainers.dapo import filter_groups, overlong_penalty
-from trainers.grpo import compute_advantages
-from trainers.kl_control import AdaptiveKLController, FixedKLController
-from trainers.ppo import compute_gae
-from trainers.registry import get_algorithm
+from tests.trainers import loop_reference as ref
+from tests.trainers.batches import random_inputs
+from trainers.core import AlgorithmOptions
+from trainers.kl_control import AdaptiveKLController, FixedKLController, make_kl_controller
+from trainers.registry import ALGORITHMS, get_algorithm
+
+TRAINERS = Path(__file__).resolve().parents[2] / "trainers"
+MATHS = ["__init__.py", "core.py", "grpo.py", "ppo.py", "dapo.py", "registry.py", "kl_control.py"]
 
 
-def random_batch(seed: int, batch: int = 6, length: int = 7):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, length + 1, (batch,), generator=g)
-    mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
-    rand = lambda: torch.randn(batch, length, generator=g, dtype=torch.float64)  # noqa: E731
-    return mask.double(), rand
+@pytest.mark.parametrize("module", MATHS)
+def test_the_algorithm_maths_imports_nothing_from_mindrl(module):
+    tree = ast.parse((TRAINERS / module).read_text())
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert [m for m in imported if m and m.split(".")[0] in ("mindrl", "ray", "megatron")] == []
 
 
-def test_masked_mean_ignores_padding():
-    values = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    assert masked_mean(values, mask).item() == pytest.approx(2.0)
-    assert masked_mean(values, mask, dim=-1).tolist() == pytest.approx([1.5, 3.0])
-
-
-@pytest.mark.parametrize("kind", ["k1", "k2", "k3", "low_var_kl", "abs"])
-def test_kl_estimators_match_their_formulas(kind):
-    logp = torch.tensor([-1.0, -2.0, -0.5, -30.0], dtype=torch.float64)
-    ref = torch.tensor([-1.5, -1.0, -0.5, -1.0], dtype=torch.float64)
-    out = kl_penalty(logp, ref, kind)
-    for i in range(4):
-        d = logp[i].item() - ref[i].item()
-        if kind == "k1":
-            want = d
-        elif kind == "k2":
-            want = d * d / 2
-        elif kind == "abs":
-            want = abs(d)
-        else:
-            r = max(min(-d, 20.0), -20.0)
-            want = max(min(math.exp(r) - r - 1, 10.0), -10.0)
-        assert out[i].item() == pytest.approx(want)
-
-
-def test_unknown_kl_kind_lists_the_known_ones():
-    with pytest.raises(ValueError, match="known: k1, k2, k3, low_var_kl, abs"):
-        kl_penalty(torch.zeros(1), torch.zeros(1), "k4")
-
-
-def test_token_mean_over_micro_batches_equals_the_full_batch():
-    mask, rand = random_batch(0)
-    loss = rand()
-    total = aggregate_loss(loss, mask, "token-mean")
-    global_tokens = mask.sum()
-    parts = sum(
-        aggregate_loss(loss[i : i + 2], mask[i : i + 2], "token-mean", global_tokens)
-        for i in range(0, 6, 2)
-    )
-    assert parts.item() == pytest.approx(total.item())
-
-
-def test_sequence_aggregations_match_loops():
-    mask, rand = random_batch(1)
-    loss = rand()
-    seq_means = [sum(loss[i, t] * mask[i, t] for t in range(7)) / mask[i].sum() for i in range(6)]
-    seq_norm = [sum(loss[i, t] * mask[i, t] for t in range(7)) / 7 for i in range(6)]
-    got = aggregate_loss(loss, mask, "seq-mean-token-mean")
-    assert got.item() == pytest.approx(float(sum(seq_means) / 6))
-    got = aggregate_loss(loss, mask, "seq-mean-token-sum-norm")
-    assert got.item() == pytest.approx(float(sum(seq_norm) / 6))
-
-
-def reference_policy_loss(old, logp, adv, mask, lo, hi, c):
-    total, count, clipped = 0.0, 0.0, 0.0
-    for i in range(old.shape[0]):
-        for t in range(old.shape[1]):
-            if not mask[i, t]:
-                continue
-            a = adv[i, t].item()
-            r = math.exp(max(min(logp[i, t].item() - old[i, t].item(), 20), -20))
-            unclipped, clip = -a * r, -a * min(max(r, 1 - lo), 1 + hi)
-            loss = max(unclipped, clip)
-            if c is not None and a < 0:
-                loss = min(loss, -a * c)
-            total, count = total + loss, count + 1
-            clipped += clip > unclipped
-    return total / count, clipped / count
-
-
-@pytest.mark.parametrize("clip_c", [None, 3.0])
-def test_policy_loss_matches_a_loop_reference_with_asymmetric_and_dual_clip(clip_c):
-    mask, rand = random_batch(2)
-    old, logp, adv = rand() * 0.1 - 1, rand() * 0.1 - 1, rand() * 2
-    logp[0, 0] = old[0, 0] + 3.0  # ratio e^3 with negative advantage: dual clip territory
-    adv[0, 0] = -1.0
-    loss, metrics = policy_loss(old, logp, adv, mask, 0.2, 0.28, clip_c)
-    want, want_clip = reference_policy_loss(old, logp, adv, mask, 0.2, 0.28, clip_c)
-    assert loss.item() == pytest.approx(want)
-    assert metrics["clip_fraction"] == pytest.approx(want_clip)
-    assert (metrics["dual_clip_fraction"] > 0) == (clip_c is not None)
-
-
-def test_policy_loss_in_float32_agrees_with_float64():
-    mask, rand = random_batch(3)
-    old, logp, adv = rand() * 0.1, rand() * 0.1, rand()
-    loss64, _ = policy_loss(old, logp, adv, mask)
-    loss32, _ = policy_loss(old.float(), logp.float(), adv.float(), mask.float())
-    assert loss32.item() == pytest.approx(loss64.item(), abs=1e-5)
-
-
-def test_value_loss_matches_a_loop_reference():
-    mask, rand = random_batch(4)
-    values, old, returns = rand(), rand(), rand()
-    loss, _ = value_loss(values, old, returns, mask, clip=0.2)
-    total, count = 0.0, 0.0
-    for i in range(6):
-        for t in range(7):
-            if mask[i, t]:
-                v, o, r = values[i, t].item(), old[i, t].item(), returns[i, t].item()
-                vc = o + max(min(v - o, 0.2), -0.2)
-                total += 0.5 * max((v - r) ** 2, (vc - r) ** 2)
-                count += 1
-    assert loss.item() == pytest.approx(total / count)
-
-
-def test_grpo_advantages_group_by_id_not_position():
-    mask = torch.ones(5, 2, dtype=torch.float64)
-    rewards = torch.zeros(5, 2, dtype=torch.float64)
-    rewards[:, -1] = torch.tensor([1.0, 5.0, 3.0, 7.0, 4.0])
-    ids = torch.tensor([7, 3, 7, 3, 9])  # interleaved groups and a group of one
-    adv = compute_advantages(rewards, mask, ids)
-    group7 = [1.0, 3.0]
-    mean7, std7 = 2.0, math.sqrt(sum((x - 2.0) ** 2 for x in group7) / 1)
-    assert adv[0, 0].item() == pytest.approx((1.0 - mean7) / (std7 + 1e-6))
-    std3 = math.sqrt(((5.0 - 6.0) ** 2 + (7.0 - 6.0) ** 2) / 1)
-    assert adv[3, 1].item() == pytest.approx((7.0 - 6.0) / (std3 + 1e-6))
-    assert adv[4].tolist() == pytest.approx([4.0 / (1 + 1e-6)] * 2)  # mean 0, std 1
-
-
-def reference_gae(rewards, values, mask, gamma, lam):
-    batch, length = values.shape
-    adv = torch.zeros(batch, length, dtype=torch.float64)
-    for i in range(batch):
-        next_v, next_a = 0.0, 0.0
-        for t in reversed(range(length)):
-            if not mask[i, t]:
-                continue
-            delta = rewards[i, t].item() + gamma * next_v - values[i, t].item()
-            next_a = delta + gamma * lam * next_a
-            next_v = values[i, t].item()
-            adv[i, t] = next_a
-    returns = (adv + values) * mask
-    flat = adv[mask.bool()]
-    whitened = (adv - flat.mean()) / torch.sqrt(flat.var(unbiased=True) + 1e-8) * mask
-    return whitened, returns
-
-
-@settings(max_examples=25, deadline=None)
-@given(
-    seed=st.integers(0, 10_000),
-    gamma=st.floats(0.5, 1.0),
-    lam=st.floats(0.5, 1.0),
-    hole=st.booleans(),
-)
-def test_gae_matches_a_loop_reference_with_padding_anywhere(seed, gamma, lam, hole):
-    mask, rand = random_batch(seed)
-    if hole:
-        mask[:, 0] = 1
-        mask[:, 1] = 0  # a masked token inside the response is skipped, not a cut
-    rewards, values = rand(), rand()
-    adv, ret = compute_gae(rewards, values, mask, gamma, lam)
-    want_adv, want_ret = reference_gae(rewards, values, mask, gamma, lam)
-    torch.testing.assert_close(ret, want_ret)
-    torch.testing.assert_close(adv, want_adv)
-
-
-def test_dapo_keeps_only_groups_whose_rewards_differ():
-    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5])
-    ids = torch.tensor([0, 0, 1, 1, 2, 2])
-    assert filter_groups(rewards, ids).tolist() == [False, False, True, True, False, False]
-
-
-def test_dapo_overlong_penalty_is_zero_until_the_buffer_then_linear():
-    got = overlong_penalty(torch.tensor([10, 12, 14, 16]), max_len=16, buffer=4, factor=1.0)
-    assert got.tolist() == pytest.approx([0.0, 0.0, -0.5, -1.0])
-
-
-def test_adaptive_kl_moves_towards_its_target_and_fixed_does_not():
-    adaptive = AdaptiveKLController(0.1, target=0.01, horizon=100)
-    adaptive.update(current_kl=0.05, n_steps=10)  # too much KL: coefficient grows, capped error
-    assert adaptive.value == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
-    adaptive.update(current_kl=0.0, n_steps=10)
-    assert adaptive.value < 0.1 * (1 + 0.2 * 10 / 100)
-    fixed = FixedKLController(0.1)
-    fixed.update(1.0, 10)
-    assert fixed.value == 0.1
-
-
-def test_the_registry_resolves_trainer_defaults_and_lists_known_names():
-    dapo = get_algorithm("dapo").resolve(AlgorithmConfig())
-    assert (dapo.clip_high, dapo.kl_coef, dapo.dynamic_sampling) == (0.28, 0.0, True)
-    grpo = get_algorithm("grpo").resolve(AlgorithmConfig(kl_coef=0.0))
-    assert not get_algorithm("grpo").needs_reference(grpo)
-    assert get_algorithm("ppo").needs_critic
-    with pytest.raises(ValueError, match="known: grpo, ppo, dapo"):
+def test_the_registry_finds_each_algorithm_and_lists_the_known_ones():
+    assert list(ALGORITHMS) == ["grpo", "ppo", "dapo"]
+    described = {
+        name: (algo.name, algo.needs_critic, algo.needs_reference, algo.uses_groups)
+        for name in ALGORITHMS
+        for algo in [get_algorithm(name)]
+    }
+    assert described == {
+        "grpo": ("grpo", False, True, True),
+        "ppo": ("ppo", True, True, False),
+        "dapo": ("dapo", False, False, True),
+    }
+    with pytest.raises(ValueError, match="unknown algorithm 'sft'; known: grpo, ppo, dapo"):
         get_algorithm("sft")
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo", "dapo"])
+def test_default_overrides_name_real_config_keys_and_agree_with_needs_reference(name):
+    algo = get_algorithm(name)
+    config_fields = {f.name for f in dataclasses.fields(AlgorithmConfig)}
+    for key in algo.default_overrides:
+        section, field = key.split(".")
+        assert section == "algorithm" and field in config_fields
+    options = algo.resolve(AlgorithmConfig())
+    assert algo.uses_reference(options) == algo.needs_reference
+
+
+def test_options_cover_every_field_of_the_config_section():
+    option_fields = {f.name for f in dataclasses.fields(AlgorithmOptions)}
+    assert {f.name for f in dataclasses.fields(AlgorithmConfig)} <= option_fields
+
+
+def test_dapo_defaults_apply_where_the_config_is_unset_and_explicit_values_win():
+    dapo = get_algorithm("dapo")
+    options = dapo.resolve(AlgorithmConfig())
+    assert (options.clip_low, options.clip_high, options.kl_coef) == (0.2, 0.28, 0.0)
+    assert (options.loss_agg_mode, options.dynamic_sampling, options.clip_c) == (
+        "token-mean",
+        True,
+        3.0,
+    )
+    explicit = dapo.resolve(AlgorithmConfig(clip_high=0.3, kl_coef=0.01, clip_c=None))
+    assert (explicit.clip_high, explicit.kl_coef, explicit.clip_c) == (0.3, 0.01, None)
+    assert dapo.uses_reference(explicit)
+    assert dapo.resolve({"gamma": 0.9}).gamma == 0.9 and dapo.resolve(None).clip_high == 0.28
+
+
+def test_resolve_refuses_unknown_keys_and_dapo_features_on_other_algorithms():
+    with pytest.raises(ValueError, match=r"unknown algorithm options \['clip_hi'\]"):
+        get_algorithm("grpo").resolve({"clip_hi": 0.3})
+    with pytest.raises(ValueError, match=r"algorithm\.dynamic_sampling is a dapo feature; grpo"):
+        get_algorithm("grpo").resolve(AlgorithmConfig(dynamic_sampling=True))
+    with pytest.raises(ValueError, match=r"algorithm\.overlong_buffer is a dapo feature; ppo"):
+        get_algorithm("ppo").resolve({"overlong_buffer": 16})
+
+
+def test_grpo_without_kl_needs_no_reference():
+    grpo = get_algorithm("grpo")
+    assert not grpo.uses_reference(grpo.resolve(AlgorithmConfig(kl_coef=0.0)))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_actor_loss_is_policy_loss_plus_kl_minus_entropy(mode):
+    mask, (old, logp, adv, ref_logp, entropy) = random_inputs(0, count=5)
+    old, logp, ref_logp = old * 0.2 - 1, logp * 0.2 - 1, ref_logp * 0.2 - 1
+    grpo = get_algorithm("grpo")
+    options = grpo.resolve(
+        {"kl_coef": 0.05, "kl_kind": "k3", "entropy_coef": 0.01, "loss_agg_mode": mode}
+    )
+    batch = {"old_logprob": old, "advantages": adv, "response_mask": mask, "ref_logprob": ref_logp}
+    loss, metrics = grpo.actor_loss(logp, batch, options, entropy=entropy)
+    pg, *_ = ref.policy_loss(old, logp, adv, mask, 0.2, 0.2, 3.0, mode)
+    kl = [
+        [ref.kl(a, b, "k3") for a, b in zip(ra, rb, strict=True)]
+        for ra, rb in zip(logp.tolist(), ref_logp.tolist(), strict=True)
+    ]
+    want = pg + 0.05 * ref.aggregate(kl, mask, mode) - 0.01 * ref.aggregate(entropy, mask, mode)
+    assert loss.item() == pytest.approx(want)
+    assert metrics["kl"].item() == pytest.approx(ref.masked_mean(kl, mask))
+    assert metrics["pg_loss"].item() == pytest.approx(pg)
+
+
+def test_actor_loss_on_policy_without_old_logprob_is_minus_the_mean_advantage():
+    mask, (logp, adv) = random_inputs(1, count=2)
+    dapo = get_algorithm("dapo")
+    batch = {"advantages": adv, "response_mask": mask}
+    loss, metrics = dapo.actor_loss(logp.requires_grad_(), batch, dapo.resolve())
+    assert loss.item() == pytest.approx(-ref.masked_mean(adv, mask))
+    assert "kl" not in metrics  # dapo: no KL, no reference log-probs needed
+    loss.backward()
+    assert logp.grad is not None
+
+
+def test_grpo_and_dapo_compute_group_advantages_and_ppo_gae():
+    mask, (rewards, values) = random_inputs(2, count=2)
+    ids = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    batch = {"token_rewards": rewards, "response_mask": mask, "group_ids": ids, "values": values}
+    for name in ("grpo", "dapo"):
+        algo = get_algorithm(name)
+        got = algo.compute_advantages(batch, algo.resolve())["advantages"]
+        torch.testing.assert_close(
+            got, torch.tensor(ref.grpo(rewards, mask, ids), dtype=torch.float64)
+        )
+    ppo = get_algorithm("ppo")
+    out = ppo.compute_advantages(batch, ppo.resolve({"gamma": 0.99, "lam": 0.9}))
+    want_adv, want_returns = ref.gae(rewards, values, mask, 0.99, 0.9)
+    torch.testing.assert_close(out["advantages"], torch.tensor(want_adv, dtype=torch.float64))
+    torch.testing.assert_close(out["returns"], torch.tensor(want_returns, dtype=torch.float64))
+
+
+def test_ppo_critic_loss_is_the_clipped_value_loss():
+    mask, (values, old, returns) = random_inputs(3)
+    ppo = get_algorithm("ppo")
+    batch = {"old_values": old, "returns": returns, "response_mask": mask}
+    loss, metrics = ppo.critic_loss(values, batch, ppo.resolve({"value_clip": 0.5}))
+    want, clip_frac = ref.value_loss(values, old, returns, mask, 0.5)
+    assert loss.item() == pytest.approx(want)
+    assert metrics["value_clip_fraction"].item() == pytest.approx(clip_frac)
+
+
+def test_dapo_filters_equal_groups_and_shapes_overlong_rewards_only_when_asked():
+    dapo, grpo = get_algorithm("dapo"), get_algorithm("grpo")
+    rewards, ids = torch.tensor([1.0, 1.0, 0.0, 1.0]), ["a", "a", "b", "b"]
+    assert dapo.keep_mask(rewards, ids, dapo.resolve()).tolist() == [False, False, True, True]
+    off = dapo.resolve({"dynamic_sampling": False})
+    assert (
+        dapo.keep_mask(rewards, ids, off).all()
+        and grpo.keep_mask(rewards, ids, grpo.resolve()).all()
+    )
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0]])
+    options = dapo.resolve({"overlong_buffer": 2, "overlong_factor": 1.0})
+    shaped = dapo.shape_rewards(torch.zeros(2, 4), mask, 4, options)
+    assert shaped.tolist() == [[0.0, 0.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0]]
+    assert dapo.shape_rewards(torch.ones(2, 4), mask, 4, dapo.resolve()).eq(1).all()
+
+
+def test_adaptive_kl_raises_the_coefficient_above_target_and_lowers_it_below():
+    controller = AdaptiveKLController(0.1, target=0.01, horizon=100)
+    controller.update(current_kl=0.05, n_steps=10)  # 5x the target: error clipped to +0.2
+    assert controller.value == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
+    high = controller.value
+    controller.update(current_kl=0.009, n_steps=10)  # 10% under the target
+    assert controller.value == pytest.approx(high * (1 - 0.1 * 10 / 100))
+    controller.update(current_kl=0.0, n_steps=10)  # error clipped to -0.2
+    assert controller.value == pytest.approx(high * 0.99 * 0.98)
+    controller.update(current_kl=0.01, n_steps=10)  # on target: unchanged
+    assert controller.value == pytest.approx(high * 0.99 * 0.98)
+
+
+def test_fixed_kl_never_moves_and_the_factory_picks_by_the_options():
+    fixed = make_kl_controller(0.1, adaptive=False, target=0.01, horizon=10)
+    fixed.update(1.0, 10)
+    assert isinstance(fixed, FixedKLController) and fixed.value == 0.1
+    assert isinstance(make_kl_controller(0.1, True, 0.01, 10), AdaptiveKLController)
+    with pytest.raises(ValueError, match="target > 0 and horizon > 0"):
+        AdaptiveKLController(0.1, target=0.0, horizon=10)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_actor_loss_over_micro_batches_with_global_counts_equals_the_full_batch(mode):
+    mask, (old, logp, adv, ref_logp, entropy) = random_inputs(4, count=5)
+    grpo = get_algorithm("grpo")
+    options = grpo.resolve({"kl_coef": 0.1, "entropy_coef": 0.01, "loss_agg_mode": mode})
+    names = ("old_logprob", "advantages", "response_mask", "ref_logprob")
+    tensors = (old, adv, mask, ref_logp)
+
+    def loss_of(rows: slice, num_tokens=None, num_seqs=None) -> torch.Tensor:
+        batch = {name: t[rows] for name, t in zip(names, tensors, strict=True)}
+        return grpo.actor_loss(
+            logp[rows], batch, options, num_tokens, entropy[rows], num_seqs=num_seqs
+        )[0]
+
+    parts = [loss_of(slice(i, i + 5), mask.sum(), mask.any(-1).sum()) for i in (0, 5)]
+    assert sum(parts).item() == pytest.approx(loss_of(slice(None)).item())
