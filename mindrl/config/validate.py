@@ -100,10 +100,10 @@ def check_generation_layout(config: MindRLConfig, world: int) -> list[str]:
         "rollout.tp", rollout.tp, "model.num_attention_heads", model.num_attention_heads
     )
     kv = model.num_kv_heads
-    if not model.uses_mla and kv % rollout.tp and rollout.tp % kv:
+    if not model.uses_mla and kv % rollout.tp:
         problems.append(
-            f"rollout.tp: {rollout.tp} and model.num_kv_heads {kv} must divide one another "
-            "(KV heads are split or replicated across generation TP ranks)"
+            f"rollout.tp: {rollout.tp} does not divide model.num_kv_heads {kv} (the resharder "
+            "splits qkv by whole query groups; KV-head replication is not supported yet)"
         )
     if model.is_moe:
         problems += divides("rollout.ep", rollout.ep, "model.num_experts", model.num_experts)

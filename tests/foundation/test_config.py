@@ -161,3 +161,16 @@ def test_uneven_pipeline_stages_need_a_consistent_first_stage():
         *(f"{r}.parallel.first_stage_layers=12" for r in ("actor", "reference", "critic")),
     ]
     assert any("first_stage_layers: 12 leaves 49 layers" in p for p in problems_of(None, bad))
+
+
+def test_generation_tp_beyond_the_kv_heads_is_refused_until_replication_exists():
+    problems = problems_of(
+        None,
+        [
+            "resources.devices_per_node=4",
+            "model.num_attention_heads=4",
+            "model.num_kv_heads=2",
+            "rollout.tp=4",
+        ],
+    )
+    assert any("rollout.tp: 4 does not divide model.num_kv_heads 2" in p for p in problems)

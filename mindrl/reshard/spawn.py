@@ -1,0 +1,54 @@
+"""Run a function on N local ranks (spawned processes) over the device layer's backend.
+
+``run_ranks(fn, world, *args)`` returns ``[fn(rank, world, *args) for each rank]`` as
+computed inside the ranks (results must be picklable); a rank that raises makes the call
+raise with that rank's traceback. Used by ``benchmarks/reshard.py``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import traceback
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, device: str | None, fn: Any, args: tuple, queue: Any):
+    try:
+        from backends.device import get_device
+
+        get_device(device).init_process_group(rank, world, master_port=port, timeout_s=300)
+        queue.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+        raise
+
+
+def run_ranks(fn: Any, world: int, *args: Any, device: str | None = None) -> list[Any]:
+    """Spawn ``world`` ranks, run ``fn(rank, world, *args)`` in each, return the results."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    context = mp.start_processes(
+        _entry, args=(world, free_port(), device, fn, args, queue), nprocs=world, join=False
+    )
+    results: dict[int, Any] = {}
+    try:
+        while len(results) < world:
+            rank, status, value = queue.get()
+            if status == "error":
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            results[rank] = pickle.loads(value)
+        context.join(timeout=300)
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+    return [results[r] for r in range(world)]

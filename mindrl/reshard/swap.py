@@ -1,0 +1,115 @@
+"""Device <-> host swap of whole storages into pinned host buffers allocated once.
+
+Swapping works on storages, not tensors: a Megatron parameter or gradient is often a
+view into one large contiguous buffer, and releasing that buffer with
+``untyped_storage().resize_(0)`` keeps every view (optimizer, DDP, the model) valid;
+resizing it back and copying in restores them in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from backends.device import Device
+
+
+def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A flat uint8 tensor over the whole storage (valid until the storage is resized)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+class HostSwap:
+    """Moves storages device -> host and back, reusing one pinned buffer per storage.
+
+    Attributes:
+        host_allocations: pinned buffers allocated so far (stays flat after iteration 1).
+        swapped_bytes: bytes currently held on the host instead of the device.
+    """
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.host_allocations = 0
+        self.swapped_bytes = 0
+        self._host: dict[int, torch.Tensor] = {}  # storage id -> pinned uint8 [nbytes]
+        self._out: list[tuple[torch.UntypedStorage, int]] = []
+        self._stream: Any = None
+        self._done: Any = None
+
+    def _device_storages(self, tensors: Iterable[torch.Tensor]) -> list[torch.UntypedStorage]:
+        seen: dict[int, torch.UntypedStorage] = {}
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            if storage.device.type == self.device.torch_device_type and storage.nbytes() > 0:
+                seen.setdefault(storage._cdata, storage)
+        return list(seen.values())
+
+    def _host_buffer(self, storage: torch.UntypedStorage) -> torch.Tensor:
+        buffer = self._host.get(storage._cdata)
+        if buffer is None or buffer.numel() != storage.nbytes():
+            buffer = self.device.pinned_empty((storage.nbytes(),), torch.uint8)
+            self._host[storage._cdata] = buffer
+            self.host_allocations += 1
+        return buffer
+
+    def swap_out(self, tensors: Iterable[torch.Tensor]) -> int:
+        """Copy the storages of ``tensors`` to host and release their device memory.
+
+        Returns:
+            Bytes moved to the host by this call.
+        """
+        self.wait()
+        storages = self._device_storages(tensors)
+        for storage in storages:
+            self._host_buffer(storage).copy_(_byte_view(storage), non_blocking=True)
+        self.device.synchronize()  # host copies must be complete before memory is released
+        moved = 0
+        for storage in storages:
+            self._out.append((storage, storage.nbytes()))
+            moved += storage.nbytes()
+            storage.resize_(0)
+        self.swapped_bytes += moved
+        return moved
+
+    def swap_in(self, overlap: bool = False) -> int:
+        """Reallocate every swapped storage and copy it back from its pinned buffer.
+
+        Args:
+            overlap: issue the copies on a side stream and return at once; call
+                :meth:`wait` before the tensors are used (no-op on CPU).
+
+        Returns:
+            Bytes restored.
+        """
+        for storage, nbytes in self._out:
+            storage.resize_(nbytes)  # allocated on the current stream: safe to use after wait
+        ready = self.device.new_event()
+        ready.record()
+        if overlap and self._stream is None:
+            self._stream = self.device.new_stream()
+        stream = self._stream if overlap else None
+        with self.device.stream(stream):
+            if stream is not None:
+                ready.wait(stream)
+            for storage, _ in self._out:
+                _byte_view(storage).copy_(self._host[storage._cdata], non_blocking=True)
+            self._done = self.device.new_event()
+            self._done.record()
+        restored = sum(nbytes for _, nbytes in self._out)
+        self._out, self.swapped_bytes = [], 0
+        if not overlap:
+            self.wait()
+        return restored
+
+    def wait(self) -> None:
+        """Make the current stream wait for a pending :meth:`swap_in` (host too)."""
+        if self._done is not None:
+            self._done.wait()
+            self._done.synchronize()  # host buffers may be overwritten by the next swap_out
+            self._done = None
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(buffer.numel() for buffer in self._host.values())
