@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="mindrl-train",
         description="RL post-training (GRPO / PPO / DAPO) on NPU, GPU or CPU.",
-        epilog="Overrides: dotted.key=value, e.g. actor.optim.lr=1e-6 (or --set KEY=VALUE).",
+        epilog="Overrides: dotted.key=value, e.g. actor.optim.lr=1e-6 (or --set KEY=VALUE). "
+        "--help-config lists every config key.",
     )
     parser.add_argument("--trainer", required=True, choices=TRAINERS, help="RL algorithm.")
     parser.add_argument(
@@ -139,6 +140,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help-config" in argv:
+        from mindrl.config.reference import render_reference
+
+        print(render_reference())
+        return 0
     args = parse_args(argv)
     try:
         return run(args)

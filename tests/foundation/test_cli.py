@@ -70,3 +70,12 @@ def test_a_plan_that_does_not_fit_says_by_how_much_with_exit_code_3():
     )
     assert out.returncode == 3
     assert "does not fit" in out.stdout and "GB" in out.stdout
+
+
+def test_help_config_documents_every_key_with_its_default():
+    out = mindrl_train("--help-config")
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    lr = next(line for line in lines if line.startswith("actor.optim.lr "))
+    assert "Peak learning rate." in lr and "default 1e-06" in lr
+    assert all("[" in line and "default" in line for line in lines)
