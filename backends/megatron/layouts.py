@@ -1,0 +1,104 @@
+"""Layout facts of every parameter (:class:`backends.layout.ParamLayout`) under canonical names.
+
+Canonical names are the local-spec names with *global* layer and expert indexes, so the
+same name means the same tensor on every rank and at every layout:
+``decoder.layers.{global_layer}...mlp.experts.local_experts.{global_expert}...``.
+
+Megatron's own tags decide the kind: ``tensor_model_parallel`` + ``partition_dim`` 0 is
+column (vocab for the embedding and output layer), 1 is row, untagged is replicated;
+``partition_stride`` 2 is the fused SwiGLU ``[gate; up]`` (``fused_pieces=2``).
+The qkv weight is group-interleaved (see ``families/base.py``), so a contiguous split by
+query groups is a correct TP split and it keeps ``fused_pieces=1``.
+Expert parameters are split over expert-tensor-parallel ranks, the rest over TP ranks.
+"""
+
+from __future__ import annotations
+
+import re
+
+from torch import nn
+
+from backends.layout import ParamLayout
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
+VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def _layer_offset(model: nn.Module) -> int:
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    return get_transformer_layer_offset(model.config)
+
+
+def _expert_offset(model: nn.Module) -> int:
+    from megatron.core import parallel_state
+
+    experts = model.config.num_moe_experts or 0
+    ep = parallel_state.get_expert_model_parallel_world_size()
+    return parallel_state.get_expert_model_parallel_rank() * (experts // ep)
+
+
+def canonical_name(local_name: str, layer_offset: int, expert_offset: int) -> str:
+    """Local parameter name -> canonical name (global layer and expert indexes)."""
+    name = _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + layer_offset}.", local_name)
+    return _EXPERT.sub(lambda m: f".local_experts.{int(m.group(1)) + expert_offset}.", name)
+
+
+def canonical_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """This rank's parameters keyed by canonical name."""
+    layer_offset, expert_offset = _layer_offset(model), _expert_offset(model)
+    return {
+        canonical_name(name, layer_offset, expert_offset): param
+        for name, param in model.named_parameters()
+    }
+
+
+EXPERT_TAG = "is_routed_expert"
+
+
+def tag_expert_params(model: nn.Module) -> None:
+    """Mark routed-expert parameters (Megatron only tags them when EP > 1)."""
+    for name, param in model.named_parameters():
+        setattr(param, EXPERT_TAG, ".local_experts." in name)
+
+
+def is_expert_param(param: nn.Parameter) -> bool:
+    """Routed-expert weights: split over ETP, reduced over expert-DP (see tag_expert_params)."""
+    return getattr(param, EXPERT_TAG, False)
+
+
+def tp_world_for(param: nn.Parameter) -> int:
+    """Size of the group ``param`` is tensor-split over (ETP for experts, else TP)."""
+    from megatron.core import parallel_state
+
+    if is_expert_param(param):
+        return parallel_state.get_expert_tensor_parallel_world_size()
+    return parallel_state.get_tensor_model_parallel_world_size()
+
+
+def tp_rank_for(param: nn.Parameter) -> int:
+    from megatron.core import parallel_state
+
+    if is_expert_param(param):
+        return parallel_state.get_expert_tensor_parallel_rank()
+    return parallel_state.get_tensor_model_parallel_rank()
+
+
+def layout_of(name: str, param: nn.Parameter) -> ParamLayout:
+    """The :class:`ParamLayout` of one parameter given its canonical ``name``."""
+    expert = _EXPERT.search(name)
+    expert_index = int(expert.group(1)) if expert else None
+    if not getattr(param, "tensor_model_parallel", False):
+        return ParamLayout("replicated", tuple(param.shape), expert_index=expert_index)
+    dim = param.partition_dim
+    full_shape = list(param.shape)
+    full_shape[dim] *= tp_world_for(param)
+    kind = "vocab" if name in VOCAB_PARAMS else "column" if dim == 0 else "row"
+    pieces = getattr(param, "partition_stride", 1)
+    return ParamLayout(kind, tuple(full_shape), fused_pieces=pieces, expert_index=expert_index)
+
+
+def param_layouts(model: nn.Module) -> dict[str, ParamLayout]:
+    """Canonical name -> :class:`ParamLayout` for every parameter on this rank."""
+    return {name: layout_of(name, p) for name, p in canonical_parameters(model).items()}

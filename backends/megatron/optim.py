@@ -1,0 +1,150 @@
+"""Optimizer side of a train step: DP grad reduction, global grad norm, clipping, LR schedule.
+
+The optimizer is ``torch.optim.AdamW`` over this rank's shards, not Megatron's
+``DistributedOptimizer``: Megatron's optimizer wraps its ``DistributedDataParallel``
+grad buffers, which allocate on ``torch.cuda.current_device()`` and overlap through CUDA
+streams, so it does not run on the CPU. Optimizer state is therefore replicated over DP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from backends.device import get_device
+from backends.megatron.layouts import is_expert_param
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """AdamW + schedule of one trained role.
+
+    Attributes:
+        lr: peak learning rate.
+        min_lr: floor of the cosine schedule.
+        schedule: ``constant`` or ``cosine`` after the warm-up.
+        warmup_steps: linear warm-up steps from 0 to ``lr``.
+        total_steps: length of the cosine decay (ignored for ``constant``).
+        weight_decay: AdamW decoupled weight decay.
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+        clip_grad: global grad-norm clip; 0 disables clipping.
+    """
+
+    lr: float = 1e-5
+    min_lr: float = 0.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 1000
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+
+
+def lr_factor(step: int, optim: OptimSpec) -> float:
+    """Multiplier of ``optim.lr`` at optimizer step ``step`` (0-based)."""
+    if step < optim.warmup_steps:
+        return (step + 1) / optim.warmup_steps
+    if optim.schedule == "constant":
+        return 1.0
+    if optim.schedule != "cosine":
+        raise ValueError(f"unknown lr schedule '{optim.schedule}'; choose constant or cosine")
+    span = max(optim.total_steps - optim.warmup_steps, 1)
+    progress = min((step - optim.warmup_steps) / span, 1.0)
+    floor = optim.min_lr / optim.lr if optim.lr else 0.0
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: nn.Module, optim: OptimSpec):
+    """AdamW over the model's parameters and a LambdaLR with :func:`lr_factor`."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=optim.lr,
+        betas=optim.betas,
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, optim))
+    return optimizer, scheduler
+
+
+def reduce_gradients(model: nn.Module) -> None:
+    """Sum grads over data-parallel replicas (experts over expert-DP) and tied embeddings.
+
+    Losses are already divided by the global normaliser, so a plain sum is the mean.
+    """
+    from megatron.core import parallel_state as ps
+
+    dense_group = ps.get_data_parallel_group(with_context_parallel=True)
+    expert_group = ps.get_expert_data_parallel_group()
+    for param in model.parameters():
+        if param.grad is None:
+            continue
+        group = expert_group if is_expert_param(param) else dense_group
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(param.grad, group=group)
+    _reduce_tied_embedding(model)
+
+
+def _reduce_tied_embedding(model: nn.Module) -> None:
+    from megatron.core import parallel_state as ps
+
+    if (
+        not model.share_embeddings_and_output_weights
+        or ps.get_pipeline_model_parallel_world_size() == 1
+    ):
+        return
+    if ps.is_rank_in_embedding_group():
+        grad = model.shared_embedding_or_output_weight().grad
+        dist.all_reduce(grad, group=ps.get_embedding_group())
+
+
+def _is_duplicate(model: nn.Module, param: nn.Parameter) -> bool:
+    """Counted elsewhere: TP-replicated copies off TP rank 0, the last stage's tied copy."""
+    from megatron.core import parallel_state as ps
+
+    if getattr(param, "shared_embedding", False) and not model.pre_process:
+        return True
+    if getattr(param, "tensor_model_parallel", False):
+        return False
+    if is_expert_param(param):
+        return ps.get_expert_tensor_parallel_rank() != 0
+    return ps.get_tensor_model_parallel_rank() != 0
+
+
+def global_grad_norm(model: nn.Module) -> float:
+    """L2 norm of the full gradient of the whole model (every shard counted once)."""
+    from megatron.core import parallel_state as ps
+
+    dense_sq = torch.zeros((), dtype=torch.float64)
+    expert_sq = torch.zeros((), dtype=torch.float64)
+    for param in model.parameters():
+        if param.grad is None or _is_duplicate(model, param):
+            continue
+        sq = param.grad.detach().double().pow(2).sum().cpu()
+        if is_expert_param(param):
+            expert_sq += sq
+        else:
+            dense_sq += sq
+    # Grads are identical across (expert-)DP replicas after reduce_gradients.
+    dp = ps.get_data_parallel_world_size(with_context_parallel=True)
+    edp = ps.get_expert_data_parallel_world_size()
+    total = (dense_sq / dp + expert_sq / edp).to(get_device().device())
+    dist.all_reduce(total)
+    return float(total.sqrt())
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> float:
+    """Scale grads so their global norm is at most ``max_norm`` (0: no clip); the norm before."""
+    norm = global_grad_norm(model)
+    if max_norm > 0 and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for param in model.parameters():
+            if param.grad is not None:
+                param.grad.mul_(scale)
+    return norm

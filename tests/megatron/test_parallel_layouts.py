@@ -1,0 +1,125 @@
+"""TP=2, PP=2 (own loop), DP=2 and EP=2 give the loss, gradients and update of one rank.
+
+All layouts start from the same full weights (drawn per canonical name) and train one
+step on the same global batch; the single-rank run is the reference. Also: vocab-parallel
+log-probs and entropy equal a plain ``log_softmax`` on the gathered full logits, and a
+checkpoint resume reproduces the next step's loss exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from backends.megatron.families import get_family
+from tests.megatron import cases
+from tests.support.spawn import run_ranks
+
+TOL = {"rtol": 1e-4, "atol": 2e-5}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One 1-rank spawn (references, resume) and one 2-rank spawn (all layouts)."""
+    root = str(tmp_path_factory.mktemp("ckpt"))
+    (reference,) = run_ranks(cases.reference_on_one_rank, 1, root)
+    two = run_ranks(cases.layouts_on_two_ranks, 2)
+    return reference, two
+
+
+def assert_same_step(layout: dict, reference: dict) -> None:
+    assert layout["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+    assert layout["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5)
+    for name, grad in reference["grads"].items():
+        torch.testing.assert_close(layout["grads"][name], grad, **TOL, msg=name)
+    for name, weight in reference["weights"].items():
+        torch.testing.assert_close(layout["weights"][name], weight, **TOL, msg=name)
+
+
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+def test_a_two_rank_dense_layout_trains_exactly_like_one_rank(runs, layout):
+    reference, two = runs
+    for rank in range(2):
+        assert_same_step(two[rank][layout], reference["dense"])
+
+
+def test_expert_parallel_moe_trains_exactly_like_one_rank(runs):
+    reference, two = runs
+    assert_same_step(two[0]["ep2"], reference["moe"])
+    assert_same_step(two[1]["ep2"], reference["moe"])
+
+
+def test_tensor_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_logits(runs):
+    reference, two = runs
+    hf = get_family("qwen2").megatron_to_hf(reference["dense"]["initial"], cases.DENSE)
+    torch.testing.assert_close(two[0]["tp2"]["logprobs"], reference["dense"]["logprobs"], **TOL)
+    # Independent reference: plain log_softmax of logits from an HF model with these weights.
+    logits = hf_logits(hf, cases.batches(cases.DENSE))
+    ids = torch.cat([b["input_ids"] for b in cases.batches(cases.DENSE)])
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(two[0]["tp2"]["logprobs"][:, 1:], logp, **TOL)
+    entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    torch.testing.assert_close(two[1]["tp2"]["entropy"], entropy, **TOL)
+
+
+def hf_logits(hf_state: dict, micro_batches: list[dict]) -> torch.Tensor:
+    """Logits of a transformers Qwen2 model holding ``hf_state`` (the pre-step weights)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    spec = cases.DENSE
+    config = Qwen2Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.ffn_hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_query_groups,
+        rms_norm_eps=spec.norm_eps,
+        rope_theta=spec.rope_theta,
+        tie_word_embeddings=True,
+        max_position_embeddings=spec.max_position_embeddings,
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    missing, unexpected = model.load_state_dict(hf_state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+    ids = torch.cat([b["input_ids"] for b in micro_batches])
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_resuming_from_a_checkpoint_gives_the_next_loss_of_an_uninterrupted_run(runs):
+    reference, _ = runs
+    resume = reference["resume"]
+    assert resume["position"] == {"next_step": 2}
+    assert resume["resumed"] == [resume["uninterrupted"][2]]  # bit-exact on CPU
+    assert resume["uninterrupted"][2] != resume["uninterrupted"][1]
+
+
+def test_every_parameter_reports_its_layout_for_the_resharder(runs):
+    _, two = runs
+    tp = two[0]["tp2"]["layouts"]
+    attn = "decoder.layers.1.self_attention."
+    assert tp[attn + "linear_qkv.weight"].kind == "column"
+    assert tp[attn + "linear_qkv.weight"].full_shape == (128, 64)  # (4 + 2*2) heads * 16
+    assert tp[attn + "linear_proj.weight"].kind == "row"
+    fc1 = tp["decoder.layers.0.mlp.linear_fc1.weight"]
+    assert (fc1.kind, fc1.fused_pieces, fc1.full_shape) == ("column", 2, (256, 64))
+    assert tp["embedding.word_embeddings.weight"].kind == "vocab"
+    assert tp["decoder.final_layernorm.weight"].kind == "replicated"
+    pp_stage_1 = two[1]["pp2"]["layouts"]
+    assert "decoder.layers.1.input_layernorm.weight" in pp_stage_1  # global layer index
+    assert "decoder.layers.0.input_layernorm.weight" not in pp_stage_1
+    experts = two[1]["ep2"]["layouts"]
+    indexes = {lay.expert_index for lay in experts.values() if lay.is_expert}
+    assert indexes == {2, 3}  # EP rank 1 holds the second half of the 4 experts
+    assert experts["decoder.layers.1.mlp.router.weight"].expert_index is None
+
+
+def test_a_critic_with_a_value_head_scores_every_position_and_learns(runs):
+    reference, _ = runs
+    critic = reference["critic"]
+    assert critic["values"].shape == (4, 12)  # 2 micro-batches of [2, 12]
+    losses = critic["losses"]
+    assert all(later < earlier for earlier, later in itertools.pairwise(losses))
