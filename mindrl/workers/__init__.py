@@ -1,1 +1,1 @@
-"""Ray plumbing: joining a cluster, placing worker groups, calling them with deadlines."""
+"""Ray plumbing: placing worker groups and calling them with deadlines."""
