@@ -29,7 +29,7 @@ from mindrl.config import ModelConfig, ParallelConfig, load_config
 from mindrl.plan.memory import plan_memory, redundant_bytes
 from mindrl.reshard.layouts import GenLayout, TrainLayout
 from mindrl.reshard.measure import MeasureSpec, measure_rank
-from mindrl.reshard.spawn import run_ranks
+from mindrl.workers.spawn import run_ranks
 
 GB, MIB = 1e9, 2**20
 DEFAULT_DEVICE_GIB = 64

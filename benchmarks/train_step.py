@@ -65,9 +65,9 @@ def measure(rank: int, world: int, spec: GPTSpec, tp: int, args: dict) -> dict:
 
 
 def run(name: str, spec: GPTSpec, tp: int, args: dict) -> dict:
-    from tests.support.spawn import run_ranks
+    from mindrl.workers.spawn import run_ranks
 
-    results = run_ranks(measure, tp, spec, tp, args, timeout_s=1800)
+    results = run_ranks(measure, tp, spec, tp, args, device="cpu", threads=1, timeout_s=1800)
     step_s = max(r["step_s"] for r in results)
     tokens = args["micro_batches"] * args["micro_batch"] * args["seq"]
     return {"model": name, "tp": tp, "tokens_per_step": tokens, "step_s": round(step_s, 4),

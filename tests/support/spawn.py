@@ -1,62 +1,15 @@
-"""Run a function on N ranks in spawned processes over the device layer's backend.
+"""Multi-rank tests run on the CPU over gloo, one torch thread per rank.
 
-``run_ranks(fn, world, *args)`` returns ``[fn(rank, world, *args) for each rank]`` as
-computed inside the ranks (results must be picklable). A rank that raises makes the call
-raise with that rank's traceback; a free TCP port is picked per call.
+A thin pin of :func:`mindrl.workers.spawn.run_ranks`, the one spawner the benchmarks use
+too: ``run_ranks(fn, world, *args)`` returns ``[fn(rank, world, *args) for each rank]``.
 """
 
 from __future__ import annotations
 
-import pickle
-import socket
-import traceback
 from typing import Any
 
-import torch.multiprocessing as mp
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _entry(rank: int, world: int, port: int, fn: Any, args: tuple, queue: Any) -> None:
-    import torch
-
-    torch.set_num_threads(1)  # 2-core machines: ranks must not oversubscribe
-    try:
-        from backends.device import get_device
-
-        get_device("cpu").init_process_group(rank, world, master_port=port, timeout_s=120)
-        # Plain pickle copies tensor bytes; torch's queue pickler would share memory
-        # that disappears when this process exits.
-        queue.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
-    except BaseException:
-        queue.put((rank, "error", traceback.format_exc()))
-        raise
+from mindrl.workers import spawn
 
 
 def run_ranks(fn: Any, world: int, *args: Any, timeout_s: float = 240.0) -> list[Any]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    context = mp.start_processes(
-        _entry,
-        args=(world, free_port(), fn, args, queue),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    results: dict[int, Any] = {}
-    try:
-        while len(results) < world:
-            rank, status, value = queue.get()
-            if status == "error":
-                raise RuntimeError(f"rank {rank} failed:\n{value}")
-            results[rank] = pickle.loads(value)
-        context.join(timeout=timeout_s)
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-    return [results[r] for r in range(world)]
+    return spawn.run_ranks(fn, world, *args, device="cpu", threads=1, timeout_s=timeout_s)

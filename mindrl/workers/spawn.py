@@ -2,7 +2,8 @@
 
 ``run_ranks(fn, world, *args)`` returns ``[fn(rank, world, *args) for each rank]`` as
 computed inside the ranks (results must be picklable); a rank that raises makes the call
-raise with that rank's traceback. Used by ``benchmarks/reshard.py``.
+raise with that rank's traceback. Used by the benchmarks and, pinned to the CPU with
+one torch thread per rank, by the multi-rank tests (``tests/support/spawn.py``).
 """
 
 from __future__ import annotations
@@ -21,23 +22,48 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, device: str | None, fn: Any, args: tuple, queue: Any):
+def _entry(
+    rank: int,
+    world: int,
+    port: int,
+    device: str | None,
+    threads: int | None,
+    fn: Any,
+    args: tuple,
+    queue: Any,
+):
     try:
+        import torch
+
         from backends.device import get_device
 
+        if threads is not None:
+            torch.set_num_threads(threads)  # small machines: ranks must not oversubscribe
         get_device(device).init_process_group(rank, world, master_port=port, timeout_s=300)
+        # Plain pickle copies tensor bytes; torch's queue pickler would share memory
+        # that disappears when this process exits.
         queue.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
         raise
 
 
-def run_ranks(fn: Any, world: int, *args: Any, device: str | None = None) -> list[Any]:
+def run_ranks(
+    fn: Any,
+    world: int,
+    *args: Any,
+    device: str | None = None,
+    threads: int | None = None,
+    timeout_s: float = 300.0,
+) -> list[Any]:
     """Spawn ``world`` ranks, run ``fn(rank, world, *args)`` in each, return the results."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     context = mp.start_processes(
-        _entry, args=(world, free_port(), device, fn, args, queue), nprocs=world, join=False
+        _entry,
+        args=(world, free_port(), device, threads, fn, args, queue),
+        nprocs=world,
+        join=False,
     )
     results: dict[int, Any] = {}
     try:
@@ -46,7 +72,7 @@ def run_ranks(fn: Any, world: int, *args: Any, device: str | None = None) -> lis
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             results[rank] = pickle.loads(value)
-        context.join(timeout=300)
+        context.join(timeout=timeout_s)
     finally:
         for process in context.processes:
             if process.is_alive():
