@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
@@ -139,13 +138,6 @@ class Device(ABC):
         if self.visible_devices_env is None:
             return {}
         return {self.visible_devices_env: ",".join(str(i) for i in indexes)}
-
-    def visible_devices(self) -> list[str] | None:
-        """The devices this process was restricted to, or ``None`` if unrestricted."""
-        if self.visible_devices_env is None:
-            return None
-        value = os.environ.get(self.visible_devices_env)
-        return None if value is None else [v for v in value.split(",") if v]
 
     # ---- Megatron-core ----------------------------------------------------------------
     @contextlib.contextmanager
