@@ -133,6 +133,13 @@ class Device(ABC):
             timeout=datetime.timedelta(seconds=timeout_s),
         )
 
+    def ray_actor_options(self, cpus_per_worker: float = 1.0) -> dict:
+        """Ray actor options reserving one device for a worker (Ray then sets the
+        worker's visible-devices variable). On CPU the device *is* one CPU slot."""
+        if self.ray_resource == "CPU":
+            return {"num_cpus": 1}
+        return {"num_cpus": cpus_per_worker, "resources": {self.ray_resource: 1}}
+
     def visible_devices_for(self, indexes: list[int]) -> dict[str, str]:
         """Environment a worker needs to see only ``indexes`` (empty on CPU)."""
         if self.visible_devices_env is None:

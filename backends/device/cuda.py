@@ -34,6 +34,10 @@ class CudaDevice(Device):
             )
         return None
 
+    def ray_actor_options(self, cpus_per_worker: float = 1.0) -> dict:
+        # GPUs are Ray's built-in resource: num_gpus makes Ray set CUDA_VISIBLE_DEVICES.
+        return {"num_cpus": cpus_per_worker, "num_gpus": 1}
+
     def device_count(self) -> int:
         return torch.cuda.device_count()
 

@@ -51,8 +51,14 @@ def _rank_file(step_dir: Path) -> Path:
     return step_dir / f"rank_{dist.get_rank():05d}.pt"
 
 
-def save(root: str | Path, step: int, state: dict[str, Any], data_position: Any) -> Path:
-    """Write this rank's ``state`` for ``step`` and publish it as latest (collective)."""
+def save(
+    root: str | Path, step: int, state: dict[str, Any], data_position: Any, keep: int | None = None
+) -> Path:
+    """Write this rank's ``state`` for ``step`` and publish it as latest (collective).
+
+    With ``keep``, older complete checkpoints beyond the newest ``keep`` are deleted
+    after the new one is published.
+    """
     root = Path(root)
     final = root / f"step_{step:08d}"
     tmp = root / f"step_{step:08d}.tmp"
@@ -66,8 +72,17 @@ def save(root: str | Path, step: int, state: dict[str, Any], data_position: Any)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         _write_latest(root, final.name)
+        if keep is not None:
+            prune(root, keep)
     dist.barrier()
     return final
+
+
+def prune(root: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` complete ``step_*`` directories under ``root``."""
+    steps = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in steps[: max(len(steps) - max(keep, 1), 0)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_latest(root: Path, name: str) -> None:

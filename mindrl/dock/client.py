@@ -172,6 +172,31 @@ class DockClient:
         (indexes,) = self.claim(stage, fields, batch_size, whole_groups, 1, timeout_s)
         return indexes, self.fetch(indexes, fields)
 
+    def recycle(self, indexes: np.ndarray | list[int]) -> None:
+        """Free ``indexes`` in every stage for new samples within this iteration (e.g. the
+        groups DAPO's dynamic sampling drops): no claim returns them until they are put
+        again, and a new put overwrites their payloads."""
+        indexes = np.asarray(indexes, dtype=np.int64)
+        if self.handle.central is not None:
+            refs, names = [self.handle.central.recycle.remote(indexes)], ["centralized buffer"]
+        else:
+            stages = list(self.handle.controllers)
+            refs = [self.handle.controllers[s].recycle.remote(indexes) for s in stages]
+            names = [f"TD controller of stage '{s}'" for s in stages]
+        self._get(refs, names, self.handle.timeout_s)
+
+    def ready_count(self, stage: str, fields: list[str]) -> int:
+        """How many samples have every one of ``fields`` stored, as ``stage`` sees it."""
+        if self.handle.central is not None:
+            ref, name = self.handle.central.ready_count.remote(stage, fields), "centralized buffer"
+        else:
+            controller = self.handle.controllers.get(stage)
+            if controller is None:
+                raise DockError(f"no TD controller for stage '{stage}'")
+            ref, name = controller.ready_count.remote(fields), f"TD controller of stage '{stage}'"
+        (count,) = self._get([ref], [name], self.handle.timeout_s)
+        return count
+
     def clear(self) -> None:
         """Forget all samples and consumption in every actor (between iterations)."""
         named = self.handle.actors()

@@ -119,6 +119,24 @@ class ControllerState:
         self.metadata_bytes += taken.nbytes + 8 * len(fields) + 16
         return taken
 
+    def recycle(self, indexes: np.ndarray) -> None:
+        """Forget ``indexes`` (ready fields, consumption, location) so they can take new
+        samples this iteration, e.g. the groups DAPO's dynamic sampling dropped."""
+        indexes = np.asarray(indexes, dtype=np.int64)
+        for ready in self.ready.values():
+            ready[indexes] = False
+        self.consumed[indexes] = False
+        self.warehouse[indexes] = -1
+        self.length[indexes] = 0
+
+    def ready_count(self, fields: list[str]) -> int:
+        """Samples whose ``fields`` are all stored, consumed or not (progress reports)."""
+        self._check_fields(fields)
+        mask = np.ones(self.n_samples, dtype=bool)
+        for name in fields:
+            mask &= self.ready[name]
+        return int(mask.sum())
+
     def _drop_split_group(self, taken: np.ndarray, next_index: int) -> np.ndarray:
         """Cut a claim back so the group straddling the cut is left whole for later."""
         straddling = self.group_of[next_index]
@@ -232,6 +250,12 @@ class TDController:
 
     def clear(self) -> None:
         self.state.clear()
+
+    def recycle(self, indexes: np.ndarray) -> None:
+        self.state.recycle(indexes)
+
+    def ready_count(self, fields: list[str]) -> int:
+        return self.state.ready_count(fields)
 
     def metadata_bytes(self) -> int:
         return self.state.metadata_bytes

@@ -8,7 +8,7 @@ call that outlives its deadline raises :class:`StageTimeoutError`; nothing ever 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -26,6 +26,14 @@ class StageTimeoutError(RuntimeError):
     """A stage did not finish within its deadline."""
 
 
+class StageFailedError(RuntimeError):
+    """A worker raised while serving a stage; ``details`` keeps its whole traceback."""
+
+    def __init__(self, message: str, details: str) -> None:
+        super().__init__(message)
+        self.details = details
+
+
 POLL_S = 1.0
 
 
@@ -36,6 +44,7 @@ class WorkerGroup:
         name: shown in errors, e.g. ``"actor"``.
         worker_cls: a ``@ray.remote`` class whose constructor takes ``(rank, size, *args)``.
         device: the device layer; each bundle asks for one ``device.ray_resource``.
+            ``None``: CPU-only workers (reward scoring), ``cpus_per_worker`` slots each.
         cpus_per_worker: Ray CPU slots per worker on accelerators (CPU: the device slot).
     """
 
@@ -44,24 +53,30 @@ class WorkerGroup:
         name: str,
         worker_cls: Any,
         size: int,
-        device: Device,
+        device: Device | None,
         args: Sequence[Any] = (),
         cpus_per_worker: float = 1.0,
         ready_timeout_s: float = 300.0,
     ) -> None:
         self.name = name
         self.size = size
-        bundle = {device.ray_resource: 1.0}
-        if device.ray_resource != "CPU":
+        bundle = {"CPU": cpus_per_worker} if device is None else {device.ray_resource: 1.0}
+        if device is not None and device.ray_resource != "CPU":
             bundle["CPU"] = cpus_per_worker
         self._pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK")
         self._wait_for_placement(ready_timeout_s, bundle)
+        options = (
+            {"num_cpus": cpus_per_worker}
+            if device is None
+            else device.ray_actor_options(cpus_per_worker)
+        )
         self.workers = [
             worker_cls.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._pg, placement_group_bundle_index=i
                 ),
                 name=None,
+                **options,
             ).remote(i, size, *args)
             for i in range(size)
         ]
@@ -90,13 +105,39 @@ class WorkerGroup:
         refs = [getattr(self.workers[r], method).remote(*args, **kwargs) for r in ranks]
         return wait_all(refs, [f"{self.name}[{r}]" for r in ranks], stage, timeout_s)
 
+    def call_each(
+        self,
+        method: str,
+        args_per_rank: Sequence[tuple],
+        *,
+        stage: str,
+        timeout_s: float,
+        on_poll: Callable[[], None] | None = None,
+    ) -> list[Any]:
+        """Call ``method`` on rank ``r`` with ``args_per_rank[r]``; results in rank order.
+
+        ``on_poll`` runs about once a second while waiting (e.g. to move a progress bar).
+        """
+        refs = [
+            getattr(worker, method).remote(*args)
+            for worker, args in zip(self.workers, args_per_rank, strict=True)
+        ]
+        names = [f"{self.name}[{r}]" for r in range(self.size)]
+        return wait_all(refs, names, stage, timeout_s, on_poll)
+
     def shutdown(self) -> None:
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         remove_placement_group(self._pg)
 
 
-def wait_all(refs: list[Any], names: list[str], stage: str, timeout_s: float) -> list[Any]:
+def wait_all(
+    refs: list[Any],
+    names: list[str],
+    stage: str,
+    timeout_s: float,
+    on_poll: Callable[[], None] | None = None,
+) -> list[Any]:
     """Results of ``refs``; the first death or the deadline raises at once."""
     deadline = time.monotonic() + timeout_s
     pending = dict(zip(refs, names, strict=True))
@@ -108,6 +149,8 @@ def wait_all(refs: list[Any], names: list[str], stage: str, timeout_s: float) ->
                 f"stage '{stage}' timed out after {timeout_s:.0f} s waiting on {waiting}"
             )
         done, _ = ray.wait(list(pending), num_returns=1, timeout=min(POLL_S, remaining))
+        if on_poll is not None:
+            on_poll()
         for ref in done:
             name = pending.pop(ref)
             try:
@@ -116,9 +159,19 @@ def wait_all(refs: list[Any], names: list[str], stage: str, timeout_s: float) ->
                 raise WorkerDiedError(
                     f"worker {name} died during stage '{stage}': {first_line(exc)}"
                 ) from None
+            except ray.exceptions.RayTaskError as exc:
+                raise StageFailedError(
+                    f"worker {name} failed during stage '{stage}': {last_line(exc)}", str(exc)
+                ) from None
     return ray.get(refs)
 
 
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def last_line(exc: BaseException) -> str:
+    """The exception line at the bottom of a remote traceback (what went wrong)."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(exc).__name__
