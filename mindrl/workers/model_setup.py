@@ -1,0 +1,147 @@
+"""From the run's ``model`` config to what the engines build: a GPTSpec, an HF config,
+and the initial weights (random, an HF folder, or a GGUF file shipped in a package).
+
+Every role (actor, reference, critic, rollout) starts from the same initial weights, so
+they are made once per process from the same seed and source; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backends.megatron import GPTSpec
+from backends.megatron.families import family_for_architecture, get_family
+from mindrl.config.schema import ModelConfig
+
+#: transformers ``model_type`` of each family file the pipeline can build.
+HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
+
+
+class ModelSetupError(ValueError):
+    """The model section cannot be built by the pipeline; the message names the fix."""
+
+
+@dataclass
+class InitialModel:
+    """What every role builds from.
+
+    Attributes:
+        spec: the architecture the Megatron engines build.
+        hf_config: an HF ``config.json`` dictionary of the same model (generation engines).
+        hf_state: full HF-named tensors to load, or ``None`` for the seeded random init.
+    """
+
+    spec: GPTSpec
+    hf_config: dict
+    hf_state: dict[str, torch.Tensor] | None
+
+
+def gpt_spec(model: ModelConfig) -> GPTSpec:
+    """The engine's :class:`GPTSpec` for a ``model`` section built from scratch."""
+    if model.uses_mla:
+        raise ModelSetupError(
+            "model.kv_lora_rank (MLA, DeepSeek) is planned but not buildable by the training "
+            "engine yet; use a GQA model (leave model.kv_lora_rank unset)"
+        )
+    moe_layers = None
+    if model.is_moe and model.first_k_dense_layers:
+        moe_layers = tuple(range(model.first_k_dense_layers, model.num_layers))
+    return GPTSpec(
+        family=model.family,
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_kv_heads,
+        ffn_hidden_size=model.ffn_hidden_size,
+        vocab_size=model.vocab_size,
+        max_position_embeddings=model.max_position_embeddings,
+        kv_channels=model.head_dim,
+        rope_theta=model.rope_theta,
+        norm_eps=model.norm_eps,
+        tie_word_embeddings=model.tie_word_embeddings,
+        qk_layernorm=model.qk_layernorm,
+        add_qkv_bias=model.qkv_bias,
+        num_experts=model.num_experts,
+        moe_ffn_hidden_size=model.moe_ffn_hidden_size,
+        moe_router_topk=model.moe_router_topk,
+        moe_shared_expert_size=model.num_shared_experts * (model.moe_ffn_hidden_size or 0),
+        moe_layers=moe_layers,
+        dtype=model.dtype,
+    )
+
+
+def hf_config_for(spec: GPTSpec) -> dict:
+    """An HF ``config.json`` dictionary describing ``spec`` (for the generation engine)."""
+    from transformers import AutoConfig
+
+    model_type = HF_MODEL_TYPES.get(spec.family)
+    if model_type is None:
+        raise ModelSetupError(f"no HF model type for family '{spec.family}'")
+    fields = {
+        "architectures": [get_family(spec.family).hf_architectures[0]],
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.ffn_hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_query_groups,
+        "head_dim": spec.head_dim,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": spec.norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "torch_dtype": spec.dtype,
+    }
+    if spec.is_moe:
+        fields |= {
+            "num_experts": spec.num_experts,
+            "num_experts_per_tok": spec.moe_router_topk,
+            "moe_intermediate_size": spec.moe_ffn_hidden_size,
+        }
+    return AutoConfig.for_model(model_type, **fields).to_dict()
+
+
+def pretrained_config(hf_config: dict):
+    """A transformers ``PretrainedConfig`` from a ``config.json`` dictionary."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in hf_config.items() if k != "model_type"}
+    return AutoConfig.for_model(hf_config["model_type"], **fields)
+
+
+def initial_model(model: ModelConfig) -> InitialModel:
+    """Spec, HF config and starting weights of the policy described by ``model``.
+
+    A checkpoint (``model.hf_path`` or ``model.gguf_package``) decides the architecture;
+    the section's shape fields are then ignored (the checkpoint's own config wins).
+
+    Raises:
+        ModelSetupError: both sources given, or a checkpoint that cannot be read.
+    """
+    if model.hf_path and model.gguf_package:
+        raise ModelSetupError("set model.hf_path or model.gguf_package, not both")
+    if not (model.hf_path or model.gguf_package):
+        spec = gpt_spec(model)
+        return InitialModel(spec, hf_config_for(spec), None)
+    state, config = _read_checkpoint(model)
+    architecture = (config.get("architectures") or ["LlamaForCausalLM"])[0]
+    try:
+        family = family_for_architecture(architecture)
+    except (KeyError, ValueError) as exc:
+        raise ModelSetupError(f"checkpoint architecture {architecture}: {exc}") from None
+    spec = family.spec_from_hf_config(config, dtype=model.dtype)
+    return InitialModel(spec, config, state)
+
+
+def _read_checkpoint(model: ModelConfig) -> tuple[dict[str, torch.Tensor], dict]:
+    from backends.megatron.hf_io import hf_state_and_config, load_gguf_model, load_hf_folder
+
+    try:
+        if model.hf_path:
+            return load_hf_folder(model.hf_path)
+        return hf_state_and_config(load_gguf_model(model.gguf_package))
+    except (FileNotFoundError, OSError) as exc:
+        source = model.hf_path or model.gguf_package
+        raise ModelSetupError(f"cannot read model weights from {source!r}: {exc}") from None

@@ -1,0 +1,112 @@
+"""Reward workers: rule-based scoring and advantage estimation on CPU processes.
+
+Each worker rebuilds the prompt records from the config (seeded, so identical to the
+driver's) and reads a sample's ground truth by its ``record_id``; responses come from
+the dock, rewards and advantages go back to it. The algorithm (shaping, advantages,
+group filter) is the object the trainer handed over.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from mindrl.config.schema import MindRLConfig
+from mindrl.data import load_prompt_records, load_tokenizer
+from mindrl.dock import DockHandle
+from mindrl.rewards import score_batch
+from mindrl.workers.sequences import response_mask
+from mindrl.workers.timed_dock import TimedDockClient
+
+
+def prompt_records(config: MindRLConfig) -> list:
+    """The run's prompt records (driver and reward workers build the same list)."""
+    data = config.data
+    return load_prompt_records(
+        data.source,
+        prompt_key=data.prompt_key,
+        answer_key=data.answer_key,
+        template=data.template,
+        num_prompts=data.num_prompts,
+        seed=config.seed,
+    )
+
+
+class RewardWorker:
+    """Scores responses and computes advantages (one of ``size`` CPU workers)."""
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        config: MindRLConfig,
+        dock: DockHandle,
+        algorithm: Any,
+        options: Any,
+    ) -> None:
+        self.rank, self.config = rank, config
+        self.algorithm, self.options = algorithm, options
+        self.truths = [record.answer for record in prompt_records(config)]
+        self.tokenizer = load_tokenizer(config.model.tokenizer)
+        self.dock = TimedDockClient(dock)
+        self.group_size = config.data.n_samples_per_prompt
+
+    def ready(self) -> bool:
+        return True
+
+    def score(self, indexes: np.ndarray) -> dict[str, float]:
+        """Put the sequence ``reward`` of every sample in ``indexes``."""
+        start = time.perf_counter()
+        data = self.dock.fetch(indexes, ["response_ids", "record_id"])
+        lengths = data["response_ids_lengths"].tolist()
+        responses = [row[:n].tolist() for row, n in zip(data["response_ids"], lengths, strict=True)]
+        truths = [self.truths[int(i)] for i in data["record_id"]]
+        verifiers = self.config.reward.verifiers
+        rewards = score_batch(responses, truths, verifiers, tokenizer=self.tokenizer)
+        self.dock.put(indexes, {"reward": rewards})
+        return {
+            "reward_sum": float(rewards.sum()),
+            "response_tokens": float(sum(lengths)),
+            "count": len(indexes),
+            **self._timing(start),
+        }
+
+    def _timing(self, start: float) -> dict[str, float]:
+        return {"busy_s": time.perf_counter() - start, "dock_s": self.dock.take_seconds()}
+
+    def keep(self, indexes: np.ndarray) -> np.ndarray:
+        """The subset of ``indexes`` the algorithm trains on (DAPO: groups whose rewards differ)."""
+        data = self.dock.fetch(indexes, ["reward"])
+        mask = self.algorithm.keep_mask(data["reward"], self._group_ids(indexes), self.options)
+        return indexes[mask.numpy().astype(bool)]
+
+    def _group_ids(self, indexes: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(indexes // self.group_size)
+
+    def advantages(self, indexes: np.ndarray, with_values: bool) -> dict[str, float]:
+        """Put ``advantages`` (and ``returns`` with a critic) for whole groups ``indexes``."""
+        start = time.perf_counter()
+        fields = ["reward", "response_ids"] + (["values"] if with_values else [])
+        data = self.dock.fetch(indexes, fields)
+        lengths = data["response_ids_lengths"]
+        width = data["response_ids"].shape[1]
+        mask = response_mask(lengths, width)
+        token_rewards = torch.zeros(len(indexes), width)
+        token_rewards[torch.arange(len(indexes)), (lengths - 1).clamp(min=0)] = data["reward"]
+        shaped = self.algorithm.shape_rewards(
+            token_rewards * mask, mask, self.config.rollout.max_response_length, self.options
+        )
+        batch = {"token_rewards": shaped, "response_mask": mask}
+        batch["group_ids"] = self._group_ids(indexes)
+        if with_values:
+            batch["values"] = data["values"][:, :width].float()
+        out = self.algorithm.compute_advantages(batch, self.options)
+        put = {"advantages": out["advantages"].float(), "advantages_lengths": lengths}
+        if "returns" in out:
+            put |= {"returns": out["returns"].float(), "returns_lengths": lengths}
+        self.dock.put(indexes, put)
+        score = (shaped * mask).sum(-1)
+        return {"score_mean": float(score.mean()), **self._timing(start)}

@@ -1,0 +1,228 @@
+"""The model workers: one Ray actor per device for the actor, reference and critic roles.
+
+Thin shells (DESIGN.md §2): each rank joins its role's process group, builds a
+:class:`~backends.megatron.MegatronEngine` (the actor also a :class:`Rollout`), and
+serves stages. Every stage method takes sample indexes the driver claimed from the
+dock, fetches its own payloads from the warehouses, and puts its results back; the
+driver only ever sees indexes and scalar metrics. The algorithm's maths arrives as an
+argument (an ``Algorithm`` object from ``trainers``), never as an import.
+"""
+
+from __future__ import annotations
+
+import socket
+import warnings
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from backends.device import get_device
+from backends.generation import SamplingParams
+from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec
+from mindrl.config.schema import MindRLConfig, RoleConfig
+from mindrl.dock import DockHandle
+from mindrl.workers.model_setup import initial_model
+from mindrl.workers.rollout import Rollout
+from mindrl.workers.sequences import (
+    pack_rows,
+    response_mask,
+    to_response_aligned,
+    unpadded,
+)
+from mindrl.workers.timed_dock import TimedDockClient
+from mindrl.workers.updates import actor_update, critic_update
+
+#: Prompts generated per engine call, so the dock (and the progress bar) see results early.
+GENERATION_CHUNK = 64
+
+
+def optim_spec(role: RoleConfig, total_steps: int) -> OptimSpec:
+    """The engine's optimizer settings for a trained role."""
+    o = role.optim
+    return OptimSpec(
+        lr=o.lr,
+        min_lr=o.min_lr,
+        schedule=o.lr_schedule,
+        warmup_steps=o.lr_warmup_steps,
+        total_steps=max(total_steps, 1),
+        weight_decay=o.weight_decay,
+        betas=(o.adam_beta1, o.adam_beta2),
+        eps=o.adam_eps,
+        clip_grad=o.clip_grad,
+    )
+
+
+def parallel_spec(role: RoleConfig) -> ParallelSpec:
+    p = role.parallel
+    return ParallelSpec(tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, etp=p.etp)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class ModelWorker:
+    """One rank of the ``role`` group (``actor``, ``reference`` or ``critic``).
+
+    Args:
+        rank: rank in the role's group; ``size``: the group's size.
+        role: which role this group plays.
+        config: the whole run config.
+        dock: the dock handle (pickled to every worker).
+        device_name: the device platform the driver resolved.
+        updates_per_iteration: optimizer steps per iteration (for the LR schedule length).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        role: str,
+        config: MindRLConfig,
+        dock: DockHandle,
+        device_name: str,
+        updates_per_iteration: int = 1,
+    ) -> None:
+        # Megatron warns at import that TE/Apex are absent; expected off accelerators.
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+        self.rank, self.size, self.role, self.config = rank, size, role, config
+        self.section: RoleConfig = getattr(config, role)
+        self.device = get_device(device_name)
+        self.dock_handle = dock
+        self.total_updates = updates_per_iteration * config.iterations
+        self.engine: MegatronEngine | None = None
+        self.rollout: Rollout | None = None
+
+    # ---- set-up ------------------------------------------------------------------------
+    def rendezvous(self) -> tuple[str, int]:
+        """Address and a free port for the group's process group (asked of rank 0)."""
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, master_addr: str, master_port: int, algorithm: Any, options: Any) -> dict:
+        """Join the process group, build the engine(s), load the initial weights."""
+        self.algorithm, self.options = algorithm, options
+        self.dock = TimedDockClient(self.dock_handle)
+        timeout = self.config.dock.timeout_s * 5
+        self.device.init_process_group(self.rank, self.size, master_addr, master_port, timeout)
+        initial = initial_model(self.config.model)
+        self.spec = initial.spec
+        trains = self.role != "reference"
+        self.engine = MegatronEngine(
+            initial.spec,
+            parallel_spec(self.section),
+            optim_spec(self.section, self.total_updates) if trains else None,
+            value_head=self.role == "critic",
+            seed=self.config.seed,
+        )
+        if initial.hf_state is not None:
+            self.engine.load_hf_state_dict(initial.hf_state)
+        if self.role == "actor":
+            self.rollout = Rollout(self.engine, self.config, initial, self.size)
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "dp_rank": self.engine.data_parallel_rank(),
+            "dp_size": self.engine.data_parallel_size(),
+            "gen_dp_rank": self.rank // self.config.rollout.tp,
+        }
+
+    # ---- generation (actor) --------------------------------------------------------------
+    def generate(self, indexes: np.ndarray, params: SamplingParams) -> dict[str, float]:
+        """Reshard, then sample one response per index and put it into the dock."""
+        start = time.perf_counter()
+        self.rollout.refresh_weights()
+        tokens = 0
+        for first in range(0, len(indexes), GENERATION_CHUNK):
+            chunk = indexes[first : first + GENERATION_CHUNK]
+            tokens += self._generate_chunk(chunk, params)
+        self.rollout.restore_training_state()
+        return {
+            "response_tokens": tokens,
+            "reshard_s": self.rollout.seconds["reshard"],
+            "swap_in_s": self.rollout.seconds.get("swap_in", 0.0),
+            **self._timing(start),
+        }
+
+    def _timing(self, start: float) -> dict[str, float]:
+        return {"busy_s": time.perf_counter() - start, "dock_s": self.dock.take_seconds()}
+
+    def _generate_chunk(self, indexes: np.ndarray, params: SamplingParams) -> int:
+        batch = self.dock.fetch(indexes, ["prompt_ids"])
+        rows = unpadded(batch["prompt_ids"], batch["prompt_ids_lengths"])
+        prompts = [row.tolist() for row in rows]
+        seed = None if params.seed is None else params.seed + int(indexes[0])
+        params = SamplingParams(**{**params.__dict__, "seed": seed})
+        results = self.rollout.generate(prompts, params)
+        responses = [torch.tensor(r.token_ids, dtype=torch.int64) for r in results]
+        logprobs = [torch.tensor(r.logprobs, dtype=torch.float32) for r in results]
+        self.dock.put(indexes, {"response_ids": responses, "rollout_logprob": logprobs})
+        return sum(len(r) for r in responses)
+
+    # ---- scoring ----------------------------------------------------------------------------
+    def score(self, indexes: np.ndarray, field: str) -> dict[str, float]:
+        """Put ``field`` (``old_logprob``, ``ref_logprob`` or ``values``) for ``indexes``."""
+        start = time.perf_counter()
+        rows = self._rows(indexes, [])
+        outputs = self.engine.forward(self._micro_batches(rows))
+        width = rows["response_ids"].shape[1]
+        if self.role == "critic":
+            # The value of the state *before* response token j sits at position start + j - 1.
+            result = to_response_aligned(outputs["values"], rows["response_start"] - 1, width)
+        else:
+            result = to_response_aligned(outputs["logprobs"], rows["response_start"], width)
+        if self.engine.is_data_leader():
+            self.dock.put(indexes, {field: result, f"{field}_lengths": rows["response_len"]})
+        return self._timing(start)
+
+    def _rows(self, indexes: np.ndarray, fields: list[str]) -> dict[str, torch.Tensor]:
+        """Packed ``input_ids`` / ``loss_mask`` plus response-aligned ``fields``."""
+        data = self.dock.fetch(indexes, ["prompt_ids", "response_ids", *fields])
+        packed = pack_rows(
+            data["prompt_ids"],
+            data["prompt_ids_lengths"],
+            data["response_ids"],
+            data["response_ids_lengths"],
+        )
+        width = data["response_ids"].shape[1]
+        rows = {
+            **packed,
+            "response_ids": data["response_ids"],
+            "response_len": data["response_ids_lengths"],
+            "response_mask": response_mask(data["response_ids_lengths"], width),
+        }
+        for name in fields:
+            rows[name] = data[name][:, :width].float().clone()
+        return rows
+
+    def _micro_batches(self, rows: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        size = self.section.micro_batch_size
+        total = rows["input_ids"].shape[0]
+        keys = [k for k in rows if k not in ("response_ids", "response_len")]
+        return [{k: rows[k][i : i + size] for k in keys} for i in range(0, total, size)]
+
+    # ---- training -----------------------------------------------------------------------------
+    def update(
+        self, indexes: np.ndarray, fields: list[str], num_minibatches: int, options: Any = None
+    ) -> dict:
+        """Train on ``indexes`` (this DP rank's share): epochs x mini-batches of steps.
+
+        ``options`` replaces the algorithm options when given (an adapted KL coefficient).
+        """
+        start = time.perf_counter()
+        self.options = options if options is not None else self.options
+        rows = self._rows(indexes, fields)
+        step = critic_update if self.role == "critic" else actor_update
+        return {**step(self, rows, num_minibatches), **self._timing(start)}
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self, root: str, data_position: dict) -> str:
+        keep = self.config.checkpoint.keep
+        return str(self.engine.save_checkpoint(Path(root) / self.role, data_position, keep))
+
+    def load_checkpoint(self, root: str) -> dict:
+        return self.engine.load_checkpoint(Path(root) / self.role)

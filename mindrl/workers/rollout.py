@@ -1,0 +1,113 @@
+"""The generation side of the actor: a generation engine fed by the resharder.
+
+Collocated with the training engine on the same devices (paper, "Allgather–Swap"):
+after each update :meth:`Rollout.refresh_weights` all-gathers the training shards into
+the generation layout, hands them to the engine under HF names and swaps the training
+state to the host; :meth:`Rollout.restore_training_state` brings it back before any
+stage needs the training engine again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from backends.generation import EngineConfig, GenerationResult, SamplingParams, get_engine_class
+from backends.generation.registry import available_engines
+from backends.megatron import MegatronEngine
+from backends.megatron.families import get_family
+from mindrl.config.schema import MindRLConfig
+from mindrl.reshard import (
+    AllgatherSwapResharder,
+    GenLayout,
+    ModelShape,
+    NaiveResharder,
+    TrainLayout,
+    grad_tensors,
+    optimizer_state_tensors,
+)
+from mindrl.workers.model_setup import InitialModel, pretrained_config
+
+
+def engine_name(requested: str) -> str:
+    """``auto`` -> vllm where it is installed, else the transformers engine."""
+    if requested != "auto":
+        return requested
+    return "vllm" if "vllm" in available_engines() else "hf"
+
+
+class Rollout:
+    """Generation engine + resharder of one actor rank.
+
+    Args:
+        trainer: this rank's training engine (its weights are the source).
+        config: the run's config (``rollout`` and ``actor`` sections are read).
+        initial: the model's HF config (the engine is built from it, weights come later).
+        world: ranks of the actor group (training and generation share them).
+    """
+
+    def __init__(
+        self, trainer: MegatronEngine, config: MindRLConfig, initial: InitialModel, world: int
+    ) -> None:
+        self.trainer, self.spec = trainer, initial.spec
+        self.rollout = config.rollout
+        self.family = get_family(initial.spec.family)
+        self.swap = config.rollout.swap
+        self.resharder = self._make_resharder(config, world)
+        self.generator = get_engine_class(engine_name(config.rollout.engine))(
+            EngineConfig(
+                model=pretrained_config(initial.hf_config),
+                max_model_len=config.rollout.max_prompt_length + config.rollout.max_response_length,
+                dtype=initial.spec.torch_dtype,
+                memory_fraction=config.rollout.memory_fraction,
+                tensor_parallel_size=config.rollout.tp,
+                enforce_eager=True,
+                seed=config.seed,
+            )
+        )
+        self.buffers: dict[str, torch.Tensor] | None = None
+        self.seconds: dict[str, float] = {}
+
+    def _make_resharder(self, config: MindRLConfig, world: int):
+        parallel = config.actor.parallel
+        train = TrainLayout(world, parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp)
+        gen = GenLayout(world, config.rollout.tp, config.rollout.ep)
+        kwargs = {
+            "model": ModelShape(
+                self.spec.num_attention_heads, self.spec.num_query_groups, self.spec.num_experts
+            ),
+            "bucket_bytes": int(config.rollout.reshard_bucket_mib * 2**20),
+        }
+        params = self.trainer.named_parameters()
+        layouts = self.trainer.param_layouts()
+        if not self.swap:
+            return NaiveResharder(params, layouts, train, gen, **kwargs)
+        extra = None
+        if config.actor.swap_optimizer and self.trainer.optimizer is not None:
+            optimizer = self.trainer.optimizer
+
+            def extra():
+                return grad_tensors(params.values()) + optimizer_state_tensors(optimizer)
+
+        return AllgatherSwapResharder(params, layouts, train, gen, swap_extra=extra, **kwargs)
+
+    def refresh_weights(self) -> None:
+        """Training shards -> generation shards -> engine; training state to the host."""
+        start = time.perf_counter()
+        self.generator.wake_up()
+        self.buffers = self.resharder.reshard(self.buffers)
+        self.generator.load_weights(self.family.iter_hf(self.buffers, self.spec))
+        self.seconds = {"reshard": time.perf_counter() - start}
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        return self.generator.generate(prompts, params)
+
+    def restore_training_state(self) -> None:
+        """Training weights (+ grads, optimizer state) back on the device; engine asleep."""
+        if not self.swap or not self.resharder.host.swapped_bytes:
+            return
+        start = time.perf_counter()
+        self.generator.sleep(level=1)
+        self.resharder.swap_in(overlap=False)
+        self.seconds["swap_in"] = time.perf_counter() - start

@@ -1,0 +1,316 @@
+"""One RL iteration through the dock (DESIGN.md §3, paper Table 1's stages).
+
+prompts -> ``rollout`` (actor ranks: reshard, generate) -> ``reward`` -> [DAPO: keep
+groups whose rewards differ, refill the rest] -> ``ref_logp`` -> ``old_logp`` (skipped
+when it provably equals the policy being trained: one optimizer step per iteration)
+-> ``values`` (PPO) -> ``advantage`` -> ``update`` (+ ``critic_update``).
+
+The driver only claims indexes from the stages' TD controllers and hands them to the
+workers, which move the payloads themselves; what comes back are scalar metrics. Every
+stage is timed, and the time not spent computing (dock transfers, resharding, Ray
+scheduling and claims) is reported as the run's overhead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from backends.generation import SamplingParams
+from mindrl.data import PromptBatch
+from mindrl.metrics import generation_progress, tokens_per_second
+from trainers.run_setup import SEQUENCE, RunState, needs_old_logprob
+
+
+@dataclass
+class Ledger:
+    """Wall time per stage and the overhead inside it."""
+
+    stages: dict[str, float] = field(default_factory=dict)
+    dock_s: float = 0.0
+    reshard_s: float = 0.0
+    scheduling_s: float = 0.0
+
+    def add_stage(self, name: str, wall: float, results: list[dict]) -> None:
+        """Stage ``name`` took ``wall`` s on the driver; ``results`` are the workers' reports."""
+        self.stages[name] = self.stages.get(name, 0.0) + wall
+        busy = max((r.get("busy_s", 0.0) for r in results), default=0.0)
+        self.dock_s += max((r.get("dock_s", 0.0) for r in results), default=0.0)
+        self.reshard_s += max((r.get("reshard_s", 0.0) for r in results), default=0.0)
+        self.scheduling_s += max(wall - busy, 0.0)
+
+    def overhead(self, iteration_s: float) -> dict[str, float]:
+        total = self.dock_s + self.reshard_s + self.scheduling_s
+        return {
+            "dock_s": self.dock_s,
+            "reshard_s": self.reshard_s,
+            "scheduling_s": self.scheduling_s,
+            "share": total / iteration_s,
+        }
+
+
+@dataclass
+class Sampled:
+    """What the generate / reward / filter loop produced this iteration."""
+
+    kept: list[int] = field(default_factory=list)  # group slots trained on
+    draws: int = 0
+    samples: int = 0
+    reward_sum: float = 0.0
+    response_tokens: float = 0.0
+    prompt_tokens: float = 0.0
+
+
+def mean_of(results: list[dict], key: str) -> float | None:
+    values = [r[key] for r in results if key in r]
+    return sum(values) / len(values) if values else None
+
+
+class IterationRunner:
+    """Runs iterations of one started run (see module docstring)."""
+
+    def __init__(self, run: RunState) -> None:
+        self.run, self.config = run, run.config
+        self.G = self.config.data.global_batch_size
+        self.N = self.config.data.n_samples_per_prompt
+        self.timeout = self.config.dock.timeout_s * 5
+        self.record_of = {r.uid: i for i, r in enumerate(run.dataset.records)}
+        self.needs_old = needs_old_logprob(self.config)
+
+    # ---- the iteration -------------------------------------------------------------------
+    def run_iteration(self, iteration: int) -> dict[str, Any]:
+        """One iteration; returns its metrics record."""
+        start = time.perf_counter()
+        ledger = Ledger()
+        sampled = self._sample(iteration, ledger)
+        indexes = self._indexes(sampled.kept)
+        metrics: dict[str, Any] = {}
+        if len(indexes):
+            self._score_stages(indexes, ledger)
+            self._stage(ledger, "advantage", self._advantages, indexes)
+            metrics |= self._stage(ledger, "update", self._update, indexes)
+            if self.run.needs_critic:
+                metrics |= self._stage(ledger, "critic_update", self._critic_update, indexes)
+            self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
+        self._timed_dock(ledger, self.run.dock.clear)
+        return self._record(metrics, sampled, ledger, time.perf_counter() - start)
+
+    def _stage(self, ledger: Ledger, name: str, fn, *args) -> dict[str, Any]:
+        start = time.perf_counter()
+        results = fn(*args)
+        ledger.add_stage(name, time.perf_counter() - start, results)
+        return {
+            k: mean_of(results, k)
+            for k in results[0]
+            if k not in ("busy_s", "dock_s", "reshard_s", "swap_in_s")
+        }
+
+    def _timed_dock(self, ledger: Ledger, fn, *args):
+        start = time.perf_counter()
+        out = fn(*args)
+        ledger.dock_s += time.perf_counter() - start
+        return out
+
+    def _claim(self, ledger: Ledger, stage: str, fields: list[str], n: int, **kw) -> list:
+        return self._timed_dock(
+            ledger, lambda: self.run.dock.claim(stage, fields, n, timeout_s=self.timeout, **kw)
+        )
+
+    # ---- sampling: prompts -> responses -> rewards (-> DAPO filter) -------------------------
+    def _sample(self, iteration: int, ledger: Ledger) -> Sampled:
+        sampled = Sampled()
+        free = list(range(self.G * self.run.sample_batches))
+        limit = self.run.options.max_sample_batches
+        while True:
+            slots, free = free[: self.G], free[self.G :]
+            indexes = self._indexes(slots)
+            batch = self.run.dataset.next_batch()
+            self._put_prompts(ledger, indexes, batch, sampled)
+            self._stage(ledger, "rollout", self._generate, indexes, iteration, sampled.draws)
+            rewards = self._stage(ledger, "reward", self._score, indexes)
+            sampled.draws += 1
+            sampled.samples += len(indexes)
+            sampled.reward_sum += rewards["reward_sum"] * self.run.groups["reward"].size
+            sampled.response_tokens += rewards["response_tokens"] * self.run.groups["reward"].size
+            kept = self._filter(ledger, slots) if self.run.options.dynamic_sampling else slots
+            sampled.kept += kept
+            free += [s for s in slots if s not in kept]
+            if len(sampled.kept) >= self.G or (limit and sampled.draws >= limit):
+                break
+        sampled.kept = self._trim(ledger, sampled.kept)
+        return sampled
+
+    def _indexes(self, slots: list[int]) -> np.ndarray:
+        return (np.asarray(slots, dtype=np.int64)[:, None] * self.N + np.arange(self.N)).ravel()
+
+    def _put_prompts(
+        self, ledger: Ledger, indexes: np.ndarray, batch: PromptBatch, sampled: Sampled
+    ) -> None:
+        prompts = [np.asarray(p, dtype=np.int64) for p in batch.prompt_ids for _ in range(self.N)]
+        records = np.repeat([self.record_of[u] for u in batch.uids], self.N).astype(np.int64)
+        sampled.prompt_tokens += float(sum(len(p) for p in prompts))
+        self._timed_dock(
+            ledger, self.run.dock.put, indexes, {"prompt_ids": prompts, "record_id": records}
+        )
+
+    def _generate(self, indexes: np.ndarray, iteration: int, draw: int) -> list[dict]:
+        run, rollout = self.run, self.config.rollout
+        parts = run.dock.claim(
+            "rollout",
+            ["prompt_ids"],
+            len(indexes),
+            whole_groups=True,
+            dp_parts=len(set(run.gen_dp_ranks)),
+            timeout_s=self.timeout,
+        )
+        seed = int(np.random.SeedSequence([self.config.seed, iteration, draw]).generate_state(1)[0])
+        params = SamplingParams(
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=max(rollout.top_k, 0),
+            max_tokens=rollout.max_response_length,
+            stop_token_ids=(run.dataset_eos,),
+            seed=seed,
+        )
+        before = run.dock.ready_count("reward", ["response_ids"])
+        bar = generation_progress(len(indexes), self.config.logging.progress_bar)
+
+        def progress() -> None:
+            bar.n = run.dock.ready_count("reward", ["response_ids"]) - before
+            bar.refresh()
+
+        with bar:
+            return run.groups["actor"].call_each(
+                "generate",
+                [(parts[r], params) for r in run.gen_dp_ranks],
+                stage="rollout",
+                timeout_s=self.timeout,
+                on_poll=progress if self.config.logging.progress_bar else None,
+            )
+
+    def _score(self, indexes: np.ndarray) -> list[dict]:
+        group = self.run.groups["reward"]
+        parts = self.run.dock.claim(
+            "reward",
+            ["response_ids", "record_id"],
+            len(indexes),
+            dp_parts=group.size,
+            timeout_s=self.timeout,
+        )
+        return group.call_each(
+            "score", [(p,) for p in parts], stage="reward", timeout_s=self.timeout
+        )
+
+    def _filter(self, ledger: Ledger, slots: list[int]) -> list[int]:
+        """DAPO: keep groups whose rewards differ; free the others' indexes for a refill."""
+        start = time.perf_counter()
+        (kept,) = self.run.groups["reward"].call(
+            "keep", self._indexes(slots), stage="filter", timeout_s=self.timeout, ranks=[0]
+        )
+        kept_slots = sorted({int(i) // self.N for i in kept})
+        dropped = [s for s in slots if s not in kept_slots]
+        if dropped:
+            self.run.dock.recycle(self._indexes(dropped))
+        ledger.add_stage("filter", time.perf_counter() - start, [])
+        return kept_slots
+
+    def _trim(self, ledger: Ledger, kept: list[int]) -> list[int]:
+        """At most G groups, and a sample count every data-parallel group size divides."""
+        sizes = [len(set(self.run.dp_ranks[role])) for role in self.run.dp_ranks]
+        step = int(np.lcm.reduce([*sizes, 1]))
+        count = min(len(kept), self.G)
+        while count and (count * self.N) % step:
+            count -= 1
+        surplus = kept[count:]
+        if surplus:
+            self._timed_dock(ledger, self.run.dock.recycle, self._indexes(surplus))
+        return kept[:count]
+
+    # ---- scoring, advantages, updates --------------------------------------------------------
+    def _score_stages(self, indexes: np.ndarray, ledger: Ledger) -> None:
+        jobs = [("ref_logp", "reference", "ref_logprob")] if self.run.needs_reference else []
+        jobs += [("old_logp", "actor", "old_logprob")] if self.needs_old else []
+        jobs += [("values", "critic", "values")] if self.run.needs_critic else []
+        for stage, role, out_field in jobs:
+            self._stage(ledger, stage, self._score_with, stage, role, out_field, indexes)
+
+    def _by_dp_rank(self, stage: str, role: str, fields: list[str], n: int) -> list:
+        ranks = self.run.dp_ranks[role]
+        parts = self.run.dock.claim(
+            stage, fields, n, dp_parts=len(set(ranks)), timeout_s=self.timeout
+        )
+        return [parts[r] for r in ranks]
+
+    def _score_with(self, stage: str, role: str, out_field: str, indexes: np.ndarray) -> list:
+        parts = self._by_dp_rank(stage, role, SEQUENCE, len(indexes))
+        return self.run.groups[role].call_each(
+            "score", [(p, out_field) for p in parts], stage=stage, timeout_s=self.timeout
+        )
+
+    def _advantages(self, indexes: np.ndarray) -> list[dict]:
+        fields = ["reward", "response_ids"] + (["values"] if self.run.needs_critic else [])
+        (part,) = self.run.dock.claim(
+            "advantage", fields, len(indexes), whole_groups=True, timeout_s=self.timeout
+        )
+        return self.run.groups["reward"].call(
+            "advantages",
+            part,
+            self.run.needs_critic,
+            stage="advantage",
+            timeout_s=self.timeout,
+            ranks=[0],
+        )
+
+    def _minibatches(self, indexes: np.ndarray, role: str) -> int:
+        prompts = len(indexes) // self.N
+        per_step = getattr(self.config, role).mini_batch_size or self.G
+        return max(-(-prompts // per_step), 1)
+
+    def _update(self, indexes: np.ndarray) -> list[dict]:
+        extra = ["advantages", "rollout_logprob"] + (["old_logprob"] if self.needs_old else [])
+        extra += ["ref_logprob"] if self.run.needs_reference else []
+        parts = self._by_dp_rank("update", "actor", [*SEQUENCE, *extra], len(indexes))
+        options = replace(self.run.options, kl_coef=self.run.kl.value)
+        steps = self._minibatches(indexes, "actor")
+        return self.run.groups["actor"].call_each(
+            "update", [(p, extra, steps, options) for p in parts], stage="update",
+            timeout_s=self.timeout,
+        )  # fmt: skip
+
+    def _critic_update(self, indexes: np.ndarray) -> list[dict]:
+        extra = ["values", "returns"]
+        parts = self._by_dp_rank("critic_update", "critic", [*SEQUENCE, *extra], len(indexes))
+        steps = self._minibatches(indexes, "critic")
+        return self.run.groups["critic"].call_each(
+            "update", [(p, extra, steps, None) for p in parts], stage="critic_update",
+            timeout_s=self.timeout,
+        )  # fmt: skip
+
+    # ---- the record --------------------------------------------------------------------------
+    def _record(
+        self, metrics: dict[str, Any], sampled: Sampled, ledger: Ledger, seconds: float
+    ) -> dict[str, Any]:
+        n = max(sampled.samples, 1)
+        prompt_len, response_len = sampled.prompt_tokens / n, sampled.response_tokens / n
+        record = {
+            "reward_mean": sampled.reward_sum / n,
+            "response_length_mean": response_len,
+            "prompt_length_mean": prompt_len,
+            **{k: v for k, v in metrics.items() if v is not None},
+            "kl_coef": self.run.kl.value,
+            "tps": self._tps(sampled, prompt_len, response_len, seconds),
+            "iteration_time_s": seconds,
+            "time": ledger.stages,
+            "overhead": ledger.overhead(seconds),
+        }
+        if self.run.options.dynamic_sampling:
+            record |= {"sample_batches": sampled.draws, "kept_groups": len(sampled.kept)}
+        return record
+
+    def _tps(self, sampled: Sampled, prompt_len: float, response_len: float, seconds: float):
+        prompts = sampled.samples // self.N
+        world = self.config.world_size
+        return tokens_per_second(prompts, self.N, prompt_len, response_len, world, seconds)

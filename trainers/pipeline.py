@@ -1,0 +1,134 @@
+"""``mindrl-train``'s run: Ray workers, the dock, the iteration loop, checkpoints.
+
+:func:`train` is what the CLI calls. It connects to Ray (an existing cluster from
+``resources.ray_address`` / ``$RAY_ADDRESS``, else a local one), starts the dock and the
+worker groups (:mod:`trainers.run_setup`), then runs iterations
+(:mod:`trainers.iteration`), logging one progress line each, checkpointing every
+``checkpoint.every`` iterations and at the end. A dead worker, a stage past its
+deadline or a failing worker ends the run with a one-line message naming the worker and
+the stage (exit 1); Ctrl-C saves a checkpoint of the last finished iteration when the
+workers still answer and exits 130.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from backends.device.registry import resolve_device
+from mindrl.config.schema import MindRLConfig
+from mindrl.data import PromptSourceError
+from mindrl.dock import DockError
+from mindrl.metrics import MetricsLogger, format_progress_line, print_progress_line
+from mindrl.reshard import LayoutError
+from mindrl.workers.group import StageFailedError, StageTimeoutError, WorkerDiedError
+from mindrl.workers.model_setup import ModelSetupError
+from trainers.iteration import IterationRunner
+from trainers.run_setup import RunSetupError, RunState, launch_run, prepare_run, stop_run
+
+#: Failures of the run itself (exit 1), as opposed to user mistakes (exit 2).
+RUN_FAILURES = (WorkerDiedError, StageTimeoutError, StageFailedError, DockError)
+USER_MISTAKES = (RunSetupError, ModelSetupError, PromptSourceError, LayoutError)
+#: How long a Ctrl-C checkpoint may take before the run gives up on it.
+INTERRUPT_SAVE_TIMEOUT_S = 120.0
+
+
+def train(
+    config: MindRLConfig, trainer: str, device: str | None = None, resume: bool = False
+) -> int:
+    """Run ``config`` with algorithm ``trainer``; returns the process exit code."""
+    device_name = resolve_device(device if device not in (None, "auto") else None)
+    run: RunState | None = None
+    runner: IterationRunner | None = None
+    try:
+        run = prepare_run(config, trainer, resume)
+        launch_run(run, device_name, resume)
+        runner = IterationRunner(run)
+        return _loop(run, runner)
+    except USER_MISTAKES as exc:
+        _error(str(exc))
+        return 2
+    except RUN_FAILURES as exc:
+        _report_failure(exc, run)
+        return 1
+    except KeyboardInterrupt:
+        _on_interrupt(run)
+        return 130
+    finally:
+        if run is not None:
+            stop_run(run)
+
+
+def _loop(run: RunState, runner: IterationRunner) -> int:
+    config = run.config
+    resume_at = run.start_iteration if run.resumed else None
+    with MetricsLogger(run.run_dir, config.logging.tensorboard, resume_at=resume_at) as log:
+        for iteration in range(run.start_iteration, config.iterations):
+            metrics = runner.run_iteration(iteration)
+            log.log(iteration, metrics)
+            print_progress_line(format_progress_line(iteration, metrics))
+            run.finished_iteration = iteration
+            every = config.checkpoint.every
+            if every and (iteration + 1) % every == 0 and iteration + 1 < config.iterations:
+                save_checkpoint(run)
+        if run.finished_iteration >= run.start_iteration:
+            save_checkpoint(run)
+    _plot(run.run_dir)
+    print(f"mindrl-train: done; metrics in {run.run_dir}, checkpoints in {run.checkpoint_dir}")
+    return 0
+
+
+def save_checkpoint(run: RunState, timeout_s: float | None = None) -> None:
+    """Every trained role saves; the driver's position (next iteration, data, KL) rides along."""
+    position = run.position()
+    timeout = timeout_s or run.config.dock.timeout_s * 5
+    start = time.perf_counter()
+    for group in run.trained_groups():
+        root = str(run.checkpoint_dir)
+        group.call("save_checkpoint", root, position, stage="checkpoint", timeout_s=timeout)
+    seconds = time.perf_counter() - start
+    print_progress_line(
+        f"checkpoint: iteration {run.finished_iteration} -> {run.checkpoint_dir} ({seconds:.1f}s)"
+    )
+
+
+def _on_interrupt(run: RunState | None) -> None:
+    if run is None or run.finished_iteration < run.start_iteration:
+        _error("interrupted before the first iteration finished; nothing new to save")
+        return
+    try:
+        save_checkpoint(run, INTERRUPT_SAVE_TIMEOUT_S)
+        _error(
+            f"interrupted; saved iteration {run.finished_iteration} to {run.checkpoint_dir} "
+            "(continue with --resume)"
+        )
+    except (*RUN_FAILURES, KeyboardInterrupt) as exc:
+        _error(
+            f"interrupted; could not save ({exc}); the last complete checkpoint under "
+            f"{run.checkpoint_dir} is intact"
+        )
+
+
+def _report_failure(exc: Exception, run: RunState | None) -> None:
+    _error(str(exc))
+    details = getattr(exc, "details", None)
+    if run is not None:
+        log = Path(run.run_dir) / "error.log"
+        log.write_text(details or "".join(traceback.format_exception(exc)))
+        _error(f"details in {log}; the last complete checkpoint is under {run.checkpoint_dir}")
+
+
+def _plot(run_dir: Path) -> None:
+    try:
+        from mindrl.metrics.plot import plot_metrics
+
+        png = plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png")
+        print(f"mindrl-train: curves in {png}")
+    except (ImportError, ValueError) as exc:  # plotting is a convenience, never fatal
+        _error(f"no curves plotted: {exc}")
+
+
+def _error(message: str) -> None:
+    print(f"mindrl-train: error: {message}", file=sys.stderr)

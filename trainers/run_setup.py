@@ -1,0 +1,343 @@
+"""Starting and stopping a run: Ray, the dock, the worker groups, resume.
+
+Placement (paper, "all-colocated"): the actor, reference and critic groups each span
+every device of the cluster, one rank per device, and the rollout shares the actor's
+processes; reward workers are CPU processes; the dock puts one warehouse on every node
+and each stage's controller on the node of the first worker that serves the stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from backends.device import get_device
+from mindrl.config.schema import MindRLConfig
+from mindrl.data import PromptDataset, load_tokenizer
+from mindrl.dock import RL_FIELDS, DockClient, FieldSpec, create_dock, shutdown_dock
+from mindrl.workers.group import WorkerGroup
+from mindrl.workers.reward import RewardWorker, prompt_records
+from mindrl.workers.roles import ModelWorker
+from trainers.kl_control import make_kl_controller
+from trainers.registry import get_algorithm
+
+#: The dock's fields: the RL fields plus the prompt's record (for the ground truth).
+FIELDS: dict[str, FieldSpec] = {**RL_FIELDS, "record_id": FieldSpec("int64")}
+SEQUENCE = ["prompt_ids", "response_ids"]
+
+
+class RunSetupError(ValueError):
+    """The run cannot start as configured; the message says what to change."""
+
+
+@dataclass
+class RunState:
+    """Everything the iteration loop and the checkpoints need."""
+
+    config: MindRLConfig
+    trainer: str
+    algorithm: Any
+    options: Any
+    kl: Any
+    run_dir: Path
+    checkpoint_dir: Path
+    dataset: PromptDataset
+    groups: dict[str, WorkerGroup] = field(default_factory=dict)
+    dp_ranks: dict[str, list[int]] = field(default_factory=dict)
+    gen_dp_ranks: list[int] = field(default_factory=list)
+    dock_handle: Any = None
+    dock: DockClient | None = None
+    ray_started_here: bool = False
+    start_iteration: int = 0
+    finished_iteration: int = -1
+    resumed: bool = False
+    dataset_eos: int = 0
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.algorithm.uses_reference(self.options)
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.algorithm.needs_critic
+
+    @property
+    def sample_batches(self) -> int:
+        """Prompt batches the dock holds per iteration (DAPO refills dropped groups)."""
+        return 2 if self.options.dynamic_sampling else 1
+
+    def trained_groups(self) -> list[WorkerGroup]:
+        return [self.groups[name] for name in ("actor", "critic") if name in self.groups]
+
+    def position(self) -> dict:
+        """The driver's side of a checkpoint: what iteration, data and KL come next."""
+        return {
+            "next_iteration": self.finished_iteration + 1,
+            "dataset": self.dataset.state_dict(),
+            "kl_coef": self.kl.value,
+        }
+
+
+def prepare_run(config: MindRLConfig, trainer: str, resume: bool) -> RunState:
+    """Check the config and build the driver's state (prompts, algorithm); no Ray yet."""
+    _preflight(config)
+    algorithm = get_algorithm(trainer)
+    options = algorithm.resolve(config.algorithm)
+    run_dir = Path(config.logging.dir.format(trainer=trainer))
+    checkpoint_dir = Path(config.checkpoint.dir or run_dir / "checkpoints")
+    if resume and not (checkpoint_dir / "actor" / "latest").exists():
+        raise RunSetupError(
+            f"--resume: no checkpoint under {checkpoint_dir}; run without --resume to start afresh"
+        )
+    dataset, eos = _dataset(config)
+    run = RunState(
+        config=config,
+        trainer=trainer,
+        algorithm=algorithm,
+        options=options,
+        kl=make_kl_controller(
+            options.kl_coef, options.adaptive_kl, options.kl_target, options.kl_horizon
+        ),
+        run_dir=run_dir,
+        checkpoint_dir=checkpoint_dir,
+        dataset=dataset,
+        dataset_eos=eos,
+    )
+    return run
+
+
+def launch_run(run: RunState, device_name: str, resume: bool) -> None:
+    """Connect Ray, start the dock and the workers, and resume if asked."""
+    run.ray_started_here = _connect_ray(run.config, device_name)
+    _start_dock(run)
+    _start_workers(run, device_name)
+    if resume:
+        _resume(run)
+    _announce(run, device_name)
+
+
+def _preflight(config: MindRLConfig) -> None:
+    if config.rollout.tp != 1:
+        raise RunSetupError(
+            f"rollout.tp={config.rollout.tp}: the pipeline hands the generation engine full "
+            "(TP=1) weights; sharded vLLM loading for generation TP>1 is not wired yet "
+            "(set rollout.tp: 1)"
+        )
+    model = config.model
+    if model.hf_path and not Path(model.hf_path).is_dir():
+        raise RunSetupError(f"model.hf_path {model.hf_path!r} is not a folder")
+    if model.gguf_package:
+        from backends.megatron.hf_io import find_gguf
+
+        try:
+            find_gguf(model.gguf_package)
+        except FileNotFoundError as exc:
+            raise RunSetupError(f"model.gguf_package: {exc}") from None
+
+
+def _dataset(config: MindRLConfig) -> tuple[PromptDataset, int]:
+    """The prompts, and the tokenizer's end-of-sequence id (generation stops there)."""
+    try:
+        tokenizer = load_tokenizer(config.model.tokenizer)
+        dataset = PromptDataset(
+            prompt_records(config),
+            tokenizer,
+            batch_size=config.data.global_batch_size,
+            seed=config.seed,
+            shuffle=config.data.shuffle,
+            max_prompt_length=config.rollout.max_prompt_length,
+        )
+        return dataset, tokenizer.eos_token_id
+    except ValueError as exc:
+        raise RunSetupError(str(exc)) from None
+
+
+def _connect_ray(config: MindRLConfig, device_name: str) -> bool:
+    """Join the configured cluster or start a local one; True when started here."""
+    if ray.is_initialized():
+        return False
+    address = config.resources.ray_address or os.environ.get("RAY_ADDRESS")
+    quiet = {"logging_level": "ERROR", "log_to_driver": True}
+    if address:
+        try:
+            ray.init(address=address, **quiet)
+        except (ConnectionError, RuntimeError) as exc:
+            raise RunSetupError(
+                f"cannot join the Ray cluster at {address!r} ({exc}); start it with `ray start "
+                "--head` on the first node or unset resources.ray_address / RAY_ADDRESS"
+            ) from None
+        return False
+    kwargs: dict[str, Any] = {"include_dashboard": False, **quiet}
+    if get_device(device_name).ray_resource == "CPU":
+        # On a CPU a worker's "device" is a Ray CPU slot: the roles' ranks need that many
+        # slots even where there are fewer cores (stages take turns on them).
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, _cpu_slots(config))
+    ray.init(**kwargs)
+    return True
+
+
+def _cpu_slots(config: MindRLConfig) -> int:
+    roles = 3  # actor, reference, critic at most
+    return config.world_size * roles + config.reward.workers
+
+
+def needs_old_logprob(config: MindRLConfig) -> bool:
+    """Whether old log-probs must be computed: more than one optimizer step per iteration.
+
+    With exactly one step, the policy that generated the samples is the policy being
+    trained, so ``old_logprob`` equals the (detached) training forward's log-probs.
+    """
+    actor = config.actor
+    one_minibatch = (actor.mini_batch_size or config.data.global_batch_size) >= (
+        config.data.global_batch_size
+    )
+    return actor.ppo_epochs > 1 or not one_minibatch
+
+
+def _dock_stages(run: RunState) -> dict[str, list[str]]:
+    update = [*SEQUENCE, "advantages", "rollout_logprob"]
+    update += ["old_logprob"] if needs_old_logprob(run.config) else []
+    update += ["ref_logprob"] if run.needs_reference else []
+    stages = {
+        "rollout": ["prompt_ids"],
+        "reward": ["response_ids", "record_id"],
+        "advantage": ["reward", "response_ids"] + (["values"] if run.needs_critic else []),
+        "update": update,
+    }
+    if needs_old_logprob(run.config):
+        stages["old_logp"] = SEQUENCE
+    if run.needs_reference:
+        stages["ref_logp"] = SEQUENCE
+    if run.needs_critic:
+        stages["values"] = SEQUENCE
+        stages["critic_update"] = [*SEQUENCE, "values", "returns"]
+    return stages
+
+
+def _start_dock(run: RunState) -> None:
+    data = run.config.data
+    group = data.n_samples_per_prompt
+    run.dock_handle = create_dock(
+        FIELDS,
+        _dock_stages(run),
+        n_samples=data.global_batch_size * group * run.sample_batches,
+        group_size=group,
+        warehouses=run.config.dock.warehouses,
+        kind=run.config.dock.kind,
+        timeout_s=run.config.dock.timeout_s,
+    )
+    run.dock = DockClient(run.dock_handle)
+
+
+def _start_workers(run: RunState, device_name: str) -> None:
+    config, device = run.config, get_device(device_name)
+    per_iteration = _updates_per_iteration(config)
+    roles = ["actor"] + (["reference"] if run.needs_reference else [])
+    roles += ["critic"] if run.needs_critic else []
+    for role in roles:
+        args = (role, config, run.dock_handle, device_name, per_iteration)
+        run.groups[role] = WorkerGroup(
+            role,
+            ray.remote(ModelWorker),
+            config.world_size,
+            device,
+            args=args,
+            cpus_per_worker=config.resources.cpus_per_worker,
+        )
+    run.groups["reward"] = WorkerGroup(
+        "reward",
+        ray.remote(RewardWorker),
+        config.reward.workers,
+        None,
+        args=(config, run.dock_handle, run.algorithm, run.options),
+    )
+    _setup_model_groups(run, roles)
+
+
+def _setup_model_groups(run: RunState, roles: list[str]) -> None:
+    """Every model group joins its own process group and builds its engines, together."""
+    timeout = run.config.dock.timeout_s * 5
+    pending = {}
+    for role in roles:
+        group = run.groups[role]
+        (address,) = group.call("rendezvous", stage="start-up", timeout_s=timeout, ranks=[0])
+        pending[role] = [
+            w.setup.remote(*address, run.algorithm, run.options) for w in group.workers
+        ]
+    from mindrl.workers.group import wait_all
+
+    for role, refs in pending.items():
+        names = [f"{role}[{r}]" for r in range(len(refs))]
+        infos = wait_all(refs, names, "start-up", timeout)
+        run.dp_ranks[role] = [info["dp_rank"] for info in infos]
+        if role == "actor":
+            run.gen_dp_ranks = [info["gen_dp_rank"] for info in infos]
+    run.groups["reward"].call("ready", stage="start-up", timeout_s=timeout)
+
+
+def _updates_per_iteration(config: MindRLConfig) -> int:
+    prompts = config.data.global_batch_size
+    per_step = config.actor.mini_batch_size or prompts
+    return config.actor.ppo_epochs * -(-prompts // per_step)
+
+
+def _resume(run: RunState) -> None:
+    timeout = run.config.dock.timeout_s * 5
+    positions = []
+    for group in run.trained_groups():
+        positions += group.call(
+            "load_checkpoint", str(run.checkpoint_dir), stage="resume", timeout_s=timeout
+        )
+    iterations = {p["next_iteration"] for p in positions}
+    if len(iterations) != 1:
+        raise RunSetupError(
+            f"checkpoints under {run.checkpoint_dir} disagree on the iteration "
+            f"({sorted(iterations)}); remove the newer role's latest step or start afresh"
+        )
+    position = positions[0]
+    run.dataset.load_state_dict(position["dataset"])
+    run.kl.value = position["kl_coef"]
+    run.start_iteration = position["next_iteration"]
+    run.finished_iteration = run.start_iteration - 1
+    run.resumed = True
+
+
+def _announce(run: RunState, device_name: str) -> None:
+    config = run.config
+    actor = config.actor.parallel
+    nodes = len({w.node_id for w in run.dock_handle.warehouses})
+    lines = [
+        f"mindrl-train {run.trainer}: {config.world_size} {device_name} ranks; actor TP{actor.tp} "
+        f"PP{actor.pp} DP{len(set(run.dp_ranks['actor']))} -> rollout "
+        f"TP{config.rollout.tp} DP{len(set(run.gen_dp_ranks))} ({config.rollout.engine})",
+        f"  roles {', '.join(run.groups)}; dock {config.dock.kind} with "
+        f"{len(run.dock_handle.warehouses)} warehouse(s) on {nodes} node(s)",
+        f"  metrics -> {run.run_dir}; checkpoints -> {run.checkpoint_dir}"
+        + (f"; resuming at iteration {run.start_iteration}" if run.resumed else ""),
+    ]
+    print("\n".join(lines), file=sys.stderr)
+
+
+def stop_run(run: RunState) -> None:
+    """Kill the workers and the dock; shut Ray down only if this run started it."""
+    for group in run.groups.values():
+        group.shutdown()
+    if run.dock_handle is not None:
+        shutdown_dock(run.dock_handle)
+    if run.ray_started_here:
+        ray.shutdown()
+
+
+def indexes_of(first: int, count: int) -> np.ndarray:
+    return np.arange(first, first + count, dtype=np.int64)
+
+
+def replace_options(options: Any, **changes: Any) -> Any:
+    return dataclasses.replace(options, **changes)
