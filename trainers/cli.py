@@ -124,18 +124,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return dry_run(config, args.trainer, requested, args.json)
     resolve_device(requested)  # fail fast, before any process starts
-    try:
-        from trainers.pipeline import train
-    except ModuleNotFoundError as exc:
-        if exc.name != "trainers.pipeline":
-            raise
-        dry_run(config, args.trainer, requested, as_json=False)
-        print(
-            "mindrl-train: the training pipeline has not landed yet (issue 7); "
-            "stopped after the planner",
-            file=sys.stderr,
-        )
-        return 0
+    from trainers.pipeline import train  # Ray, torch, Megatron: only when training
+
     return train(config, args.trainer, device=requested, resume=args.resume)
 
 

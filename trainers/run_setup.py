@@ -174,7 +174,8 @@ def _connect_ray(config: MindRLConfig, device_name: str) -> bool:
                 "--head` on the first node or unset resources.ray_address / RAY_ADDRESS"
             ) from None
         return False
-    kwargs: dict[str, Any] = {"include_dashboard": False, **quiet}
+    # address="local": a new instance, never a cluster some other job started here.
+    kwargs: dict[str, Any] = {"address": "local", "include_dashboard": False, **quiet}
     if get_device(device_name).ray_resource == "CPU":
         # On a CPU a worker's "device" is a Ray CPU slot: the roles' ranks need that many
         # slots even where there are fewer cores (stages take turns on them).

@@ -234,6 +234,12 @@ class MegatronEngine:
         self.step += 1
         return {"loss": self._global_loss(losses), "grad_norm": grad_norm, "lr": lr}
 
+    def release_gradients(self) -> None:
+        """Drop the gradients of the last step (they are dead once the optimizer stepped);
+        the next backward makes new ones. Frees a model's worth of memory for generation."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+
     def _global_loss(self, losses: list[torch.Tensor]) -> float:
         from megatron.core import parallel_state as ps
 
@@ -258,6 +264,7 @@ class MegatronEngine:
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
+            _own_optimizer_storage(self.optimizer)
         checkpoint.restore_rng(state["rng"])
         self.step = state["step"]
         return data_position
@@ -270,3 +277,15 @@ class MegatronEngine:
             "rng": checkpoint.capture_rng(),
             "step": self.step,
         }
+
+
+def _own_optimizer_storage(optimizer: torch.optim.Optimizer) -> None:
+    """Give every optimizer state tensor its own resizable storage.
+
+    Tensors deserialised by ``torch.load`` can sit on storages that refuse
+    ``resize_``, and allgather-swap frees device memory exactly that way.
+    """
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                state[key] = value.clone()

@@ -62,6 +62,7 @@ class HostSwap:
         """
         self.wait()
         storages = self._device_storages(tensors)
+        self._forget_stale_buffers(storages)
         for storage in storages:
             self._host_buffer(storage).copy_(_byte_view(storage), non_blocking=True)
         self.device.synchronize()  # host copies must be complete before memory is released
@@ -72,6 +73,13 @@ class HostSwap:
             storage.resize_(0)
         self.swapped_bytes += moved
         return moved
+
+    def _forget_stale_buffers(self, storages: list[torch.UntypedStorage]) -> None:
+        # Tensors re-created between swaps (e.g. grads set to None and re-made by the
+        # next backward) get new storages; their old pinned buffers would pile up.
+        live = {storage._cdata for storage in storages}
+        for key in [k for k in self._host if k not in live]:
+            del self._host[key]
 
     def swap_in(self, overlap: bool = False) -> int:
         """Reallocate every swapped storage and copy it back from its pinned buffer.

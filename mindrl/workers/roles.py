@@ -217,7 +217,9 @@ class ModelWorker:
         self.options = options if options is not None else self.options
         rows = self._rows(indexes, fields)
         step = critic_update if self.role == "critic" else actor_update
-        return {**step(self, rows, num_minibatches), **self._timing(start)}
+        metrics = step(self, rows, num_minibatches)
+        self.engine.release_gradients()  # not swapped or kept through generation
+        return {**metrics, **self._timing(start)}
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, root: str, data_position: dict) -> str:

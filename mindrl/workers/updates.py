@@ -26,12 +26,18 @@ def minibatch_slices(total: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
-def _mean_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
+#: Metrics that are each micro-batch's share of the step's loss (normalised by the
+#: global counts): they add up over micro-batches instead of averaging.
+ADDITIVE = frozenset({"pg_loss"})
+
+
+def _combine(records: list[dict[str, Any]], additive: frozenset = frozenset()) -> dict:
     keys = {k for r in records for k in r}
-    return {
-        k: float(sum(float(r[k]) for r in records if k in r) / sum(k in r for r in records))
-        for k in sorted(keys)
-    }
+    combined = {}
+    for key in sorted(keys):
+        values = [float(r[key]) for r in records if key in r]
+        combined[key] = sum(values) if key in additive else sum(values) / len(values)
+    return combined
 
 
 def _run_steps(worker: Any, rows: Rows, num_minibatches: int, make_loss: Callable) -> dict:
@@ -46,8 +52,8 @@ def _run_steps(worker: Any, rows: Rows, num_minibatches: int, make_loss: Callabl
             collected: list[dict[str, torch.Tensor]] = []
             loss_fn = make_loss(num_tokens, num_seqs, collected)
             stats = engine.train_step(micro, loss_fn, with_entropy=worker.role == "actor")
-            steps.append({**stats, **_mean_metrics(collected)})
-    return _mean_metrics(steps)
+            steps.append({**stats, **_combine(collected, ADDITIVE)})
+    return _combine(steps)
 
 
 def actor_update(worker: Any, rows: Rows, num_minibatches: int) -> dict[str, float]:

@@ -1,0 +1,145 @@
+"""The whole pipeline on the shared 3-node Ray cluster: Ray workers, the dock, the
+allgather-swap resharder (training TP=2 over gloo -> generation TP=1) and the hf engine.
+
+These are the slowest tests of the suite (a few seconds of start-up per run, then
+~0.3 s per tiny iteration), so each run is as short as what it proves allows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mindrl.config import load_config
+from mindrl.metrics import read_metrics
+from trainers.cli import DEFAULT_CONFIG
+from trainers.pipeline import train
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def tiny_config(tmp_path: Path, trainer: str = "grpo", *overrides: str):
+    return load_config(
+        DEFAULT_CONFIG,
+        [
+            f"logging.dir={tmp_path / 'run'}",
+            "logging.progress_bar=false",
+            "logging.tensorboard=false",
+            "checkpoint.every=0",
+            *overrides,
+        ],
+        trainer=trainer,
+    )
+
+
+def rewards(run_dir: Path) -> list[float]:
+    return [r["reward_mean"] for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+def test_tiny_grpo_reward_rises_end_to_end(tmp_path):
+    config = tiny_config(tmp_path, "grpo", "iterations=70")
+    assert train(config, "grpo", device="cpu") == 0
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    curve = [r["reward_mean"] for r in records]
+    first, last = sum(curve[:10]) / 10, sum(curve[-10:]) / 10
+    assert first <= 0.3
+    assert last >= first + 0.25, f"reward did not rise: {first:.3f} -> {last:.3f}"
+    # The generation engine samples with exactly the weights being trained.
+    assert max(r["rollout_logprob_diff"] for r in records) < 1e-4
+    assert (tmp_path / "run" / "checkpoints" / "actor" / "latest").exists()
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
+    whole = tmp_path / "whole"
+    config = tiny_config(whole, "grpo", "iterations=6", "checkpoint.every=3")
+    assert train(config, "grpo", device="cpu") == 0
+    # Point the checkpoint back at the end of iteration 2 and continue from there.
+    checkpoints = whole / "run" / "checkpoints"
+    (checkpoints / "actor" / "latest").write_text("step_00000003\n")
+    resumed = tmp_path / "resumed"
+    config = tiny_config(resumed, "grpo", "iterations=6", f"checkpoint.dir={checkpoints}")
+    assert train(config, "grpo", device="cpu", resume=True) == 0
+    expected = read_metrics(whole / "run" / "metrics.jsonl")[3:]
+    got = read_metrics(resumed / "run" / "metrics.jsonl")
+    assert [r["iteration"] for r in got] == [3, 4, 5]
+    for key in ("reward_mean", "pg_loss", "grad_norm", "entropy"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], abs=1e-6)
+
+
+def test_resume_without_a_checkpoint_is_a_one_line_user_error(tmp_path, capsys):
+    config = tiny_config(tmp_path, "grpo", "iterations=2")
+    assert train(config, "grpo", device="cpu", resume=True) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint under" in err and "Traceback" not in err
+
+
+def test_ppo_with_reference_epochs_and_minibatches_runs_every_stage(tmp_path):
+    config = tiny_config(
+        tmp_path,
+        "ppo",
+        "iterations=3",
+        "algorithm.kl_coef=0.01",
+        "actor.ppo_epochs=2",
+        "actor.mini_batch_size=8",
+    )
+    assert train(config, "ppo", device="cpu") == 0
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    stages = set(records[-1]["time"])
+    assert {"ref_logp", "old_logp", "values", "critic_update"} <= stages
+    # Two epochs x two mini-batches: the policy moves within the iteration, so the clip
+    # and the KL to the reference see a ratio != 1 and log-probs != the reference's.
+    assert records[-1]["kl"] > 0
+    assert "critic_value_mean" in records[-1]
+
+
+def test_dapo_refills_dropped_groups_and_says_how_many_batches_it_drew(tmp_path):
+    config = tiny_config(tmp_path, "dapo", "iterations=2", "algorithm.max_sample_batches=3")
+    assert train(config, "dapo", device="cpu") == 0
+    for record in read_metrics(tmp_path / "run" / "metrics.jsonl"):
+        assert 1 <= record["sample_batches"] <= 3
+        assert 0 <= record["kept_groups"] <= config.data.global_batch_size
+
+
+def _model_worker_pids() -> list[int]:
+    """PIDs of live model workers: Ray titles their processes ``ray::ModelWorker...``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if proc.name.isdigit() and title.startswith(b"ray::ModelWorker"):
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_dead_worker_stops_the_run_within_60_s_naming_worker_and_stage(tmp_path, capsys):
+    config = tiny_config(tmp_path, "grpo", "iterations=200")
+    outcome = {}
+    runner = threading.Thread(
+        target=lambda: outcome.setdefault("code", train(config, "grpo", device="cpu"))
+    )
+    runner.start()
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert time.monotonic() < deadline, "the run never started iterating"
+        time.sleep(0.2)
+    pids = _model_worker_pids()
+    assert pids and all(pid > 1 for pid in pids)  # never os.kill(0): that is our own group
+    os.kill(pids[0], signal.SIGKILL)
+    killed_at = time.monotonic()
+    runner.join(timeout=60)
+    assert not runner.is_alive(), "the driver hung after a worker died"
+    assert time.monotonic() - killed_at < 60
+    assert outcome["code"] == 1
+    err = capsys.readouterr().err
+    assert "died during stage" in err and "actor[" in err
+    assert (tmp_path / "run" / "error.log").exists()
+    shutil.rmtree(tmp_path, ignore_errors=True)
