@@ -153,6 +153,7 @@ def _dataset(config: MindRLConfig) -> tuple[PromptDataset, int]:
             seed=config.seed,
             shuffle=config.data.shuffle,
             max_prompt_length=config.rollout.max_prompt_length,
+            chat=config.data.chat_template,
         )
         return dataset, tokenizer.eos_token_id
     except ValueError as exc:

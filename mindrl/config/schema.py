@@ -205,6 +205,11 @@ class DataConfig:
     prompt_key: str = option("prompt", "Field holding the prompt in a file source.")
     answer_key: str = option("answer", "Field holding the ground truth in a file source.")
     template: str = option("{prompt}", "Prompt template (str.format over the record's fields).")
+    chat_template: str = option(
+        "auto",
+        "Wrap prompts in the tokenizer's chat template: auto (when it has one), always, never.",
+        choices=("auto", "always", "never"),
+    )
     global_batch_size: int = option(8, "Prompts per iteration (G).", ge=1)
     n_samples_per_prompt: int = option(4, "Responses per prompt (N).", ge=1)
     shuffle: bool = option(True, "Shuffle prompts each epoch (seeded).")

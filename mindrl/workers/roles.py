@@ -11,8 +11,8 @@ argument (an ``Algorithm`` object from ``trainers``), never as an import.
 from __future__ import annotations
 
 import socket
-import warnings
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
