@@ -21,8 +21,11 @@ import numpy as np
 
 from backends.generation import SamplingParams
 from mindrl.data import PromptBatch
-from mindrl.metrics import generation_progress, tokens_per_second
+from mindrl.metrics import generation_progress, print_progress_line, tokens_per_second
 from trainers.run_setup import SEQUENCE, RunState, needs_old_logprob
+
+#: With no batch limit (``algorithm.max_sample_batches: 0``) say how sampling goes this often.
+DRAWS_BETWEEN_NOTES = 8
 
 
 @dataclass
@@ -140,6 +143,11 @@ class IterationRunner:
             free += [s for s in slots if s not in kept]
             if len(sampled.kept) >= self.G or (limit and sampled.draws >= limit):
                 break
+            if sampled.draws % DRAWS_BETWEEN_NOTES == 0:
+                print_progress_line(
+                    f"dynamic sampling: {sampled.draws} batches drawn, {len(sampled.kept)}/"
+                    f"{self.G} groups with differing rewards kept so far"
+                )
         sampled.kept = self._trim(ledger, sampled.kept)
         return sampled
 

@@ -21,7 +21,7 @@ from mindrl.metrics import read_metrics
 from trainers.cli import DEFAULT_CONFIG
 from trainers.pipeline import train
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 
 def tiny_config(tmp_path: Path, trainer: str = "grpo", *overrides: str):
@@ -42,6 +42,7 @@ def rewards(run_dir: Path) -> list[float]:
     return [r["reward_mean"] for r in read_metrics(run_dir / "metrics.jsonl")]
 
 
+@pytest.mark.slow
 def test_tiny_grpo_reward_rises_end_to_end(tmp_path):
     config = tiny_config(tmp_path, "grpo", "iterations=70")
     assert train(config, "grpo", device="cpu") == 0
