@@ -96,16 +96,16 @@ def save_checkpoint(run: RunState, timeout_s: float | None = None) -> None:
 
 def _on_interrupt(run: RunState | None) -> None:
     if run is None or run.finished_iteration < run.start_iteration:
-        _error("interrupted before the first iteration finished; nothing new to save")
+        _say("interrupted before the first iteration finished; nothing new to save")
         return
     try:
         save_checkpoint(run, INTERRUPT_SAVE_TIMEOUT_S)
-        _error(
+        _say(
             f"interrupted; saved iteration {run.finished_iteration} to {run.checkpoint_dir} "
             "(continue with --resume)"
         )
     except (*RUN_FAILURES, KeyboardInterrupt) as exc:
-        _error(
+        _say(
             f"interrupted; could not save ({exc}); the last complete checkpoint under "
             f"{run.checkpoint_dir} is intact"
         )
@@ -132,3 +132,7 @@ def _plot(run_dir: Path) -> None:
 
 def _error(message: str) -> None:
     print(f"mindrl-train: error: {message}", file=sys.stderr)
+
+
+def _say(message: str) -> None:
+    print(f"mindrl-train: {message}", file=sys.stderr)
