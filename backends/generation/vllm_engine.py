@@ -183,7 +183,10 @@ class VLLMGenerationEngine(GenerationEngine):
         caps = [min(params.max_tokens, self.config.max_model_len - len(p)) for p in prompts]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-            sampling_params=[self._vllm_params(params, cap) for cap in caps],
+            sampling_params=[
+                self._vllm_params(params, cap, _request_seed(params.seed, i))
+                for i, cap in enumerate(caps)
+            ],
             use_tqdm=False,
         )
         results = []
@@ -193,7 +196,9 @@ class VLLMGenerationEngine(GenerationEngine):
         return results
 
     @staticmethod
-    def _vllm_params(params: SamplingParams, max_tokens: int) -> vllm.SamplingParams:
+    def _vllm_params(
+        params: SamplingParams, max_tokens: int, seed: int | None
+    ) -> vllm.SamplingParams:
         # ignore_eos: stop only on the caller's stop ids, exactly like the 'hf' engine.
         return vllm.SamplingParams(
             n=params.n,
@@ -202,7 +207,7 @@ class VLLMGenerationEngine(GenerationEngine):
             top_k=params.top_k,
             max_tokens=max_tokens,
             stop_token_ids=list(params.stop_token_ids),
-            seed=params.seed,
+            seed=seed,
             logprobs=0,
             ignore_eos=True,
             detokenize=False,
@@ -219,3 +224,9 @@ class VLLMGenerationEngine(GenerationEngine):
         if sample.finish_reason != "stop":
             reason = "length" if cap == params.max_tokens else "context_limit"
         return GenerationResult(prompt_index, sample.index, token_ids, logprobs, reason)
+
+
+def _request_seed(seed: int | None, prompt_index: int) -> int | None:
+    """One seed per request: vLLM seeds each request on its own, so equal seeds would
+    make repeated prompts (GRPO's group members) sample identical responses."""
+    return None if seed is None else (seed + prompt_index) % 2**63

@@ -155,6 +155,12 @@ class RolloutConfig:
     memory_fraction: float = option(
         0.8, "Share of device memory the engine may use (weights + KV cache).", gt=0, le=1
     )
+    kv_cache_mib: float | None = option(
+        None,
+        "KV cache per generation engine in MiB; None: memory_fraction of device memory "
+        "(set it on CPU, where every engine would otherwise claim that share of host RAM).",
+        gt=0,
+    )
     swap: bool = option(True, "Allgather-swap training weights to host during generation.")
     reshard_bucket_mib: float = option(512.0, "Upper bound of the all-gather buffer.", gt=0)
 

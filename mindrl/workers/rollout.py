@@ -37,6 +37,10 @@ def engine_name(requested: str) -> str:
     return "vllm" if "vllm" in available_engines() else "hf"
 
 
+def _mib_to_bytes(mib: float | None) -> int | None:
+    return None if mib is None else int(mib * 2**20)
+
+
 class Rollout:
     """Generation engine + resharder of one actor rank.
 
@@ -61,6 +65,7 @@ class Rollout:
                 max_model_len=config.rollout.max_prompt_length + config.rollout.max_response_length,
                 dtype=initial.spec.torch_dtype,
                 memory_fraction=config.rollout.memory_fraction,
+                kv_cache_bytes=_mib_to_bytes(config.rollout.kv_cache_mib),
                 tensor_parallel_size=config.rollout.tp,
                 enforce_eager=True,
                 seed=config.seed,

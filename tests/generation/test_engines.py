@@ -122,6 +122,13 @@ def test_a_fixed_seed_reproduces_samples_and_another_seed_does_not(engine):
     assert sample(seed=124) != first
 
 
+def test_a_prompt_repeated_within_one_seeded_call_samples_different_responses(engine):
+    # The pipeline sends each of GRPO's N group members as its own copy of the prompt.
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=7)
+    results = engine.generate([PROMPTS[0]] * 4, params)
+    assert len({tuple(r.token_ids) for r in results}) > 1
+
+
 def test_n_samples_per_prompt_come_prompt_major_and_differ(engine):
     params = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=5)
     results = engine.generate(PROMPTS, params)
