@@ -163,6 +163,10 @@ def wait_all(
                 raise StageFailedError(
                     f"worker {name} failed during stage '{stage}': {last_line(exc)}", str(exc)
                 ) from None
+            except ray.exceptions.RayError as exc:  # e.g. OutOfMemoryError: the node killed it
+                raise WorkerDiedError(
+                    f"worker {name} was lost during stage '{stage}': {first_line(exc)}"
+                ) from None
     return ray.get(refs)
 
 
