@@ -75,6 +75,7 @@ def iteration_prompts(config: MindRLConfig, tokenizer: Any) -> tuple[list[str], 
         seed=config.seed,
         shuffle=data.shuffle,
         max_prompt_length=config.rollout.max_prompt_length,
+        chat=data.chat_template,
     )
     texts: list[str] = []
     answers: list[str] = []
