@@ -22,7 +22,7 @@ from backends.device import get_device
 from mindrl.config.schema import MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
 from mindrl.dock import RL_FIELDS, DockClient, FieldSpec, create_dock, shutdown_dock
-from mindrl.workers.group import WorkerGroup
+from mindrl.workers.group import WorkerGroup, wait_all
 from mindrl.workers.reward import RewardWorker, prompt_records
 from mindrl.workers.roles import ModelWorker
 from trainers.kl_control import make_kl_controller
@@ -51,6 +51,8 @@ class RunState:
     dataset: PromptDataset
     groups: dict[str, WorkerGroup] = field(default_factory=dict)
     dp_ranks: dict[str, list[int]] = field(default_factory=dict)
+    rendezvous: dict[str, tuple[str, int]] = field(default_factory=dict)
+    worker_nodes: dict[str, str] = field(default_factory=dict)
     gen_dp_ranks: list[int] = field(default_factory=list)
     dock_handle: Any = None
     dock: DockClient | None = None
@@ -116,8 +118,9 @@ def prepare_run(config: MindRLConfig, trainer: str, resume: bool) -> RunState:
 def launch_run(run: RunState, device_name: str, resume: bool) -> None:
     """Connect Ray, start the dock and the workers, and resume if asked."""
     run.ray_started_here = _connect_ray(run.config, device_name)
-    _start_dock(run)
-    _start_workers(run, device_name)
+    _place_workers(run, device_name)
+    _start_dock(run, _controller_nodes(run))
+    _setup_workers(run)
     if resume:
         _resume(run)
     _announce(run, device_name)
@@ -223,65 +226,98 @@ def _dock_stages(run: RunState) -> dict[str, list[str]]:
     return stages
 
 
-def _start_dock(run: RunState) -> None:
+#: Which worker group serves each dock stage (its controller goes to that group's node).
+STAGE_SERVERS = {
+    "rollout": "actor",
+    "reward": "reward",
+    "ref_logp": "reference",
+    "old_logp": "actor",
+    "values": "critic",
+    "advantage": "reward",
+    "update": "actor",
+    "critic_update": "critic",
+}
+
+
+def _controller_nodes(run: RunState) -> dict[str, str]:
+    """Stage -> node of the first worker serving it (paper: controllers sit with workers)."""
+    return {
+        stage: run.worker_nodes[group]
+        for stage, group in STAGE_SERVERS.items()
+        if group in run.worker_nodes
+    }
+
+
+def _start_dock(run: RunState, controller_nodes: dict[str, str]) -> None:
     data = run.config.data
     group = data.n_samples_per_prompt
+    stages = _dock_stages(run)
     run.dock_handle = create_dock(
         FIELDS,
-        _dock_stages(run),
+        stages,
         n_samples=data.global_batch_size * group * run.sample_batches,
         group_size=group,
         warehouses=run.config.dock.warehouses,
         kind=run.config.dock.kind,
         timeout_s=run.config.dock.timeout_s,
+        controller_nodes={s: n for s, n in controller_nodes.items() if s in stages},
     )
     run.dock = DockClient(run.dock_handle)
 
 
-def _start_workers(run: RunState, device_name: str) -> None:
+def _place_workers(run: RunState, device_name: str) -> None:
+    """Start every worker group (placement groups, processes); engines come later."""
     config, device = run.config, get_device(device_name)
     per_iteration = _updates_per_iteration(config)
-    roles = ["actor"] + (["reference"] if run.needs_reference else [])
-    roles += ["critic"] if run.needs_critic else []
-    for role in roles:
-        args = (role, config, run.dock_handle, device_name, per_iteration)
-        run.groups[role] = WorkerGroup(
+    timeout = config.dock.timeout_s * 5
+    for role in _model_roles(run):
+        group = WorkerGroup(
             role,
             ray.remote(ModelWorker),
             config.world_size,
             device,
-            args=args,
+            args=(role, config, device_name, per_iteration),
             cpus_per_worker=config.resources.cpus_per_worker,
         )
-    run.groups["reward"] = WorkerGroup(
+        run.groups[role] = group
+        (rendezvous,) = group.call("rendezvous", stage="start-up", timeout_s=timeout, ranks=[0])
+        run.rendezvous[role] = rendezvous[:2]
+        run.worker_nodes[role] = rendezvous[2]
+    reward = WorkerGroup(
         "reward",
         ray.remote(RewardWorker),
         config.reward.workers,
         None,
-        args=(config, run.dock_handle, run.algorithm, run.options),
+        args=(config, run.algorithm, run.options),
     )
-    _setup_model_groups(run, roles)
+    run.groups["reward"] = reward
+    (run.worker_nodes["reward"],) = reward.call(
+        "node_id", stage="start-up", timeout_s=timeout, ranks=[0]
+    )
 
 
-def _setup_model_groups(run: RunState, roles: list[str]) -> None:
+def _model_roles(run: RunState) -> list[str]:
+    roles = ["actor"] + (["reference"] if run.needs_reference else [])
+    return roles + (["critic"] if run.needs_critic else [])
+
+
+def _setup_workers(run: RunState) -> None:
     """Every model group joins its own process group and builds its engines, together."""
     timeout = run.config.dock.timeout_s * 5
-    pending = {}
-    for role in roles:
-        group = run.groups[role]
-        (address,) = group.call("rendezvous", stage="start-up", timeout_s=timeout, ranks=[0])
-        pending[role] = [
-            w.setup.remote(*address, run.algorithm, run.options) for w in group.workers
+    pending = {
+        role: [
+            w.setup.remote(*run.rendezvous[role], run.dock_handle, run.algorithm, run.options)
+            for w in run.groups[role].workers
         ]
-    from mindrl.workers.group import wait_all
-
+        for role in _model_roles(run)
+    }
     for role, refs in pending.items():
         names = [f"{role}[{r}]" for r in range(len(refs))]
         infos = wait_all(refs, names, "start-up", timeout)
         run.dp_ranks[role] = [info["dp_rank"] for info in infos]
         if role == "actor":
             run.gen_dp_ranks = [info["gen_dp_rank"] for info in infos]
-    run.groups["reward"].call("ready", stage="start-up", timeout_s=timeout)
+    run.groups["reward"].call("attach", run.dock_handle, stage="start-up", timeout_s=timeout)
 
 
 def _updates_per_iteration(config: MindRLConfig) -> int:

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 
 from mindrl.config.schema import MindRLConfig
@@ -43,7 +44,6 @@ class RewardWorker:
         rank: int,
         size: int,
         config: MindRLConfig,
-        dock: DockHandle,
         algorithm: Any,
         options: Any,
     ) -> None:
@@ -51,11 +51,14 @@ class RewardWorker:
         self.algorithm, self.options = algorithm, options
         self.truths = [record.answer for record in prompt_records(config)]
         self.tokenizer = load_tokenizer(config.model.tokenizer)
-        self.dock = TimedDockClient(dock)
         self.group_size = config.data.n_samples_per_prompt
 
-    def ready(self) -> bool:
-        return True
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def attach(self, dock: DockHandle) -> None:
+        """Talk to this dock from now on (it is made after the workers are placed)."""
+        self.dock = TimedDockClient(dock)
 
     def score(self, indexes: np.ndarray) -> dict[str, float]:
         """Put the sequence ``reward`` of every sample in ``indexes``."""

@@ -85,7 +85,6 @@ class ModelWorker:
         size: int,
         role: str,
         config: MindRLConfig,
-        dock: DockHandle,
         device_name: str,
         updates_per_iteration: int = 1,
     ) -> None:
@@ -94,20 +93,22 @@ class ModelWorker:
         self.rank, self.size, self.role, self.config = rank, size, role, config
         self.section: RoleConfig = getattr(config, role)
         self.device = get_device(device_name)
-        self.dock_handle = dock
         self.total_updates = updates_per_iteration * config.iterations
         self.engine: MegatronEngine | None = None
         self.rollout: Rollout | None = None
 
     # ---- set-up ------------------------------------------------------------------------
-    def rendezvous(self) -> tuple[str, int]:
-        """Address and a free port for the group's process group (asked of rank 0)."""
-        return ray.util.get_node_ip_address(), free_port()
+    def rendezvous(self) -> tuple[str, int, str]:
+        """Address and a free port for the group's process group, and the node (rank 0)."""
+        node = ray.get_runtime_context().get_node_id()
+        return ray.util.get_node_ip_address(), free_port(), node
 
-    def setup(self, master_addr: str, master_port: int, algorithm: Any, options: Any) -> dict:
+    def setup(
+        self, master_addr: str, master_port: int, dock: DockHandle, algorithm: Any, options: Any
+    ) -> dict:
         """Join the process group, build the engine(s), load the initial weights."""
         self.algorithm, self.options = algorithm, options
-        self.dock = TimedDockClient(self.dock_handle)
+        self.dock = TimedDockClient(dock)
         timeout = self.config.dock.timeout_s * 5
         self.device.init_process_group(self.rank, self.size, master_addr, master_port, timeout)
         initial = initial_model(self.config.model)
