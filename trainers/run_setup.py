@@ -133,6 +133,9 @@ def _preflight(config: MindRLConfig) -> None:
             "(TP=1) weights; sharded vLLM loading for generation TP>1 is not wired yet "
             "(set rollout.tp: 1)"
         )
+    reward_model = config.reward.reward_model
+    if reward_model and not Path(reward_model).is_dir():
+        raise RunSetupError(f"reward.reward_model {reward_model!r} is not a folder")
     model = config.model
     if model.hf_path and not Path(model.hf_path).is_dir():
         raise RunSetupError(f"model.hf_path {model.hf_path!r} is not a folder")

@@ -18,7 +18,7 @@ import torch
 from mindrl.config.schema import MindRLConfig
 from mindrl.data import load_prompt_records, load_tokenizer
 from mindrl.dock import DockHandle
-from mindrl.rewards import score_batch
+from mindrl.rewards import decode_responses, score_batch
 from mindrl.workers.sequences import response_mask
 from mindrl.workers.timed_dock import TimedDockClient
 
@@ -52,6 +52,11 @@ class RewardWorker:
         self.truths = [record.answer for record in prompt_records(config)]
         self.tokenizer = load_tokenizer(config.model.tokenizer)
         self.group_size = config.data.n_samples_per_prompt
+        self.reward_model = None
+        if config.reward.reward_model:
+            from mindrl.rewards.model import RewardModel
+
+            self.reward_model = RewardModel(config.reward.reward_model)
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -63,12 +68,15 @@ class RewardWorker:
     def score(self, indexes: np.ndarray) -> dict[str, float]:
         """Put the sequence ``reward`` of every sample in ``indexes``."""
         start = time.perf_counter()
-        data = self.dock.fetch(indexes, ["response_ids", "record_id"])
+        fields = ["response_ids", "record_id"] + (["prompt_ids"] if self.reward_model else [])
+        data = self.dock.fetch(indexes, fields)
         lengths = data["response_ids_lengths"].tolist()
         responses = [row[:n].tolist() for row, n in zip(data["response_ids"], lengths, strict=True)]
         truths = [self.truths[int(i)] for i in data["record_id"]]
         verifiers = self.config.reward.verifiers
         rewards = score_batch(responses, truths, verifiers, tokenizer=self.tokenizer)
+        if self.reward_model is not None:
+            rewards = rewards + self._model_scores(data, responses)
         self.dock.put(indexes, {"reward": rewards})
         return {
             "reward_sum": float(rewards.sum()),
@@ -76,6 +84,13 @@ class RewardWorker:
             "count": len(indexes),
             **self._timing(start),
         }
+
+    def _model_scores(self, data: Any, responses: list[list[int]]) -> torch.Tensor:
+        """The reward model's score of each decoded prompt + response."""
+        prompt_rows = zip(data["prompt_ids"], data["prompt_ids_lengths"].tolist(), strict=True)
+        prompts = [self.tokenizer.decode(row[:n].tolist()) for row, n in prompt_rows]
+        texts = decode_responses(responses, self.tokenizer)
+        return self.reward_model.score(prompts, texts)
 
     def _timing(self, start: float) -> dict[str, float]:
         return {"busy_s": time.perf_counter() - start, "dock_s": self.dock.take_seconds()}

@@ -144,3 +144,17 @@ def test_a_dead_worker_stops_the_run_within_60_s_naming_worker_and_stage(tmp_pat
     assert "died during stage" in err and "actor[" in err
     assert (tmp_path / "run" / "error.log").exists()
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_ppo_with_a_reward_model_adds_its_score_to_the_rules(tmp_path):
+    from tests.rewards.test_reward_model import save_tiny_reward_model
+
+    save_tiny_reward_model(tmp_path / "rm")
+    config = tiny_config(
+        tmp_path, "ppo", "iterations=2", f"reward.reward_model={tmp_path / 'rm'}",
+        "reward.verifiers=[]",
+    )  # fmt: skip
+    assert train(config, "ppo", device="cpu") == 0
+    curve = rewards(tmp_path / "run")
+    # Rules off: the reward is the classifier's score alone, a real number, never 0.
+    assert all(r != 0.0 for r in curve)
