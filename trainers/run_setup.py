@@ -22,7 +22,7 @@ from backends.device import get_device
 from mindrl.config.schema import MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
 from mindrl.dock import RL_FIELDS, DockClient, FieldSpec, create_dock, shutdown_dock
-from mindrl.workers.group import WorkerGroup, wait_all
+from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.reward import RewardWorker, prompt_records
 from mindrl.workers.roles import ModelWorker
 from trainers.kl_control import make_kl_controller
@@ -177,8 +177,10 @@ def _connect_ray(config: MindRLConfig, device_name: str) -> bool:
             ray.init(address=address, **quiet)
         except (ConnectionError, RuntimeError) as exc:
             raise RunSetupError(
-                f"cannot join the Ray cluster at {address!r} ({exc}); start it with `ray start "
-                "--head` on the first node or unset resources.ray_address / RAY_ADDRESS"
+                f"cannot join the Ray cluster at {address!r} ({first_line(exc)}); start it with "
+                "`ray start --head` on the first node, or unset resources.ray_address / "
+                "RAY_ADDRESS; a cluster with token auth (the `ray start` default since Ray "
+                "2.59) also needs RAY_AUTH_MODE=token and its token (~/.ray/auth_token)"
             ) from None
         return False
     # address="local": a new instance, never a cluster some other job started here.
