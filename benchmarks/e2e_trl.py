@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mindrl.config import MindRLConfig
-from mindrl.data import PromptDataset, load_prompt_records
+from mindrl.data.run_prompts import prompt_dataset
 from mindrl.rewards import decode_responses, score_batch
 
 # mindrl's loss aggregation -> TRL's loss_type with the same normaliser. "dapo" divides
@@ -59,24 +59,7 @@ def iteration_prompts(config: MindRLConfig, tokenizer: Any) -> tuple[list[str], 
     The same records, chat template and per-epoch shuffle as mindrl (PromptDataset with
     the run's seed): TRL, given them unshuffled, sees mindrl's batch ``k`` at step ``k``.
     """
-    data = config.data
-    records = load_prompt_records(
-        data.source,
-        prompt_key=data.prompt_key,
-        answer_key=data.answer_key,
-        template=data.template,
-        num_prompts=data.num_prompts,
-        seed=config.seed,
-    )
-    dataset = PromptDataset(
-        records,
-        tokenizer,
-        batch_size=data.global_batch_size,
-        seed=config.seed,
-        shuffle=data.shuffle,
-        max_prompt_length=config.rollout.max_prompt_length,
-        chat=data.chat_template,
-    )
+    dataset = prompt_dataset(config, tokenizer)
     texts: list[str] = []
     answers: list[str] = []
     for _ in range(config.iterations):

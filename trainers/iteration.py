@@ -67,9 +67,14 @@ class Sampled:
     prompt_tokens: float = 0.0
 
 
-def mean_of(results: list[dict], key: str) -> float | None:
-    values = [r[key] for r in results if key in r]
-    return sum(values) / len(values) if values else None
+#: Report keys that are timing, booked by the ledger, not metrics of the iteration.
+TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"})
+
+
+def worker_means(results: list[dict]) -> dict[str, float]:
+    """Each metric averaged over the workers that reported it (timing keys left out)."""
+    keys = [k for k in results[0] if k not in TIMING_KEYS]
+    return {k: sum(r[k] for r in results if k in r) / sum(k in r for r in results) for k in keys}
 
 
 class IterationRunner:
@@ -94,33 +99,26 @@ class IterationRunner:
         if len(indexes):
             self._score_stages(indexes, ledger)
             self._stage(ledger, "advantage", self._advantages, indexes)
-            metrics |= self._stage(ledger, "update", self._update, indexes)
+            metrics |= worker_means(self._stage(ledger, "update", self._update, indexes))
             if self.run.needs_critic:
-                metrics |= self._stage(ledger, "critic_update", self._critic_update, indexes)
+                critic = self._stage(ledger, "critic_update", self._critic_update, indexes)
+                metrics |= worker_means(critic)
             self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
         self._timed_dock(ledger, self.run.dock.clear)
         return self._record(metrics, sampled, ledger, time.perf_counter() - start)
 
-    def _stage(self, ledger: Ledger, name: str, fn, *args) -> dict[str, Any]:
+    def _stage(self, ledger: Ledger, name: str, fn, *args) -> list[dict[str, Any]]:
+        """Run a stage, book its time; returns every worker's report."""
         start = time.perf_counter()
         results = fn(*args)
         ledger.add_stage(name, time.perf_counter() - start, results)
-        return {
-            k: mean_of(results, k)
-            for k in results[0]
-            if k not in ("busy_s", "dock_s", "reshard_s", "swap_in_s")
-        }
+        return results
 
     def _timed_dock(self, ledger: Ledger, fn, *args):
         start = time.perf_counter()
         out = fn(*args)
         ledger.dock_s += time.perf_counter() - start
         return out
-
-    def _claim(self, ledger: Ledger, stage: str, fields: list[str], n: int, **kw) -> list:
-        return self._timed_dock(
-            ledger, lambda: self.run.dock.claim(stage, fields, n, timeout_s=self.timeout, **kw)
-        )
 
     # ---- sampling: prompts -> responses -> rewards (-> DAPO filter) -------------------------
     def _sample(self, iteration: int, ledger: Ledger) -> Sampled:
@@ -133,11 +131,11 @@ class IterationRunner:
             batch = self.run.dataset.next_batch()
             self._put_prompts(ledger, indexes, batch, sampled)
             self._stage(ledger, "rollout", self._generate, indexes, iteration, sampled.draws)
-            rewards = self._stage(ledger, "reward", self._score, indexes)
+            scored = self._stage(ledger, "reward", self._score, indexes)
             sampled.draws += 1
             sampled.samples += len(indexes)
-            sampled.reward_sum += rewards["reward_sum"] * self.run.groups["reward"].size
-            sampled.response_tokens += rewards["response_tokens"] * self.run.groups["reward"].size
+            sampled.reward_sum += sum(r["reward_sum"] for r in scored)
+            sampled.response_tokens += sum(r["response_tokens"] for r in scored)
             kept = self._filter(ledger, slots) if self.run.options.dynamic_sampling else slots
             sampled.kept += kept
             free += [s for s in slots if s not in kept]
@@ -307,7 +305,7 @@ class IterationRunner:
             "reward_mean": sampled.reward_sum / n,
             "response_length_mean": response_len,
             "prompt_length_mean": prompt_len,
-            **{k: v for k, v in metrics.items() if v is not None},
+            **metrics,
             "kl_coef": self.run.kl.value,
             "tps": self._tps(sampled, prompt_len, response_len, seconds),
             "iteration_time_s": seconds,

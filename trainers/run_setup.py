@@ -8,22 +8,21 @@ and each stage's controller on the node of the first worker that serves the stag
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 
 from backends.device import get_device
 from mindrl.config.schema import MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
+from mindrl.data.run_prompts import prompt_dataset
 from mindrl.dock import RL_FIELDS, DockClient, FieldSpec, create_dock, shutdown_dock
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
-from mindrl.workers.reward import RewardWorker, prompt_records
+from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
 from trainers.kl_control import make_kl_controller
 from trainers.registry import get_algorithm
@@ -152,15 +151,7 @@ def _dataset(config: MindRLConfig) -> tuple[PromptDataset, int]:
     """The prompts, and the tokenizer's end-of-sequence id (generation stops there)."""
     try:
         tokenizer = load_tokenizer(config.model.tokenizer)
-        dataset = PromptDataset(
-            prompt_records(config),
-            tokenizer,
-            batch_size=config.data.global_batch_size,
-            seed=config.seed,
-            shuffle=config.data.shuffle,
-            max_prompt_length=config.rollout.max_prompt_length,
-            chat=config.data.chat_template,
-        )
+        dataset = prompt_dataset(config, tokenizer)
         return dataset, tokenizer.eos_token_id
     except ValueError as exc:
         raise RunSetupError(str(exc)) from None
@@ -376,11 +367,3 @@ def stop_run(run: RunState) -> None:
         shutdown_dock(run.dock_handle)
     if run.ray_started_here:
         ray.shutdown()
-
-
-def indexes_of(first: int, count: int) -> np.ndarray:
-    return np.arange(first, first + count, dtype=np.int64)
-
-
-def replace_options(options: Any, **changes: Any) -> Any:
-    return dataclasses.replace(options, **changes)

@@ -71,10 +71,7 @@ class ControllerState:
     def available(self, fields: list[str], whole_groups: bool = False) -> np.ndarray:
         """Mask of unconsumed indexes whose ``fields`` are all ready (whole groups only
         when asked: a group counts once every member is available)."""
-        self._check_fields(fields)
-        mask = ~self.consumed
-        for name in fields:
-            mask &= self.ready[name]
+        mask = ~self.consumed & self._stored(fields)
         if whole_groups:
             full = np.bincount(self.group_of[mask], minlength=len(self.group_sizes))
             mask = (full == self.group_sizes)[self.group_of]
@@ -131,11 +128,15 @@ class ControllerState:
 
     def ready_count(self, fields: list[str]) -> int:
         """Samples whose ``fields`` are all stored, consumed or not (progress reports)."""
+        return int(self._stored(fields).sum())
+
+    def _stored(self, fields: list[str]) -> np.ndarray:
+        """Mask of indexes whose ``fields`` are all stored."""
         self._check_fields(fields)
         mask = np.ones(self.n_samples, dtype=bool)
         for name in fields:
             mask &= self.ready[name]
-        return int(mask.sum())
+        return mask
 
     def _drop_split_group(self, taken: np.ndarray, next_index: int) -> np.ndarray:
         """Cut a claim back so the group straddling the cut is left whole for later."""

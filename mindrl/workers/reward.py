@@ -16,24 +16,12 @@ import ray
 import torch
 
 from mindrl.config.schema import MindRLConfig
-from mindrl.data import load_prompt_records, load_tokenizer
+from mindrl.data import load_tokenizer
+from mindrl.data.run_prompts import prompt_records
 from mindrl.dock import DockHandle
 from mindrl.rewards import decode_responses, score_batch
 from mindrl.workers.sequences import response_mask
 from mindrl.workers.timed_dock import TimedDockClient
-
-
-def prompt_records(config: MindRLConfig) -> list:
-    """The run's prompt records (driver and reward workers build the same list)."""
-    data = config.data
-    return load_prompt_records(
-        data.source,
-        prompt_key=data.prompt_key,
-        answer_key=data.answer_key,
-        template=data.template,
-        num_prompts=data.num_prompts,
-        seed=config.seed,
-    )
 
 
 class RewardWorker:

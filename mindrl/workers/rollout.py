@@ -55,7 +55,6 @@ class Rollout:
         self, trainer: MegatronEngine, config: MindRLConfig, initial: InitialModel, world: int
     ) -> None:
         self.trainer, self.spec = trainer, initial.spec
-        self.rollout = config.rollout
         self.family = get_family(initial.spec.family)
         self.swap = config.rollout.swap
         self.resharder = self._make_resharder(config, world)
