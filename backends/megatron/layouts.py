@@ -10,6 +10,10 @@ column (vocab for the embedding and output layer), 1 is row, untagged is replica
 The qkv weight is group-interleaved (see ``families/base.py``), so a contiguous split by
 query groups is a correct TP split and it keeps ``fused_pieces=1``.
 Expert parameters are split over expert-tensor-parallel ranks, the rest over TP ranks.
+
+Models built with the TransformerEngine layer spec (GPUs) name two norms differently and
+add ``_extra_state`` entries to their state dicts; :func:`local_spec_name` maps the norms
+back and :func:`is_extra_state` spots the entries, so canonical names are spec-independent.
 """
 
 from __future__ import annotations
@@ -23,6 +27,53 @@ from backends.layout import ParamLayout
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+# megatron-core's TE spec (get_gpt_layer_with_transformer_engine_spec) builds linear_qkv
+# and, in dense layers, linear_fc1 as TELayerNormColumnParallelLinear: the input and
+# pre-MLP norms live there as layer_norm_weight (+ layer_norm_bias for LayerNorm). MoE
+# layers keep pre_mlp_layernorm. The local spec's sharded_state_dict_keys_map says the same.
+_TE_FUSED_NORMS = (
+    (
+        re.compile(r"(layers\.\d+\.)self_attention\.linear_qkv\.layer_norm_(weight|bias)$"),
+        r"\1input_layernorm.\2",
+    ),
+    (
+        re.compile(r"(layers\.\d+\.)mlp\.linear_fc1\.layer_norm_(weight|bias)$"),
+        r"\1pre_mlp_layernorm.\2",
+    ),
+)
+EXTRA_STATE = "_extra_state"
+
+
+def local_spec_name(name: str) -> str:
+    """The local-spec name of a TE-spec parameter name (other names are returned as is)."""
+    if ".layer_norm_" not in name:  # fast path: conversion renames every weight sync
+        return name
+    for pattern, local in _TE_FUSED_NORMS:
+        name = pattern.sub(local, name)
+    return name
+
+
+def is_extra_state(name: str) -> bool:
+    """A TE module's ``_extra_state`` state-dict entry (FP8 metadata, not a weight)."""
+    return EXTRA_STATE in name and name.rsplit(".", 1)[-1].startswith(EXTRA_STATE)
+
+
+def local_spec_state_dict(state: dict) -> dict:
+    """``state`` under local-spec names, ``_extra_state`` entries dropped (no tensor copies).
+
+    Raises:
+        ValueError: two keys map to the same name (a state dict mixing both specs).
+    """
+    out = {}
+    for name, value in state.items():
+        if is_extra_state(name):
+            continue
+        local = local_spec_name(name)
+        if local in out:
+            raise ValueError(f"'{name}' and another key both map to '{local}'")
+        out[local] = value
+    return out
 
 
 def _layer_offset(model: nn.Module) -> int:
@@ -40,8 +91,10 @@ def _expert_offset(model: nn.Module) -> int:
 
 
 def canonical_name(local_name: str, layer_offset: int, expert_offset: int) -> str:
-    """Local parameter name -> canonical name (global layer and expert indexes)."""
-    name = _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + layer_offset}.", local_name)
+    """This rank's parameter name (local or TE spec) -> canonical name (local-spec names,
+    global layer and expert indexes)."""
+    name = local_spec_name(local_name)
+    name = _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + layer_offset}.", name)
     return _EXPERT.sub(lambda m: f".local_experts.{int(m.group(1)) + expert_offset}.", name)
 
 

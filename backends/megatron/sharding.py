@@ -16,6 +16,7 @@ from backends.megatron.layouts import (
     canonical_parameters,
     is_expert_param,
     layout_of,
+    local_spec_state_dict,
     tp_rank_for,
     tp_world_for,
 )
@@ -50,6 +51,7 @@ def load_full_state_dict(
         KeyError: ``strict`` and a parameter of this rank has no tensor in ``full``.
         ValueError: a full tensor's shape differs from the parameter's full shape.
     """
+    full = local_spec_state_dict(full)  # also accept TE-spec names and _extra_state
     for name, param in canonical_parameters(model).items():
         if name not in full and name == "output_layer.weight":
             # Tied embeddings with PP > 1: the last stage keeps its own copy of the embedding.

@@ -8,6 +8,8 @@ full, unsharded tensors. In that layout:
   head, then its v head. A contiguous split by query groups is therefore a TP split.
 * ``linear_fc1`` is ``[gate; up]`` (two pieces, each TP-split on its own).
 * vocabulary tensors are padded to a multiple of TP with zero rows (dropped for HF).
+* the input / pre-MLP norms are ``input_layernorm`` / ``pre_mlp_layernorm`` also for
+  models built with the TE layer spec (``layouts.local_spec_name``).
 
 A family subclass only says how its HF names look; the tensor maths lives here.
 """
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
+from backends.megatron.layouts import local_spec_state_dict
 from backends.megatron.spec import GPTSpec
 
 Tensors = dict[str, torch.Tensor]
@@ -116,7 +119,11 @@ class LlamaLikeFamily:
         return dict(self.iter_hf(full, spec))
 
     def iter_hf(self, full: Tensors, spec: GPTSpec) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(hf_name, tensor)`` pairs for every HF parameter (a streaming variant)."""
+        """Yield ``(hf_name, tensor)`` pairs for every HF parameter (a streaming variant).
+
+        ``full`` may also use the TE layer spec's names and hold ``_extra_state`` entries.
+        """
+        full = local_spec_state_dict(full)
         vocab = spec.vocab_size
         yield "model.embed_tokens.weight", full["embedding.word_embeddings.weight"][:vocab]
         for layer in range(spec.num_layers):
