@@ -1,8 +1,11 @@
 """HF weights in and out: safetensors folders, and GGUF files shipped inside Python packages.
 
-``mbridge`` (the Megatron<->HF bridge library) is not used yet: it was not evaluated
-on this machine. The Llama/Qwen conversion here is small, exact and tested instead
-(families/base.py).
+``mbridge`` 0.15.1 (the Megatron<->HF bridge library) installs and imports here but is
+not used: it builds models with the TransformerEngine layer spec only (no CPU build),
+knows only TE weight names, reads ``rope_theta`` that transformers 5 moved, and turns
+sequence parallelism on at TP > 1. Its successor Megatron-Bridge pins transformers<5
+and TransformerEngine. The Llama/Qwen conversion here is small, exact and tested instead
+(families/base.py), for both layer specs.
 """
 
 from __future__ import annotations
