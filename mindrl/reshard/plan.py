@@ -195,6 +195,8 @@ def generation_parts(info: ParamInfo, gen: GenLayout, rank: int) -> tuple[int, i
     """(number of generation shards, this rank's index) for ``info``."""
     if info.layout.is_expert:
         return gen.etp, gen.etp_rank(rank)
+    if info.layout.kind == "vocab" and gen.whole_vocab:
+        return 1, 0
     return gen.tp, gen.tp_rank(rank)
 
 

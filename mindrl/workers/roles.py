@@ -161,7 +161,8 @@ class ModelWorker:
         results = self.rollout.generate(prompts, params)
         responses = [torch.tensor(r.token_ids, dtype=torch.int64) for r in results]
         logprobs = [torch.tensor(r.logprobs, dtype=torch.float32) for r in results]
-        self.dock.put(indexes, {"response_ids": responses, "rollout_logprob": logprobs})
+        if self.rank % self.config.rollout.tp == 0:  # TP peers sampled the same responses
+            self.dock.put(indexes, {"response_ids": responses, "rollout_logprob": logprobs})
         return sum(len(r) for r in responses)
 
     # ---- scoring ----------------------------------------------------------------------------

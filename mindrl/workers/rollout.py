@@ -5,17 +5,23 @@ after each update :meth:`Rollout.refresh_weights` all-gathers the training shard
 the generation layout, hands them to the engine under HF names and swaps the training
 state to the host; :meth:`Rollout.restore_training_state` brings it back before any
 stage needs the training engine again.
+
+With generation TP > 1 each rank hands the engine only its own shard of every TP-split
+tensor, named as HF names the slices of the full tensors (the family's conversion runs
+on a shard as on a model with 1/tp of the heads); vocabulary tensors stay whole
+(``GenLayout.whole_vocab``), as the engines' ``load_weights`` expects.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
 
 from backends.generation import EngineConfig, GenerationResult, SamplingParams, get_engine_class
 from backends.generation.registry import available_engines
-from backends.megatron import MegatronEngine
+from backends.megatron import GPTSpec, MegatronEngine
 from backends.megatron.families import get_family
 from mindrl.config.schema import MindRLConfig
 from mindrl.reshard import (
@@ -35,6 +41,28 @@ def engine_name(requested: str) -> str:
     if requested != "auto":
         return requested
     return "vllm" if "vllm" in available_engines() else "hf"
+
+
+def generation_shard_spec(spec: GPTSpec, tp: int) -> GPTSpec:
+    """The spec whose full tensors are one generation rank's TP shards.
+
+    A shard of Megatron's fused qkv holds whole query groups, so splitting it into
+    q / k / v is the full-model split with ``1/tp`` of the heads and groups.
+    """
+    if tp == 1:
+        return spec
+    if spec.is_moe:
+        # vLLM's fused-MoE loaders with TP/EP shards have not been checked against the
+        # training engine here: refuse rather than generate with wrongly placed experts.
+        raise ValueError(
+            f"rollout.tp={tp} with a MoE model is not supported yet: set rollout.tp: 1"
+        )
+    return dataclasses.replace(
+        spec,
+        num_attention_heads=spec.num_attention_heads // tp,
+        num_query_groups=spec.num_query_groups // tp,
+        kv_channels=spec.head_dim,
+    )
 
 
 def _mib_to_bytes(mib: float | None) -> int | None:
@@ -58,6 +86,7 @@ class Rollout:
         self.family = get_family(initial.spec.family)
         self.swap = config.rollout.swap
         self.resharder = self._make_resharder(config, world)
+        self.shard_spec = generation_shard_spec(initial.spec, config.rollout.tp)
         self.generator = get_engine_class(engine_name(config.rollout.engine))(
             EngineConfig(
                 model=pretrained_config(initial.hf_config),
@@ -76,7 +105,7 @@ class Rollout:
     def _make_resharder(self, config: MindRLConfig, world: int):
         parallel = config.actor.parallel
         train = TrainLayout(world, parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp)
-        gen = GenLayout(world, config.rollout.tp, config.rollout.ep)
+        gen = GenLayout(world, config.rollout.tp, config.rollout.ep, whole_vocab=True)
         kwargs = {
             "model": ModelShape(
                 self.spec.num_attention_heads, self.spec.num_query_groups, self.spec.num_experts
@@ -101,7 +130,7 @@ class Rollout:
         start = time.perf_counter()
         self.generator.wake_up()
         self.buffers = self.resharder.reshard(self.buffers)
-        self.generator.load_weights(self.family.iter_hf(self.buffers, self.spec))
+        self.generator.load_weights(self.family.iter_hf(self.buffers, self.shard_spec))
         self.seconds = {"reshard": time.perf_counter() - start}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:

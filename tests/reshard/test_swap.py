@@ -122,3 +122,21 @@ def test_naive_keeps_training_weights_and_its_redundancy_matches_equation_3():
         if t.untyped_storage()._cdata not in shared
     )
     assert redundant == redundant_bytes(DENSE, ParallelConfig(tp=2), gen_ep=1)
+
+
+def test_whole_vocab_generation_ranks_get_full_embedding_and_output_layer_and_split_the_rest():
+    train, gen = TrainLayout(4, tp=2, pp=2), GenLayout(4, tp=2, whole_vocab=True)
+    vocab_seen = 0
+    for rank in range(train.world):
+        full, resharder = _simulated(AllgatherSwapResharder, DENSE, train, gen, rank)
+        out = resharder.reshard()
+        for name, shard in out.items():
+            layout = resharder.layouts[name]
+            if layout.kind == "vocab":
+                vocab_seen += 1
+                assert torch.equal(shard, full[name]), (rank, name)
+            else:
+                expected = expected_generation_shard(full[name], layout, gen, rank)
+                assert torch.equal(shard, expected), (rank, name)
+        resharder.swap_in()
+    assert vocab_seen >= 4  # every rank held at least one whole vocabulary tensor

@@ -80,6 +80,13 @@ def test_resume_without_a_checkpoint_is_a_one_line_user_error(tmp_path, capsys):
     assert "no checkpoint under" in err and "Traceback" not in err
 
 
+def test_generation_tp2_with_the_hf_engine_is_a_one_line_user_error(tmp_path, capsys):
+    config = tiny_config(tmp_path, "grpo", "iterations=2", "rollout.tp=2", "rollout.engine=hf")
+    assert train(config, "grpo", device="cpu") == 2
+    err = capsys.readouterr().err
+    assert "rollout.tp=2 needs the vllm engine" in err and "Traceback" not in err
+
+
 def test_ppo_with_reference_epochs_and_minibatches_runs_every_stage(tmp_path):
     config = tiny_config(
         tmp_path,
