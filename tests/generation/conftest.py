@@ -19,7 +19,7 @@ MAX_MODEL_LEN = 64
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 NO_VLLM_REASON = "vllm is not importable here: run `bash scripts/install_vllm_cpu.sh` then "
-NO_VLLM_REASON += "`.venv-vllm/bin/python -m pytest tests/generation -m vllm`"
+NO_VLLM_REASON += "`.venv-vllm/bin/python -m pytest tests/generation tests/trainers -m vllm`"
 
 ENGINE_PARAMS = [
     pytest.param("hf", id="hf"),
