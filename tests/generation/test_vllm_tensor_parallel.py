@@ -84,3 +84,18 @@ def test_tp2_engine_reproduces_the_training_engine_after_each_weight_update(trai
     # Both TP peers drove one engine: identical samples, also when sampling with a seed.
     assert ranks[0]["first"]["sampled"] == ranks[1]["first"]["sampled"]
     assert ranks[0]["second"]["sampled"] == ranks[1]["second"]["sampled"]
+
+
+def test_a_shard_lands_at_its_rank_offset_and_a_wrong_size_is_refused_by_name():
+    from backends.generation.vllm_engine import placed_in_full
+
+    shapes = {"o_proj.weight": (4, 6), "norm.weight": (4,)}
+    shard = torch.arange(8.0).reshape(4, 2)
+    _, full = placed_in_full("o_proj.weight", shard, shapes, tp=3, rank=2)
+    assert torch.equal(full[:, 4:6], shard)
+    norm = torch.ones(4)
+    assert placed_in_full("norm.weight", norm, shapes, tp=3, rank=1)[1] is norm
+    with pytest.raises(ValueError, match=r"'o_proj.weight' has shape \[4, 3\]"):
+        placed_in_full("o_proj.weight", torch.zeros(4, 3), shapes, tp=3, rank=0)
+    with pytest.raises(KeyError, match="lm_head"):
+        placed_in_full("lm_head.weight", norm, shapes, tp=3, rank=0)
