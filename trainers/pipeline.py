@@ -116,7 +116,10 @@ def _report_failure(exc: Exception, run: RunState | None) -> None:
     details = getattr(exc, "details", None)
     if run is not None:
         log = Path(run.run_dir) / "error.log"
-        log.write_text(details or "".join(traceback.format_exception(exc)))
+        # Stamped: a later successful run in the same folder leaves this file behind.
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        header = f"mindrl-train failed at {stamp} after iteration {run.finished_iteration}\n"
+        log.write_text(header + (details or "".join(traceback.format_exception(exc))))
         _error(f"details in {log}; the last complete checkpoint is under {run.checkpoint_dir}")
 
 
