@@ -5,9 +5,16 @@ device layer's default group (:func:`initialize_parallel`). The TransformerEngin
 spec is used when TE imports and the device is an accelerator; otherwise the local
 (pure PyTorch) spec. MoE layers use the ``alltoall`` token dispatcher on accelerators and
 ``allgather`` on the CPU, whose alltoall dispatcher creates a CUDA stream.
+
+With ``tp > 1`` sequence parallelism is on (:attr:`ParallelSpec.sequence_parallel`):
+activations outside attention/MLP are ``[s / tp, b, h]``. The local spec's norm refuses
+it, so :class:`SequenceParallelNorm` takes its place (see there).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -87,6 +94,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
         kv_channels=spec.head_dim,
         ffn_hidden_size=spec.ffn_hidden_size,
         tensor_model_parallel_size=parallel.tp,
+        sequence_parallel=parallel.sequence_parallel,
         pipeline_model_parallel_size=parallel.pp,
         context_parallel_size=parallel.cp,
         expert_model_parallel_size=parallel.ep,
@@ -118,15 +126,76 @@ class ValueHead(nn.Module):
     """Critic head: a replicated ``hidden -> 1`` projection in place of the output layer.
 
     Called like Megatron's output layer (``(hidden [s, b, h], weight=...) -> (out, bias)``)
-    so ``GPTModel`` returns values ``[b, s, 1]`` where it would return logits.
+    so ``GPTModel`` returns values ``[b, s, 1]`` where it would return logits. Under
+    sequence parallelism ``hidden`` is ``[s / tp, b, h]``: the values are gathered over TP
+    and the weight is tagged ``sequence_parallel`` (its grad is a partial sum per TP rank).
     """
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+    def __init__(self, hidden_size: int, dtype: torch.dtype, sequence_parallel: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        self.sequence_parallel = sequence_parallel
+        self.weight.sequence_parallel = sequence_parallel
 
     def forward(self, hidden: torch.Tensor, weight=None, runtime_gather_output=None):
-        return hidden @ self.weight.t(), None
+        values = hidden @ self.weight.t()  # [s / tp, b, 1] under SP, else [s, b, 1]
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            # Every TP rank computes the same loss from the gathered values, so the
+            # backward keeps this rank's slice of the grad instead of summing tp copies.
+            values = gather_from_sequence_parallel_region(values, tensor_parallel_output_grad=False)
+        return values, None
+
+
+class SequenceParallelNorm:
+    """Megatron's ``WrappedTorchNorm`` (local spec) minus its sequence-parallel refusal.
+
+    ``WrappedTorchNorm`` asserts ``not config.sequence_parallel`` because a plain torch norm
+    does not tag its weight ``sequence_parallel``, so Megatron's grad finalisation would
+    skip the TP all-reduce that SP makes necessary (each TP rank sees ``s / tp`` tokens).
+    This one builds the same torch module and tags it; ``optim.reduce_gradients`` sums
+    tagged grads over TP.
+    """
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **unused: Any) -> nn.Module:
+        kinds = {"RMSNorm": torch.nn.RMSNorm, "LayerNorm": torch.nn.LayerNorm}
+        if config.normalization not in kinds:
+            raise ValueError(f"normalization '{config.normalization}' is not RMSNorm/LayerNorm")
+        norm = kinds[config.normalization](hidden_size, eps=eps)
+        for param in norm.parameters():
+            param.sequence_parallel = config.sequence_parallel
+        return norm
+
+
+def _replace_module(node: Any, old: type, new: type) -> Any:
+    """A copy of a layer-spec tree (ModuleSpec / submodule dataclasses / lists) with
+    every ``old`` module class replaced by ``new``."""
+    if node is old:
+        return new
+    if isinstance(node, list):
+        return [_replace_module(item, old, new) for item in node]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        changes = {
+            f.name: _replace_module(getattr(node, f.name), old, new)
+            for f in dataclasses.fields(node)
+            if f.init
+        }
+        return dataclasses.replace(node, **changes)
+    return node
+
+
+def decoder_block_spec(config, use_te: bool):
+    """Megatron's GPT block spec; local-spec norms made sequence-parallel capable."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    block = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=use_te, normalization="RMSNorm"
+    )
+    if config.sequence_parallel and not use_te:  # TE's norms handle SP themselves
+        block = _replace_module(block, WrappedTorchNorm, SequenceParallelNorm)
+    return block
 
 
 def build_gpt(spec: GPTSpec, parallel: ParallelSpec, value_head: bool = False, seed: int = 0):
@@ -140,15 +209,12 @@ def build_gpt(spec: GPTSpec, parallel: ParallelSpec, value_head: bool = False, s
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     validate(spec, parallel, dist.get_world_size())
     device = get_device()
     with device.megatron_compat():
         config = transformer_config(spec, parallel)
-        layer_spec = get_gpt_decoder_block_spec(
-            config, use_transformer_engine=use_transformer_engine(), normalization="RMSNorm"
-        )
+        layer_spec = decoder_block_spec(config, use_transformer_engine())
         torch.manual_seed(seed)
         model = GPTModel(
             config=config,
@@ -162,6 +228,8 @@ def build_gpt(spec: GPTSpec, parallel: ParallelSpec, value_head: bool = False, s
             rotary_base=int(spec.rope_theta),
         )
         if value_head and model.post_process:
-            model.output_layer = ValueHead(spec.hidden_size, spec.torch_dtype)
+            model.output_layer = ValueHead(
+                spec.hidden_size, spec.torch_dtype, parallel.sequence_parallel
+            )
         tag_expert_params(model)
     return model.to(device.device())

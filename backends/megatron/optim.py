@@ -74,7 +74,8 @@ def make_optimizer(model: nn.Module, optim: OptimSpec):
 
 
 def reduce_gradients(model: nn.Module) -> None:
-    """Sum grads over data-parallel replicas (experts over expert-DP) and tied embeddings.
+    """Sum grads over data-parallel replicas (experts over expert-DP), of TP-replicated
+    parameters that see only part of the data over TP, and of tied embeddings.
 
     Losses are already divided by the global normaliser, so a plain sum is the mean.
     """
@@ -88,7 +89,39 @@ def reduce_gradients(model: nn.Module) -> None:
         group = expert_group if is_expert_param(param) else dense_group
         if dist.get_world_size(group) > 1:
             dist.all_reduce(param.grad, group=group)
+    _reduce_tensor_parallel_partials(model)
     _reduce_tied_embedding(model)
+
+
+def _is_tp_partial(name: str, param: nn.Parameter, config) -> bool:
+    """Replicated over TP, yet each TP rank's grad covers only part of the data.
+
+    Megatron's rule (``finalize_model_grads._allreduce_non_tensor_model_parallel_grads``):
+    under sequence parallelism the norms, the router and the value head see ``s / tp``
+    tokens (tagged ``sequence_parallel``); q/k norms are shared by heads split over TP.
+    """
+    if config.sequence_parallel and getattr(param, "sequence_parallel", False):
+        return True
+    return bool(config.qk_layernorm) and ("q_layernorm" in name or "k_layernorm" in name)
+
+
+def _reduce_tensor_parallel_partials(model: nn.Module) -> None:
+    """Sum over TP the grads :func:`_is_tp_partial` selects (one all-reduce per dtype)."""
+    from megatron.core import parallel_state as ps
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    group = ps.get_tensor_model_parallel_group()
+    if dist.get_world_size(group) == 1:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for name, param in model.named_parameters():
+        if param.grad is not None and _is_tp_partial(name, param, model.config):
+            by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+    for grads in by_dtype.values():
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=group)
+        for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            grad.copy_(synced)
 
 
 def _reduce_tied_embedding(model: nn.Module) -> None:

@@ -7,6 +7,10 @@ last stage computes the loss and backward runs the same path in reverse, one
 micro-batch at a time (no overlap between stages: correct, not fast). With PP == 1 it
 is ordinary gradient accumulation. Accelerators with PP > 1 use Megatron's 1F1B
 schedule instead (:func:`megatron_schedule`).
+
+Under sequence parallelism the model input is right-padded to a multiple of TP
+(:func:`pad_to_multiple`) and the last stage's output sliced back before ``head``, so
+callers and heads always see the original ``[b, s]``; stages exchange ``[s / tp, b, h]``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,24 @@ def positions_for(input_ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
 
 
+def sequence_multiple(model: nn.Module) -> int:
+    """What the sequence length must be a multiple of: TP under sequence parallelism
+    (Megatron splits the sequence dim evenly over TP ranks), else 1."""
+    config = model.config
+    return config.tensor_model_parallel_size if config.sequence_parallel else 1
+
+
+def pad_to_multiple(input_ids: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``[b, s]`` ids right-padded with id 0 to ``[b, ceil(s / multiple) * multiple]``.
+
+    Attention is causal, so no real position attends to a pad and their outputs are
+    unchanged (MoE routing is dropless; pads only enter an aux load-balancing loss,
+    like the response padding already does).
+    """
+    pad = -input_ids.shape[1] % multiple
+    return torch.nn.functional.pad(input_ids, (0, pad)) if pad else input_ids
+
+
 def _stage_ranks() -> tuple[bool, bool, int | None, int | None]:
     from megatron.core import parallel_state as ps
 
@@ -38,14 +60,13 @@ def _stage_ranks() -> tuple[bool, bool, int | None, int | None]:
     return first, last, prev, nxt
 
 
-def _stage_forward(model: nn.Module, batch: Batch, recv_shape, dtype, prev, train: bool):
+def _stage_forward(model: nn.Module, ids: torch.Tensor, recv_shape, dtype, prev, train: bool):
     received = None
     if prev is not None:
-        received = torch.empty(recv_shape, dtype=dtype, device=batch["input_ids"].device)
+        received = torch.empty(recv_shape, dtype=dtype, device=ids.device)
         dist.recv(received, src=prev)
         received.requires_grad_(train)
         model.set_input_tensor(received)
-    ids = batch["input_ids"]
     with torch.set_grad_enabled(train):
         output = model(ids, positions_for(ids), None)
     return received, output
@@ -68,12 +89,15 @@ def run_micro_batches(
     """
     _, last, prev, nxt = _stage_ranks()
     dtype = model.config.pipeline_dtype or torch.float32
+    multiple = sequence_multiple(model)
     results = []
     for batch in micro_batches:
-        b, s = batch["input_ids"].shape
-        received, output = _stage_forward(model, batch, (s, b, hidden_size), dtype, prev, train)
+        s = batch["input_ids"].shape[1]
+        ids = pad_to_multiple(batch["input_ids"], multiple)  # [b, s_pad]
+        recv_shape = (ids.shape[1] // multiple, ids.shape[0], hidden_size)
+        received, output = _stage_forward(model, ids, recv_shape, dtype, prev, train)
         if last:
-            loss, result = head(output, batch)
+            loss, result = head(output[:, :s], batch)
             results.append(result)
             if train:
                 loss.backward()
@@ -96,15 +120,16 @@ def megatron_schedule(
 
     results: list[Any] = []
     iterator = iter(micro_batches)
-    b, s = micro_batches[0]["input_ids"].shape
+    multiple = sequence_multiple(model)
+    b, s = pad_to_multiple(micro_batches[0]["input_ids"], multiple).shape
 
     def forward_step(data_iterator, stage):
         batch = next(data_iterator)
-        ids = batch["input_ids"]
+        ids = pad_to_multiple(batch["input_ids"], multiple)
         output = stage(ids, positions_for(ids), None)
 
         def loss_func(output_tensor):
-            loss, result = head(output_tensor, batch)
+            loss, result = head(output_tensor[:, : batch["input_ids"].shape[1]], batch)
             results.append(result)
             # The engine already divides by the global normaliser: a 3-tuple with
             # calculate_per_token_loss stops Megatron dividing again.

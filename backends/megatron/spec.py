@@ -95,7 +95,7 @@ class ParallelSpec:
     Attributes:
         tp: tensor parallel size.
         pp: pipeline parallel size.
-        cp: context parallel size (must be 1 on CPU: it needs TransformerEngine).
+        cp: context parallel size; must be 1 (see :func:`validate`).
         ep: expert parallel size.
         etp: expert tensor parallel size.
     """
@@ -105,6 +105,19 @@ class ParallelSpec:
     cp: int = 1
     ep: int = 1
     etp: int = 1
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Megatron sequence parallelism, on whenever ``tp > 1``.
+
+        MoE needs it with TP > 1 (each TP rank routes only its own ``s / tp`` tokens,
+        otherwise every token would reach its experts ``tp`` times). Dense models get it
+        too: it splits the norm/residual activations ``tp`` ways for the same traffic
+        (an all-reduce is a reduce-scatter + all-gather), it is Megatron's recommended
+        TP setting, and one TP code path keeps the dense TP tests covering the MoE one.
+        The price: sequences are right-padded to a multiple of ``tp`` inside the engine.
+        """
+        return self.tp > 1
 
 
 def validate(spec: GPTSpec, parallel: ParallelSpec, world_size: int) -> None:
@@ -125,12 +138,15 @@ def validate(spec: GPTSpec, parallel: ParallelSpec, world_size: int) -> None:
         raise ValueError(f"pp={parallel.pp} must divide num_layers={spec.num_layers}")
     if spec.is_moe and spec.num_experts % parallel.ep:
         raise ValueError(f"ep={parallel.ep} must divide num_experts={spec.num_experts}")
-    if spec.is_moe and parallel.tp > 1:
-        # Megatron refuses to train MoE with TP > 1 without sequence parallelism, which
-        # this engine does not enable (it needs TE/Apex kernels and TP norm-grad syncs).
+    if parallel.cp > 1:
+        # Megatron-core 0.16's local DotProductAttention asserts cp == 1; only TE's
+        # attention implements CP, and the engine neither splits sequences over CP ranks
+        # (Megatron's load-balanced 2*cp chunks) nor gathers their log-probs.
         raise ValueError(
-            f"MoE with tp={parallel.tp} needs sequence parallelism, which this engine does "
-            "not support; use tp=1 with ep/etp for MoE models"
+            f"cp={parallel.cp}: context parallelism is not supported by this engine (it needs "
+            "TransformerEngine attention, which has no CPU kernels, and CP sequence "
+            "splitting the engine does not do); set cp=1 and use tp (sequence parallel "
+            "is on with tp > 1), pp or dp instead"
         )
     if world_size % (parallel.ep * parallel.etp * parallel.pp):
         raise ValueError(

@@ -94,7 +94,9 @@ def train_and_gather(engine: MegatronEngine, micro_batches: list[dict]) -> dict:
     }
 
 
-def run_layout(spec: GPTSpec, parallel: ParallelSpec, dp_split: bool = False) -> dict:
+def run_layout(
+    spec: GPTSpec, parallel: ParallelSpec, dp_split: bool = False, seq_len: int = 12
+) -> dict:
     """Build ``spec`` at ``parallel`` from the shared full weights and train one step.
 
     With ``dp_split`` each DP rank takes its own micro-batch of the global batch.
@@ -105,12 +107,13 @@ def run_layout(spec: GPTSpec, parallel: ParallelSpec, dp_split: bool = False) ->
     full = full_weights_for(spec)
     engine = MegatronEngine(spec, parallel, NO_CLIP)
     engine.load_full_state_dict(full)
-    micro = batches(spec)
+    micro = batches(spec, s=seq_len)
     if dp_split:
         dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         micro = micro[dp_rank::dp]
     result = {**train_and_gather(engine, micro), "initial": full}
     result["layouts"] = engine.param_layouts()
+    result["sequence_parallel"] = engine.model.config.sequence_parallel
     destroy_parallel()
     dist.barrier()
     return result
@@ -124,6 +127,24 @@ def layouts_on_two_ranks(rank: int, world: int) -> dict:
         "dp2": run_layout(DENSE, ParallelSpec(), dp_split=True),
         "ep2": run_layout(MOE, ParallelSpec(ep=2), dp_split=True),
     }
+
+
+ODD_LEN = 11  # not a multiple of tp=2: the engine pads for sequence parallelism
+
+
+def sequence_parallel_layouts(rank: int, world: int) -> dict:
+    """TP=2 layouts (sequence parallel on) the tests compare with the single-rank runs."""
+    return {
+        "moe_tp2": run_layout(MOE, ParallelSpec(tp=2)),
+        "moe_tp2_ep2": run_layout(MOE, ParallelSpec(tp=2, ep=2)),
+        "dense_tp2_odd": run_layout(DENSE, ParallelSpec(tp=2), seq_len=ODD_LEN),
+        "critic_tp2": critic_scenario(ParallelSpec(tp=2)),
+    }
+
+
+def tp2_pp2_on_four_ranks(rank: int, world: int) -> dict:
+    """MoE at TP=2 x PP=2: stages exchange sequence-parallel ``[s / tp, b, h]`` hidden states."""
+    return {"moe_tp2_pp2": run_layout(MOE, ParallelSpec(tp=2, pp=2))}
 
 
 def data_stream(spec: GPTSpec, position: int) -> list[dict]:
@@ -158,14 +179,22 @@ def reference_on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
     return {
         "dense": run_layout(DENSE, ParallelSpec()),
         "moe": run_layout(MOE, ParallelSpec()),
+        "dense_odd": run_layout(DENSE, ParallelSpec(), seq_len=ODD_LEN),
         "resume": resume_scenario(checkpoint_root),
         "critic": critic_scenario(),
     }
 
 
-def critic_scenario() -> dict:
-    """A value-head engine regressing values toward 1.0 on a fixed batch for 4 steps."""
-    critic = MegatronEngine(DENSE, ParallelSpec(), OptimSpec(lr=3e-3), value_head=True)
+def critic_scenario(parallel: ParallelSpec | None = None) -> dict:
+    """A value-head engine regressing values toward 1.0 on a fixed batch for 4 steps.
+
+    The trunk gets the shared per-name weights (every layout starts from the same critic);
+    the value head starts at zero, as a fresh critic's does.
+    """
+    critic = MegatronEngine(DENSE, parallel or ParallelSpec(), OptimSpec(lr=3e-3), value_head=True)
+    weights = named_weights(critic.param_layouts())
+    weights["output_layer.weight"] = torch.zeros_like(weights["output_layer.weight"])
+    critic.load_full_state_dict(weights)
     micro = batches(DENSE)
     values = critic.forward(micro)["values"]
 
@@ -173,8 +202,9 @@ def critic_scenario() -> dict:
         return 0.5 * (outputs["values"] - 1.0) ** 2
 
     losses = [critic.train_step(micro, value_loss)["loss"] for _ in range(4)]
+    sequence_parallel = critic.model.config.sequence_parallel
     destroy_parallel()
-    return {"values": values, "losses": losses}
+    return {"values": values, "losses": losses, "sequence_parallel": sequence_parallel}
 
 
 def smollm2_logits(rank: int, world: int, token_ids: list[int]) -> dict:

@@ -1,9 +1,10 @@
 """TP=2, PP=2 (own loop), DP=2 and EP=2 give the loss, gradients and update of one rank.
 
 All layouts start from the same full weights (drawn per canonical name) and train one
-step on the same global batch; the single-rank run is the reference. Also: vocab-parallel
-log-probs and entropy equal a plain ``log_softmax`` on the gathered full logits, and a
-checkpoint resume reproduces the next step's loss exactly.
+step on the same global batch; the single-rank run is the reference. TP > 1 runs with
+sequence parallelism, which also lets MoE use TP (TP=2, TP=2 x EP=2, TP=2 x PP=2).
+Also: vocab-parallel log-probs and entropy equal a plain ``log_softmax`` on the gathered
+full logits, and a checkpoint resume reproduces the next step's loss exactly.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import itertools
 import pytest
 import torch
 
+from backends.megatron import ParallelSpec
 from backends.megatron.families import get_family
+from backends.megatron.spec import validate
 from tests.megatron import cases
 from tests.support.spawn import run_ranks
 
@@ -53,6 +56,7 @@ def test_expert_parallel_moe_trains_exactly_like_one_rank(runs):
 
 def test_tensor_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_logits(runs):
     reference, two = runs
+    assert two[0]["tp2"]["sequence_parallel"]
     hf = get_family("qwen2").megatron_to_hf(reference["dense"]["initial"], cases.DENSE)
     torch.testing.assert_close(two[0]["tp2"]["logprobs"], reference["dense"]["logprobs"], **TOL)
     # Independent reference: plain log_softmax of logits from an HF model with these weights.
@@ -62,6 +66,69 @@ def test_tensor_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_log
     torch.testing.assert_close(two[0]["tp2"]["logprobs"][:, 1:], logp, **TOL)
     entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
     torch.testing.assert_close(two[1]["tp2"]["entropy"], entropy, **TOL)
+
+
+@pytest.fixture(scope="module")
+def sp_runs():
+    """One 2-rank spawn of the TP=2 layouts with sequence parallelism."""
+    return run_ranks(cases.sequence_parallel_layouts, 2)
+
+
+@pytest.mark.parametrize("layout", ["moe_tp2", "moe_tp2_ep2"])
+def test_moe_with_tensor_and_sequence_parallelism_trains_exactly_like_one_rank(
+    runs, sp_runs, layout
+):
+    reference, _ = runs
+    for rank in range(2):
+        assert sp_runs[rank][layout]["sequence_parallel"]
+        assert_same_step(sp_runs[rank][layout], reference["moe"])
+
+
+def test_moe_with_tp2_and_pp2_trains_exactly_like_one_rank(runs):
+    reference, _ = runs
+    four = run_ranks(cases.tp2_pp2_on_four_ranks, 4)
+    for rank in range(4):
+        assert four[rank]["moe_tp2_pp2"]["sequence_parallel"]
+        assert_same_step(four[rank]["moe_tp2_pp2"], reference["moe"])
+
+
+def test_a_sequence_not_divisible_by_tp_is_padded_and_trains_exactly_like_one_rank(runs, sp_runs):
+    reference, _ = runs
+    for rank in range(2):
+        odd = sp_runs[rank]["dense_tp2_odd"]
+        assert odd["sequence_parallel"] and odd["logprobs"].shape == (4, cases.ODD_LEN)
+        assert_same_step(odd, reference["dense_odd"])
+
+
+def test_sequence_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_logits(
+    runs, sp_runs
+):
+    reference, _ = runs
+    hf = get_family("qwen2").megatron_to_hf(reference["dense_odd"]["initial"], cases.DENSE)
+    micro = cases.batches(cases.DENSE, s=cases.ODD_LEN)
+    logits = hf_logits(hf, micro)
+    ids = torch.cat([b["input_ids"] for b in micro])
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    for rank in range(2):
+        odd = sp_runs[rank]["dense_tp2_odd"]
+        torch.testing.assert_close(odd["logprobs"][:, 1:], logp, **TOL)
+        torch.testing.assert_close(odd["entropy"], entropy, **TOL)
+
+
+def test_a_sequence_parallel_critic_scores_and_learns_exactly_like_one_rank(runs, sp_runs):
+    reference, _ = runs
+    for rank in range(2):
+        critic = sp_runs[rank]["critic_tp2"]
+        assert critic["sequence_parallel"]
+        torch.testing.assert_close(critic["values"], reference["critic"]["values"], **TOL)
+        assert critic["losses"] == pytest.approx(reference["critic"]["losses"], rel=1e-5)
+
+
+def test_moe_with_tp_is_accepted_and_context_parallelism_is_refused_with_the_fix():
+    validate(cases.MOE, ParallelSpec(tp=2, ep=2), world_size=2)
+    with pytest.raises(ValueError, match=r"cp=2: context parallelism .* set cp=1"):
+        validate(cases.DENSE, ParallelSpec(cp=2), world_size=2)
 
 
 def hf_logits(hf_state: dict, micro_batches: list[dict]) -> torch.Tensor:
