@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -26,6 +27,11 @@ from backends.generation.base import (
 
 #: Left-padding id; any valid id works since padded positions are masked out.
 _PAD_ID = 0
+
+
+_EXPERT_NAME = re.compile(
+    r"(?P<prefix>.*\.)experts\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight"
+)
 
 
 def build_hf_model(config: EngineConfig) -> PreTrainedModel:
@@ -74,16 +80,37 @@ class HFGenerationEngine(GenerationEngine):
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in named_tensors:
-            if name not in self._params:
-                raise KeyError(f"load_weights: the model has no parameter '{name}'")
-            param = self._params[name]
-            if tuple(tensor.shape) != tuple(param.shape):
+            target, param_view = self._target(name)
+            if tuple(tensor.shape) != tuple(param_view.shape):
                 raise ValueError(
                     f"load_weights: '{name}' has shape {tuple(tensor.shape)}, "
-                    f"the model expects {tuple(param.shape)}"
+                    f"the model expects {tuple(param_view.shape)}"
                 )
-            self._restore_storage(name, param)
-            param.copy_(tensor)
+            # The view shares the parameter's storage, so it is valid once restored.
+            self._restore_storage(target, self._params[target])
+            param_view.copy_(tensor)
+
+    def _target(self, name: str) -> tuple[str, torch.Tensor]:
+        """The parameter ``name`` lands in and the view of it that ``name`` fills.
+
+        Checkpoint-format expert names (``...experts.{e}.gate_proj.weight``, what the
+        resharder's HF conversion and every MoE checkpoint use) land in transformers
+        5's fused expert tensors: ``experts.gate_up_proj[e]`` holds gate rows then up
+        rows, ``experts.down_proj[e]`` the down projection.
+        """
+        if name in self._params:
+            return name, self._params[name]
+        match = _EXPERT_NAME.fullmatch(name)
+        if match is not None:
+            prefix, expert, proj = match["prefix"], int(match["expert"]), match["proj"]
+            fused = f"{prefix}experts.{'down_proj' if proj == 'down' else 'gate_up_proj'}"
+            if fused in self._params:
+                view = self._params[fused][expert]
+                if proj != "down":
+                    half = view.shape[0] // 2
+                    view = view[:half] if proj == "gate" else view[half:]
+                return fused, view
+        raise KeyError(f"load_weights: the model has no parameter '{name}'")
 
     def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):

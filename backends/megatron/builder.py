@@ -84,7 +84,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
             "moe_token_dispatcher_type": "allgather" if on_cpu else "alltoall",
             "moe_router_load_balancing_type": "aux_loss" if spec.moe_aux_loss_coeff else "none",
             "moe_aux_loss_coeff": spec.moe_aux_loss_coeff,
-            "moe_router_pre_softmax": False,
+            "moe_router_pre_softmax": spec.moe_router_pre_softmax,
         }
     return TransformerConfig(
         num_layers=spec.num_layers,

@@ -40,6 +40,9 @@ class GPTSpec:
         moe_layers: indexes of the MoE layers; ``None`` means every layer when
             ``num_experts > 0``.
         moe_aux_loss_coeff: load-balancing loss weight (0 keeps losses comparable).
+        moe_router_pre_softmax: softmax over all experts, then the top-k probabilities
+            as they are (HF ``norm_topk_prob=False``); ``False``: top-k logits, then a
+            softmax over those k, i.e. renormalised (HF ``norm_topk_prob=True``).
         dtype: parameter dtype name (``float32``, ``bfloat16``, ``float16``).
     """
 
@@ -63,6 +66,7 @@ class GPTSpec:
     moe_shared_expert_size: int = 0
     moe_layers: tuple[int, ...] | None = None
     moe_aux_loss_coeff: float = 0.0
+    moe_router_pre_softmax: bool = False
     dtype: str = "float32"
 
     @property

@@ -99,6 +99,7 @@ def hf_config_for(spec: GPTSpec) -> dict:
             "num_experts": spec.num_experts,
             "num_experts_per_tok": spec.moe_router_topk,
             "moe_intermediate_size": spec.moe_ffn_hidden_size,
+            "norm_topk_prob": not spec.moe_router_pre_softmax,
         }
     return AutoConfig.for_model(model_type, **fields).to_dict()
 

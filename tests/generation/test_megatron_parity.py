@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import Qwen3MoeConfig
 
 from backends.generation import EngineConfig, SamplingParams, get_engine_class
 from tests.generation.conftest import (
     ENGINE_PARAMS,
+    HAS_VLLM,
     MAX_MODEL_LEN,
+    NO_VLLM_REASON,
     random_weights,
     tiny_llama_config,
 )
@@ -32,14 +35,47 @@ def megatron_greedy(engine, prompt: list[int], steps: int) -> list[int]:
     return tokens[len(prompt) :]
 
 
-def parity_case(rank: int, world: int, engine_name: str) -> dict:
+def tiny_qwen3_moe_config(norm_topk_prob: bool = False) -> Qwen3MoeConfig:
+    """A 2-layer Qwen3-MoE: 4 routed experts, top-2, q/k norms, head_dim 64."""
+    return Qwen3MoeConfig(
+        norm_topk_prob=norm_topk_prob,
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+        architectures=["Qwen3MoeForCausalLM"],
+    )
+
+
+def megatron_trainer(model: str):
+    """The training engine holding the weights the generation engine is loaded with."""
     from backends.megatron import MegatronEngine, ParallelSpec
     from backends.megatron.families import family_for_architecture
 
-    config = tiny_llama_config()
-    spec = family_for_architecture("LlamaForCausalLM").spec_from_hf_config(config.to_dict())
-    trainer = MegatronEngine(spec, ParallelSpec())
-    trainer.load_hf_state_dict(random_weights(seed=1))
+    config = tiny_llama_config() if model == "llama" else tiny_qwen3_moe_config(model == "moe")
+    family = family_for_architecture((config.architectures or ["LlamaForCausalLM"])[0])
+    trainer = MegatronEngine(family.spec_from_hf_config(config.to_dict()), ParallelSpec(), seed=3)
+    if model == "llama":
+        trainer.load_hf_state_dict(random_weights(seed=1))
+    else:  # wide weights: peaked next-token distributions, clear greedy margins
+        with torch.no_grad():
+            for param in trainer.named_parameters().values():
+                if param.dim() > 1:
+                    param.mul_(8.0)
+    return config, trainer
+
+
+def parity_case(rank: int, world: int, engine_name: str, model: str = "llama") -> dict:
+    config, trainer = megatron_trainer(model)
     generator = get_engine_class(engine_name)(
         EngineConfig(
             model=config,
@@ -70,3 +106,25 @@ def test_engine_loaded_from_megatron_matches_its_greedy_decode_and_log_probs(eng
         out["engine_logprobs"], out["megatron_logprobs"], strict=True
     ):
         torch.testing.assert_close(engine_lp, megatron_lp, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "model", ["moe", "moe-unnormalised"], ids=["topk-renormalised", "topk-raw"]
+)
+def test_hf_engine_loads_checkpoint_format_experts_into_fused_moe_and_matches_megatron(model):
+    """The resharder names experts one by one (as MoE checkpoints do); transformers 5
+    fuses them into ``experts.gate_up_proj`` / ``down_proj``. Both router conventions
+    (HF ``norm_topk_prob`` true / false) must convert to the same routing."""
+    (out,) = run_ranks(parity_case, 1, "hf", model)
+    assert out["engine"] == out["megatron"]
+    for engine_lp, megatron_lp in zip(
+        out["engine_logprobs"], out["megatron_logprobs"], strict=True
+    ):
+        torch.testing.assert_close(engine_lp, megatron_lp, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason=NO_VLLM_REASON)
+def test_vllm_cpu_refuses_moe_models_whose_reloaded_experts_it_would_serve_stale():
+    with pytest.raises(ValueError, match=r"use rollout\.engine: hf for MoE models on CPU"):
+        get_engine_class("vllm")(EngineConfig(model=tiny_qwen3_moe_config(), max_model_len=64))

@@ -35,6 +35,8 @@ class Qwen3MoeFamily(Qwen3Family):
             "moe_ffn_hidden_size": hf_config["moe_intermediate_size"],
             "moe_router_topk": hf_config["num_experts_per_tok"],
             "moe_layers": tuple(i for i in range(layers) if i not in dense_only),
+            # HF's default is False: top-k of the full softmax, not renormalised.
+            "moe_router_pre_softmax": not hf_config.get("norm_topk_prob", False),
         }
 
 
