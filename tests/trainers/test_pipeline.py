@@ -97,6 +97,24 @@ def test_generation_tp2_with_vllm_learns_and_samples_with_the_trained_weights(tm
     assert max(r["rollout_logprob_diff"] for r in records) < 1e-4
 
 
+def test_a_moe_policy_trained_with_tp2_ep2_generates_with_exactly_its_weights(tmp_path):
+    """Qwen3-MoE: sequence-parallel TP2 + EP2 training -> allgather-swap -> hf engine."""
+    config = tiny_config(
+        tmp_path,
+        "grpo",
+        "iterations=6",
+        "model.family=qwen3_moe",
+        "model.num_experts=4",
+        "model.moe_ffn_hidden_size=64",
+        "model.qk_layernorm=true",
+        "actor.parallel.ep=2",
+    )
+    assert train(config, "grpo", device="cpu") == 0
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert len(records) == 6
+    assert max(r["rollout_logprob_diff"] for r in records) < 1e-4
+
+
 def test_generation_tp2_with_the_hf_engine_is_a_one_line_user_error(tmp_path, capsys):
     config = tiny_config(tmp_path, "grpo", "iterations=2", "rollout.tp=2", "rollout.engine=hf")
     assert train(config, "grpo", device="cpu") == 2
