@@ -15,7 +15,11 @@ fail, so inside :func:`megatron_on_cpu`:
 * ``Tensor.cuda()`` returns the tensor itself: tied embeddings with pipeline parallelism
   move the shared weight with ``weight.data.cuda()`` before their all-reduce;
 * the MoE router's ``te_general_gemm`` is defined as ``None`` when TransformerEngine is
-  absent (Megatron 0.16 only binds the name when TE imports, then reads it anyway).
+  absent (Megatron 0.16 only binds the name when TE imports, then reads it anyway);
+* for the distributed optimizer (``DistributedDataParallel`` + ``get_megatron_optimizer``):
+  the optimizer modules see a ``torch`` whose tensor factories turn ``device="cuda"``
+  into the CPU, and ``Tensor.type()`` names CPU tensors ``torch.cuda.*`` (see
+  :class:`_TorchOnCpu` and :func:`_type_as_cuda` for the Megatron lines).
 
 Everything is restored on exit, also after an exception. Applied only by
 ``CpuDevice.megatron_compat()``; accelerators never see it.
@@ -24,6 +28,7 @@ Everything is restored on exit, also after an exception. Applied only by
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -40,7 +45,9 @@ class _Patches:
         self._saved: list[tuple[Any, str, Any]] = []
 
     def set(self, owner: Any, name: str, value: Any) -> None:
-        self._saved.append((owner, name, getattr(owner, name, self._ABSENT)))
+        # Only the owner's own attribute is saved: an inherited one (``Tensor.type`` lives
+        # on the C base class) is deleted again on undo rather than copied onto the owner.
+        self._saved.append((owner, name, vars(owner).get(name, self._ABSENT)))
         setattr(owner, name, value)
 
     def undo(self) -> None:
@@ -77,10 +84,60 @@ def _cpu_causal_mask(sq: int) -> torch.Tensor:
     return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
 
 
+def _factory_on_cpu(factory: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    if str(kwargs.get("device", "")).startswith("cuda"):
+        kwargs["device"] = "cpu"
+    return factory(*args, **kwargs)
+
+
+class _TorchOnCpu:
+    """``torch`` as the Megatron optimizer modules see it on the CPU.
+
+    They make scalars with a literal ``device="cuda"``, which a CPU-only torch refuses:
+    megatron/core/optimizer/optimizer.py:473/481/485 (found_inf, overflow buffer and
+    scale-one of every mixed-precision and distributed optimizer) and :907;
+    clip_grads.py:90/103/115/174/207 (grad-norm, clip and zero-count buffers);
+    utils.py:1207 (the result of ``local_multi_tensor_l2_norm``, the grad-norm kernel
+    used without Apex/TE). Every other attribute is the real ``torch``.
+    """
+
+    _FACTORIES = frozenset({"tensor", "zeros", "ones", "empty", "full"})
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(torch, name)
+        if name in self._FACTORIES:
+            return functools.partial(_factory_on_cpu, value)
+        return value
+
+
+_TORCH_ON_CPU = _TorchOnCpu()
+
+
+def _type_as_cuda(original: Any) -> Any:
+    """``Tensor.type()`` that reports CPU tensors under their ``torch.cuda.*`` names.
+
+    The distributed optimizer sorts parameters into fp16/bf16 and fp32 groups by
+    ``param.type()`` string and rejects anything else (megatron/core/optimizer/
+    distrib_optimizer.py:361/420/582; also optimizer.py:671/690, clip_grads.py:167).
+    Only the no-argument form (the type name) changes; conversions are untouched.
+    """
+
+    def type_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        name = original(self, *args, **kwargs)
+        if args or kwargs or self.device.type != "cpu":
+            return name
+        return name.replace("torch.", "torch.cuda.", 1)
+
+    return type_
+
+
 @contextlib.contextmanager
 def megatron_on_cpu() -> Iterator[None]:
     """Run Megatron-core model code on the CPU for the duration of the block."""
+    from megatron.core import utils as mp_utils
     from megatron.core.fusions import fused_softmax
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import optimizer as mp_optimizer
     from megatron.core.tensor_parallel import random as mp_random
     from megatron.core.transformer.moe import moe_utils
 
@@ -98,6 +155,10 @@ def megatron_on_cpu() -> Iterator[None]:
         patches.set(torch.Tensor, "cuda", _tensor_stays_on_cpu)
         if not hasattr(moe_utils, "te_general_gemm"):
             patches.set(moe_utils, "te_general_gemm", None)
+        patches.set(mp_optimizer, "torch", _TORCH_ON_CPU)
+        patches.set(clip_grads, "torch", _TORCH_ON_CPU)
+        patches.set(mp_utils, "torch", _TORCH_ON_CPU)
+        patches.set(torch.Tensor, "type", _type_as_cuda(torch.Tensor.type))
         logger.addFilter(mute)
         yield
     finally:

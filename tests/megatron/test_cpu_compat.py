@@ -61,28 +61,36 @@ def test_a_tp2_gpt_model_runs_forward_and_backward_over_gloo_and_matches_tp1():
     assert all(grad_sq > 0 for _, _, grad_sq in tp2)
 
 
-def test_the_compat_scope_restores_torch_cuda_and_megatron_on_exit():
+def _patched_names() -> tuple:
+    from megatron.core import utils as mp_utils
     from megatron.core.fusions import fused_softmax
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import optimizer as mp_optimizer
     from megatron.core.tensor_parallel import random as mp_random
 
-    before = (
+    return (
         torch.Tensor.cuda,
+        torch.Tensor.type,
+        "type" in vars(torch.Tensor),  # inherited from the C base: must not be copied over
         torch.cuda.current_device,
         torch.cuda.get_rng_state,
         mp_random._get_cuda_rng_state,
         fused_softmax.get_default_causal_mask,
+        mp_optimizer.torch,
+        clip_grads.torch,
+        mp_utils.torch,
     )
+
+
+def test_the_compat_scope_restores_torch_cuda_and_megatron_on_exit():
+    before = _patched_names()
     try:
         with get_device("cpu").megatron_compat():
             assert torch.cuda.current_device() == "cpu"
+            assert torch.zeros(2).type() == "torch.cuda.FloatTensor"  # distrib_optimizer's test
+            assert torch.zeros(2).type(torch.float64).dtype == torch.float64  # conversion as is
             raise KeyError("boom")
     except KeyError:
         pass
-    after = (
-        torch.Tensor.cuda,
-        torch.cuda.current_device,
-        torch.cuda.get_rng_state,
-        mp_random._get_cuda_rng_state,
-        fused_softmax.get_default_causal_mask,
-    )
-    assert after == before
+    assert _patched_names() == before
+    assert torch.zeros(2).type() == "torch.FloatTensor"
