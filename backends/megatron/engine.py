@@ -25,12 +25,14 @@ from backends.device import get_device
 from backends.layout import ParamLayout
 from backends.megatron import checkpoint
 from backends.megatron.builder import build_gpt, initialize_parallel
+from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
 from backends.megatron.layouts import canonical_parameters, param_layouts
 from backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_logprobs
 from backends.megatron.optim import (
     OptimSpec,
     clip_gradients,
+    lr_factor,
     make_optimizer,
     reduce_gradients,
 )
@@ -52,7 +54,9 @@ class MegatronEngine:
     Args:
         spec: architecture.
         parallel: layout (DP = world / (TP * CP * PP)).
-        optim: optimizer settings; ``None`` for a scoring-only role (reference).
+        optim: optimizer settings; ``None`` for a scoring-only role (reference). With
+            ``optim.distributed_optimizer`` the parameters live in Megatron DDP's buffers
+            and :attr:`optimizer` is Megatron's (see ``distributed_optim.py``).
         value_head: build a critic (values instead of vocabulary logits).
         seed: seed of the initial weights and of Megatron's TP RNG tracker.
     """
@@ -70,9 +74,14 @@ class MegatronEngine:
         self.device = get_device()
         initialize_parallel(parallel, seed)
         self.model = build_gpt(spec, parallel, value_head=value_head, seed=seed)
-        self.optimizer, self.scheduler = (
-            make_optimizer(self.model, optim) if optim else (None, None)
-        )
+        self.optimizer, self.scheduler = None, None
+        self.distributed: DistributedOptimizer | None = None
+        if optim is not None and optim.distributed_optimizer:
+            with self.device.megatron_compat():
+                self.distributed = DistributedOptimizer(self.model, optim)
+            self.optimizer = self.distributed.optimizer
+        elif optim is not None:
+            self.optimizer, self.scheduler = make_optimizer(self.model, optim)
         self.step = 0
 
     # ---- layout ----------------------------------------------------------------------
@@ -116,6 +125,8 @@ class MegatronEngine:
         """Load full canonical Megatron tensors (non-strict for a critic's missing head)."""
         with self.device.megatron_compat():
             load_full_state_dict(self.model, full, strict=not self.value_head)
+            if self.distributed is not None:
+                self.distributed.reload_model_params()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every canonical parameter as a full CPU tensor, on every rank."""
@@ -216,7 +227,10 @@ class MegatronEngine:
         norm = normalizer if normalizer is not None else self.global_token_count(micro_batches)
         norm = max(norm, 1.0)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.distributed is not None:
+            self.distributed.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
 
         def head(output, batch):
             loss = loss_fn(self._outputs(output, batch, with_entropy), batch)
@@ -225,20 +239,48 @@ class MegatronEngine:
             return loss, loss.detach()
 
         losses = self._run(micro_batches, head, train=True)
+        grad_norm, lr = self._optimizer_step()
+        self.step += 1
+        return {"loss": self._global_loss(losses), "grad_norm": grad_norm, "lr": lr}
+
+    def _optimizer_step(self) -> tuple[float, float]:
+        """Reduce, clip and apply the grads; the grad norm before clipping and the lr."""
+        if self.distributed is not None:
+            lr = self.optim.lr * lr_factor(self.step, self.optim)
+            with self.device.megatron_compat():
+                return self.distributed.step(lr), lr
         with self.device.megatron_compat():
             reduce_gradients(self.model)
             grad_norm = clip_gradients(self.model, self.optim.clip_grad)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
-        self.step += 1
-        return {"loss": self._global_loss(losses), "grad_norm": grad_norm, "lr": lr}
+        return grad_norm, lr
 
     def release_gradients(self) -> None:
         """Drop the gradients of the last step (they are dead once the optimizer stepped);
         the next backward makes new ones. Frees a model's worth of memory for generation."""
-        if self.optimizer is not None:
+        if self.distributed is not None:
+            self.distributed.release_gradients()
+        elif self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_state_tensors(self) -> list[torch.Tensor]:
+        """Every optimizer state tensor of this rank (what allgather-swap parks on the host).
+
+        AdamW: its moments and steps. Distributed optimizer: this DP rank's moments, steps
+        and fp32 main weights (for fp32 models those are views of the weights themselves).
+        """
+        if self.distributed is not None:
+            return self.distributed.state_tensors()
+        if self.optimizer is None:
+            return []
+        return [
+            value
+            for state in self.optimizer.state.values()
+            for value in state.values()
+            if torch.is_tensor(value)
+        ]
 
     def _global_loss(self, losses: list[torch.Tensor]) -> float:
         from megatron.core import parallel_state as ps
@@ -262,6 +304,11 @@ class MegatronEngine:
         state, data_position = checkpoint.load_latest(root)
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None:
+            _check_optimizer_kind(state["optimizer"], self.distributed is not None, root)
+        if self.distributed is not None:
+            with self.device.megatron_compat():
+                self.distributed.load_state_dict(state["optimizer"])  # collective over DP
+        elif self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             _own_optimizer_storage(self.optimizer)
@@ -269,14 +316,31 @@ class MegatronEngine:
         self.step = state["step"]
         return data_position
 
+    def _optimizer_state(self) -> Any:
+        if self.distributed is not None:
+            with self.device.megatron_compat():
+                return self.distributed.state_dict()  # collective over DP
+        return self.optimizer.state_dict() if self.optimizer else None
+
     def _state(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "optimizer": self._optimizer_state(),
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "rng": checkpoint.capture_rng(),
             "step": self.step,
         }
+
+
+def _check_optimizer_kind(optimizer_state: Any, distributed: bool, root: str | Path) -> None:
+    """Refuse a checkpoint written by the other optimizer (their states do not convert)."""
+    saved = isinstance(optimizer_state, dict) and "param_state" in optimizer_state
+    if saved != distributed:
+        raise ValueError(
+            f"the checkpoint under {root} was written with distributed_optimizer="
+            f"{str(saved).lower()} but this run has {str(distributed).lower()}; resume with "
+            "the same optim.distributed_optimizer setting"
+        )
 
 
 def _own_optimizer_storage(optimizer: torch.optim.Optimizer) -> None:

@@ -33,6 +33,9 @@ class OptimSpec:
         betas: AdamW betas.
         eps: AdamW epsilon.
         clip_grad: global grad-norm clip; 0 disables clipping.
+        distributed_optimizer: use Megatron's ``DistributedDataParallel`` + distributed
+            optimizer instead of torch AdamW: Adam moments and fp32 main weights sharded
+            over data parallel (ZeRO-1), same step (see ``distributed_optim.py``).
     """
 
     lr: float = 1e-5
@@ -44,6 +47,7 @@ class OptimSpec:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     clip_grad: float = 1.0
+    distributed_optimizer: bool = False
 
 
 def lr_factor(step: int, optim: OptimSpec) -> float:
