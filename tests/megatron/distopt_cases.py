@@ -1,0 +1,115 @@
+"""Functions run inside spawned ranks by ``test_distributed_optimizer.py``.
+
+Every run starts from the shared per-name weights of ``cases`` and trains a few steps on
+the same global batches (each DP rank takes its share), so a layout with Megatron's
+distributed optimizer can be compared step by step with one rank running torch AdamW.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec
+from backends.megatron.builder import destroy_parallel
+from tests.megatron.cases import DENSE, data_stream, full_weights_for, policy_loss
+
+STEPS = 3
+#: Warm-up + cosine (the lr changes every step), weight decay on, and a clip that some
+#: steps' grad norms exceed and some do not (the test checks both happen).
+ADAMW = OptimSpec(
+    lr=1e-2,
+    schedule="cosine",
+    warmup_steps=1,
+    total_steps=4,
+    weight_decay=0.1,
+    clip_grad=7.0,
+)
+DISTRIBUTED = dataclasses.replace(ADAMW, distributed_optimizer=True)
+
+
+def _dp_share(engine: MegatronEngine, micro_batches: list[dict]) -> list[dict]:
+    return micro_batches[engine.data_parallel_rank() :: engine.data_parallel_size()]
+
+
+def train_from_shared_weights(
+    parallel: ParallelSpec, optim: OptimSpec, steps: int = STEPS
+) -> list[dict]:
+    """Per step: loss, grad norm, lr, the full weights after the step, the Adam moments'
+    element count on this rank and the model's."""
+    full = full_weights_for(DENSE)
+    engine = MegatronEngine(DENSE, parallel, optim)
+    engine.load_full_state_dict(full)
+    records = []
+    for position in range(steps):
+        micro = _dp_share(engine, data_stream(DENSE, position))
+        metrics = engine.train_step(micro, policy_loss, with_entropy=True)
+        records.append({**metrics, "weights": engine.full_state_dict()})
+    # Chained Megatron optimizers expose (index, param) -> state; torch AdamW param -> state.
+    moments = sum(state["exp_avg"].numel() for _, state in engine.optimizer.state.items())
+    records[-1]["moments"] = moments
+    records[-1]["params"] = sum(p.numel() for p in engine.model.parameters())
+    destroy_parallel()
+    dist.barrier()
+    return records
+
+
+def _losses(engine: MegatronEngine, start: int, stop: int) -> list[float]:
+    return [
+        engine.train_step(
+            _dp_share(engine, data_stream(DENSE, pos)), policy_loss, with_entropy=True
+        )["loss"]
+        for pos in range(start, stop)
+    ]
+
+
+def resume(checkpoint_root: str) -> dict:
+    """3 uninterrupted steps vs 2 steps, save, a fresh engine (other init), load, 1 step."""
+    straight = MegatronEngine(DENSE, ParallelSpec(), DISTRIBUTED, seed=1)
+    uninterrupted = _losses(straight, 0, 3)
+    first = MegatronEngine(DENSE, ParallelSpec(), DISTRIBUTED, seed=1)
+    _losses(first, 0, 2)
+    first.save_checkpoint(checkpoint_root, data_position={"next_step": 2})
+    resumed = MegatronEngine(DENSE, ParallelSpec(), DISTRIBUTED, seed=99)
+    position = resumed.load_checkpoint(checkpoint_root)
+    after_resume = _losses(resumed, position["next_step"], 3)
+    adamw = MegatronEngine(DENSE, ParallelSpec(), ADAMW, seed=1)
+    try:
+        adamw.load_checkpoint(checkpoint_root)
+        refusal = None
+    except ValueError as exc:
+        refusal = str(exc)
+    destroy_parallel()
+    dist.barrier()
+    return {"uninterrupted": uninterrupted, "resumed": after_resume, "refusal": refusal}
+
+
+def bf16_keeps_loaded_weights() -> bool:
+    """bf16 keeps fp32 main weights apart: a zero-lr step must keep the loaded weights."""
+    spec = dataclasses.replace(DENSE, dtype="bfloat16")
+    optim = OptimSpec(lr=0.0, distributed_optimizer=True)
+    engine = MegatronEngine(spec, ParallelSpec(), optim, seed=5)
+    loaded = {k: v.to(torch.bfloat16) for k, v in full_weights_for(spec).items()}
+    engine.load_full_state_dict(loaded)
+    engine.train_step(_dp_share(engine, data_stream(spec, 0)), policy_loss, with_entropy=True)
+    after = engine.full_state_dict()
+    destroy_parallel()
+    dist.barrier()
+    return all(torch.equal(after[name], weight) for name, weight in loaded.items())
+
+
+def distributed_on_two_ranks(rank: int, world: int, checkpoint_root: str) -> dict:
+    """The distributed optimizer at DP=2 and at TP=2 (DP=1), resume, bf16 main weights."""
+    return {
+        "dp2": train_from_shared_weights(ParallelSpec(), DISTRIBUTED),
+        "tp2": train_from_shared_weights(ParallelSpec(tp=2), DISTRIBUTED),
+        "resume": resume(checkpoint_root),
+        "bf16": bf16_keeps_loaded_weights(),
+    }
+
+
+def adamw_on_one_rank(rank: int, world: int) -> list[dict]:
+    """The reference: the same steps with torch AdamW on one rank."""
+    return train_from_shared_weights(ParallelSpec(), ADAMW)
