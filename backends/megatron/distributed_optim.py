@@ -88,7 +88,9 @@ class DistributedOptimizer:
             bf16=model.config.params_dtype == torch.bfloat16,
             params_dtype=model.config.params_dtype,
         )
-        # config_overrides={}: weight decay on every parameter, as torch AdamW does.
+        # config_overrides={}: no wd_mult=0 groups for biases and norms. The step uses the
+        # groups' weight_decay (Megatron's scheduler, which applies wd_mult, is not used),
+        # so every parameter decays, as with torch AdamW; this keeps the groups saying so.
         self.optimizer = get_megatron_optimizer(optimizer_config, [self.ddp], config_overrides={})
 
     def zero_grad(self) -> None:

@@ -66,15 +66,23 @@ def _losses(engine: MegatronEngine, start: int, stop: int) -> list[float]:
 
 
 def resume(checkpoint_root: str) -> dict:
-    """3 uninterrupted steps vs 2 steps, save, a fresh engine (other init), load, 1 step."""
+    """4 uninterrupted steps vs 2 steps, save, a fresh engine (other init), load, 2 steps.
+
+    The first loss after the resume only reads the loaded weights; the second one also
+    depends on the restored moments, steps and fp32 main weights.
+    """
     straight = MegatronEngine(DENSE, ParallelSpec(), DISTRIBUTED, seed=1)
-    uninterrupted = _losses(straight, 0, 3)
+    uninterrupted = _losses(straight, 0, 4)
+    final = straight.full_state_dict()
     first = MegatronEngine(DENSE, ParallelSpec(), DISTRIBUTED, seed=1)
     _losses(first, 0, 2)
     first.save_checkpoint(checkpoint_root, data_position={"next_step": 2})
     resumed = MegatronEngine(DENSE, ParallelSpec(), DISTRIBUTED, seed=99)
     position = resumed.load_checkpoint(checkpoint_root)
-    after_resume = _losses(resumed, position["next_step"], 3)
+    after_resume = _losses(resumed, position["next_step"], 4)
+    same_weights = all(
+        torch.equal(weight, final[name]) for name, weight in resumed.full_state_dict().items()
+    )
     adamw = MegatronEngine(DENSE, ParallelSpec(), ADAMW, seed=1)
     try:
         adamw.load_checkpoint(checkpoint_root)
@@ -83,7 +91,12 @@ def resume(checkpoint_root: str) -> dict:
         refusal = str(exc)
     destroy_parallel()
     dist.barrier()
-    return {"uninterrupted": uninterrupted, "resumed": after_resume, "refusal": refusal}
+    return {
+        "uninterrupted": uninterrupted,
+        "resumed": after_resume,
+        "same_weights": same_weights,
+        "refusal": refusal,
+    }
 
 
 def bf16_keeps_loaded_weights() -> bool:
