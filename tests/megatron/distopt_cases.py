@@ -12,22 +12,29 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec
+from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec
 from backends.megatron.builder import destroy_parallel
 from tests.megatron.cases import DENSE, data_stream, full_weights_for, policy_loss
 
 STEPS = 3
 #: Warm-up + cosine (the lr changes every step), weight decay on, and a clip that some
-#: steps' grad norms exceed and some do not (the test checks both happen).
+#: steps' grad norms exceed and some do not (the test checks both happen). Adam divides
+#: each grad by its own magnitude + eps, so a near-zero grad turns the fp32 rounding
+#: noise of a different layout (~1e-7) into weight noise of up to lr / eps times that:
+#: eps = 1e-3 keeps it ~1e-6, under the tolerance, instead of up to lr with 1e-8.
 ADAMW = OptimSpec(
     lr=1e-2,
     schedule="cosine",
     warmup_steps=1,
     total_steps=4,
     weight_decay=0.1,
+    eps=1e-3,
     clip_grad=7.0,
 )
 DISTRIBUTED = dataclasses.replace(ADAMW, distributed_optimizer=True)
+#: Qwen3-style q/k layernorms: shared by the heads split over TP, so their grads are
+#: partial on each TP rank and must be summed over TP.
+QK_NORM = dataclasses.replace(DENSE, family="qwen3", qk_layernorm=True, add_qkv_bias=False)
 
 
 def _dp_share(engine: MegatronEngine, micro_batches: list[dict]) -> list[dict]:
@@ -35,16 +42,16 @@ def _dp_share(engine: MegatronEngine, micro_batches: list[dict]) -> list[dict]:
 
 
 def train_from_shared_weights(
-    parallel: ParallelSpec, optim: OptimSpec, steps: int = STEPS
+    parallel: ParallelSpec, optim: OptimSpec, spec: GPTSpec = DENSE, steps: int = STEPS
 ) -> list[dict]:
     """Per step: loss, grad norm, lr, the full weights after the step, the Adam moments'
     element count on this rank and the model's."""
-    full = full_weights_for(DENSE)
-    engine = MegatronEngine(DENSE, parallel, optim)
+    full = full_weights_for(spec)
+    engine = MegatronEngine(spec, parallel, optim)
     engine.load_full_state_dict(full)
     records = []
     for position in range(steps):
-        micro = _dp_share(engine, data_stream(DENSE, position))
+        micro = _dp_share(engine, data_stream(spec, position))
         metrics = engine.train_step(micro, policy_loss, with_entropy=True)
         records.append({**metrics, "weights": engine.full_state_dict()})
     # Chained Megatron optimizers expose (index, param) -> state; torch AdamW param -> state.
@@ -114,15 +121,21 @@ def bf16_keeps_loaded_weights() -> bool:
 
 
 def distributed_on_two_ranks(rank: int, world: int, checkpoint_root: str) -> dict:
-    """The distributed optimizer at DP=2 and at TP=2 (DP=1), resume, bf16 main weights."""
+    """The distributed optimizer at DP=2, TP=2 and PP=2 (tied embeddings on both stages),
+    q/k norms at TP=2; resume; bf16 main weights."""
     return {
         "dp2": train_from_shared_weights(ParallelSpec(), DISTRIBUTED),
         "tp2": train_from_shared_weights(ParallelSpec(tp=2), DISTRIBUTED),
+        "pp2": train_from_shared_weights(ParallelSpec(pp=2), DISTRIBUTED),
+        "qk_tp2": train_from_shared_weights(ParallelSpec(tp=2), DISTRIBUTED, QK_NORM),
         "resume": resume(checkpoint_root),
         "bf16": bf16_keeps_loaded_weights(),
     }
 
 
-def adamw_on_one_rank(rank: int, world: int) -> list[dict]:
-    """The reference: the same steps with torch AdamW on one rank."""
-    return train_from_shared_weights(ParallelSpec(), ADAMW)
+def adamw_on_one_rank(rank: int, world: int) -> dict[str, list[dict]]:
+    """The references: the same steps with torch AdamW on one rank."""
+    return {
+        "dense": train_from_shared_weights(ParallelSpec(), ADAMW),
+        "qk": train_from_shared_weights(ParallelSpec(), ADAMW, QK_NORM),
+    }

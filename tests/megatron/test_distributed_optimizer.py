@@ -1,7 +1,8 @@
 """Megatron's distributed optimizer (``OptimSpec.distributed_optimizer``) steps like AdamW.
 
-DP=2 (Adam moments sharded over the two ranks) and TP=2 (DP=1) runs start from the
-shared per-name weights and train 3 steps (warm-up + cosine lr, weight decay, a grad
+DP=2 (Adam moments sharded over the two ranks), TP=2 and PP=2 (DP=1; PP splits the tied
+embedding over both stages) and a q/k-layernorm model at TP=2 start from the shared
+per-name weights and train 3 steps (warm-up + cosine lr, weight decay, a grad
 clip active in some steps) on the same global batches as one rank running torch AdamW:
 same loss, grad norm and lr at every step and the same weights after every step. A
 checkpoint resume reproduces the next two losses and the weights bit for bit.
@@ -30,13 +31,16 @@ def runs(tmp_path_factory):
 def test_the_reference_steps_are_clipped_in_some_steps_and_not_in_others(runs):
     reference, _ = runs
     clip = distopt_cases.ADAMW.clip_grad
-    norms = [step["grad_norm"] for step in reference]
+    norms = [step["grad_norm"] for step in reference["dense"]]
     assert any(norm > clip for norm in norms) and any(norm < clip for norm in norms)
 
 
-@pytest.mark.parametrize("layout", ["dp2", "tp2"])
-def test_the_distributed_optimizer_steps_exactly_like_adamw_on_one_rank(runs, layout):
-    reference, two = runs
+@pytest.mark.parametrize(
+    ("layout", "model"), [("dp2", "dense"), ("tp2", "dense"), ("pp2", "dense"), ("qk_tp2", "qk")]
+)
+def test_the_distributed_optimizer_steps_exactly_like_adamw_on_one_rank(runs, layout, model):
+    references, two = runs
+    reference = references[model]
     for rank in range(2):
         steps = two[rank][layout]
         assert len(steps) == len(reference)
@@ -49,9 +53,9 @@ def test_the_distributed_optimizer_steps_exactly_like_adamw_on_one_rank(runs, la
 
 
 def test_each_data_parallel_rank_keeps_only_its_share_of_the_adam_moments(runs):
-    reference, two = runs
-    total = reference[-1]["params"]
-    assert reference[-1]["moments"] == total  # AdamW: every moment on the one rank
+    references, two = runs
+    total = references["dense"][-1]["params"]
+    assert references["dense"][-1]["moments"] == total  # AdamW: every moment on the one rank
     shares = [two[rank]["dp2"][-1]["moments"] for rank in range(2)]
     assert sum(shares) == total and max(shares) < total
     assert two[0]["tp2"][-1]["moments"] == two[0]["tp2"][-1]["params"]  # DP=1: all of them
