@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec
 from backends.megatron.builder import destroy_parallel
-from tests.megatron.cases import DENSE, data_stream, full_weights_for, policy_loss
+from tests.megatron.cases import DENSE, MOE, data_stream, full_weights_for, policy_loss
 
 STEPS = 3
 #: Warm-up + cosine (the lr changes every step), weight decay on, and a clip that some
@@ -66,7 +66,7 @@ def train_from_shared_weights(
 def _losses(engine: MegatronEngine, start: int, stop: int) -> list[float]:
     return [
         engine.train_step(
-            _dp_share(engine, data_stream(DENSE, pos)), policy_loss, with_entropy=True
+            _dp_share(engine, data_stream(engine.spec, pos)), policy_loss, with_entropy=True
         )["loss"]
         for pos in range(start, stop)
     ]
@@ -75,22 +75,24 @@ def _losses(engine: MegatronEngine, start: int, stop: int) -> list[float]:
 def resume(checkpoint_root: str) -> dict:
     """4 uninterrupted steps vs 2 steps, save, a fresh engine (other init), load, 2 steps.
 
-    The first loss after the resume only reads the loaded weights; the second one also
-    depends on the restored moments, steps and fp32 main weights.
+    MoE at EP=2: two chained optimizers, dense parameters sharded over DP=2, experts
+    (expert-DP=1) not. The first loss after the resume only reads the loaded weights;
+    the second one also depends on the restored moments, steps and fp32 main weights.
     """
-    straight = MegatronEngine(DENSE, ParallelSpec(), DISTRIBUTED, seed=1)
+    parallel = ParallelSpec(ep=2)
+    straight = MegatronEngine(MOE, parallel, DISTRIBUTED, seed=1)
     uninterrupted = _losses(straight, 0, 4)
     final = straight.full_state_dict()
-    first = MegatronEngine(DENSE, ParallelSpec(), DISTRIBUTED, seed=1)
+    first = MegatronEngine(MOE, parallel, DISTRIBUTED, seed=1)
     _losses(first, 0, 2)
     first.save_checkpoint(checkpoint_root, data_position={"next_step": 2})
-    resumed = MegatronEngine(DENSE, ParallelSpec(), DISTRIBUTED, seed=99)
+    resumed = MegatronEngine(MOE, parallel, DISTRIBUTED, seed=99)
     position = resumed.load_checkpoint(checkpoint_root)
     after_resume = _losses(resumed, position["next_step"], 4)
     same_weights = all(
         torch.equal(weight, final[name]) for name, weight in resumed.full_state_dict().items()
     )
-    adamw = MegatronEngine(DENSE, ParallelSpec(), ADAMW, seed=1)
+    adamw = MegatronEngine(MOE, parallel, ADAMW, seed=1)
     try:
         adamw.load_checkpoint(checkpoint_root)
         refusal = None
@@ -122,12 +124,13 @@ def bf16_keeps_loaded_weights() -> bool:
 
 def distributed_on_two_ranks(rank: int, world: int, checkpoint_root: str) -> dict:
     """The distributed optimizer at DP=2, TP=2 and PP=2 (tied embeddings on both stages),
-    q/k norms at TP=2; resume; bf16 main weights."""
+    q/k norms at TP=2, MoE at EP=2 (dense and expert optimizers); resume; bf16 weights."""
     return {
         "dp2": train_from_shared_weights(ParallelSpec(), DISTRIBUTED),
         "tp2": train_from_shared_weights(ParallelSpec(tp=2), DISTRIBUTED),
         "pp2": train_from_shared_weights(ParallelSpec(pp=2), DISTRIBUTED),
         "qk_tp2": train_from_shared_weights(ParallelSpec(tp=2), DISTRIBUTED, QK_NORM),
+        "moe_ep2": train_from_shared_weights(ParallelSpec(ep=2), DISTRIBUTED, MOE),
         "resume": resume(checkpoint_root),
         "bf16": bf16_keeps_loaded_weights(),
     }
@@ -138,4 +141,5 @@ def adamw_on_one_rank(rank: int, world: int) -> dict[str, list[dict]]:
     return {
         "dense": train_from_shared_weights(ParallelSpec(), ADAMW),
         "qk": train_from_shared_weights(ParallelSpec(), ADAMW, QK_NORM),
+        "moe": train_from_shared_weights(ParallelSpec(), ADAMW, MOE),
     }

@@ -1,11 +1,12 @@
 """Megatron's distributed optimizer (``OptimSpec.distributed_optimizer``) steps like AdamW.
 
 DP=2 (Adam moments sharded over the two ranks), TP=2 and PP=2 (DP=1; PP splits the tied
-embedding over both stages) and a q/k-layernorm model at TP=2 start from the shared
-per-name weights and train 3 steps (warm-up + cosine lr, weight decay, a grad
-clip active in some steps) on the same global batches as one rank running torch AdamW:
-same loss, grad norm and lr at every step and the same weights after every step. A
-checkpoint resume reproduces the next two losses and the weights bit for bit.
+embedding over both stages), a q/k-layernorm model at TP=2 and an MoE at EP=2 (a dense
+and an expert optimizer) start from the shared per-name weights and train 3 steps
+(warm-up + cosine lr, weight decay, a grad clip active in some steps) on the same global
+batches as one rank running torch AdamW: same loss, grad norm and lr at every step and
+the same weights after every step. A checkpoint resume reproduces the next two losses
+and the weights bit for bit.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def test_the_reference_steps_are_clipped_in_some_steps_and_not_in_others(runs):
 
 
 @pytest.mark.parametrize(
-    ("layout", "model"), [("dp2", "dense"), ("tp2", "dense"), ("pp2", "dense"), ("qk_tp2", "qk")]
+    ("layout", "model"),
+    [("dp2", "dense"), ("tp2", "dense"), ("pp2", "dense"), ("qk_tp2", "qk"), ("moe_ep2", "moe")],
 )
 def test_the_distributed_optimizer_steps_exactly_like_adamw_on_one_rank(runs, layout, model):
     references, two = runs
