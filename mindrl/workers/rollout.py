@@ -31,7 +31,6 @@ from mindrl.reshard import (
     NaiveResharder,
     TrainLayout,
     grad_tensors,
-    optimizer_state_tensors,
 )
 from mindrl.workers.model_setup import InitialModel, pretrained_config
 
@@ -118,10 +117,13 @@ class Rollout:
             return NaiveResharder(params, layouts, train, gen, **kwargs)
         extra = None
         if config.actor.swap_optimizer and self.trainer.optimizer is not None:
-            optimizer = self.trainer.optimizer
+            trainer = self.trainer
 
             def extra():
-                return grad_tensors(params.values()) + optimizer_state_tensors(optimizer)
+                # The engine lists its optimizer's state: torch AdamW's moments, or the
+                # distributed optimizer's moment shards and fp32 main weights. Grads of a
+                # released step (DDP buffers resized to 0) have no bytes and are skipped.
+                return grad_tensors(params.values()) + trainer.optimizer_state_tensors()
 
         return AllgatherSwapResharder(params, layouts, train, gen, swap_extra=extra, **kwargs)
 
