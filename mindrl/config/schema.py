@@ -102,7 +102,11 @@ class OptimConfig:
     adam_beta2: float = option(0.999, "AdamW beta2.", ge=0, le=1)
     adam_eps: float = option(1e-8, "AdamW epsilon.", gt=0)
     clip_grad: float = option(1.0, "Global grad-norm clip; 0 disables.", ge=0)
-    distributed_optimizer: bool = option(True, "Shard optimizer state over DP (Megatron).")
+    distributed_optimizer: bool = option(
+        False,
+        "Megatron DDP + distributed optimizer: Adam moments and fp32 main weights sharded "
+        "over data parallel (ZeRO-1), same step; false: torch AdamW, replicated over DP.",
+    )
 
 
 @dataclass

@@ -53,6 +53,7 @@ def optim_spec(role: RoleConfig, total_steps: int) -> OptimSpec:
         betas=(o.adam_beta1, o.adam_beta2),
         eps=o.adam_eps,
         clip_grad=o.clip_grad,
+        distributed_optimizer=o.distributed_optimizer,
     )
 
 
