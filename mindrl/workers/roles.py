@@ -91,6 +91,10 @@ class ModelWorker:
     ) -> None:
         # Megatron warns at import that TE/Apex are absent; expected off accelerators.
         warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+        # Megatron's DDP / distributed optimizer call c10d collectives torch renamed.
+        warnings.filterwarnings(
+            "ignore", category=FutureWarning, message=r"`torch\.distributed\.\w+` is deprecated"
+        )
         self.rank, self.size, self.role, self.config = rank, size, role, config
         self.section: RoleConfig = getattr(config, role)
         self.device = get_device(device_name)
