@@ -160,16 +160,20 @@ def train_steps(engine: MegatronEngine, start: int, stop: int) -> list[float]:
 
 
 def resume_scenario(checkpoint_root: str) -> dict:
-    """Losses of 3 uninterrupted steps vs 2 steps, save, fresh engine, resume, 1 step."""
+    """Losses of 4 uninterrupted steps vs 2 steps, save, fresh engine, resume, 2 steps.
+
+    The first loss after the resume depends only on the saved weights; the second also
+    on the restored optimizer state (Adam moments, step count) and LR schedule position.
+    """
     optim = OptimSpec(lr=1e-2, schedule="cosine", warmup_steps=1, total_steps=4, clip_grad=0.5)
     straight = MegatronEngine(DENSE, ParallelSpec(), optim, seed=1)
-    uninterrupted = train_steps(straight, 0, 3)
+    uninterrupted = train_steps(straight, 0, 4)
     first = MegatronEngine(DENSE, ParallelSpec(), optim, seed=1)
     train_steps(first, 0, 2)
     first.save_checkpoint(checkpoint_root, data_position={"next_step": 2})
     resumed = MegatronEngine(DENSE, ParallelSpec(), optim, seed=99)  # different init
     position = resumed.load_checkpoint(checkpoint_root)
-    after_resume = train_steps(resumed, position["next_step"], 3)
+    after_resume = train_steps(resumed, position["next_step"], 4)
     destroy_parallel()
     return {"uninterrupted": uninterrupted, "resumed": after_resume, "position": position}
 
