@@ -50,12 +50,6 @@ def generation_shard_spec(spec: GPTSpec, tp: int) -> GPTSpec:
     """
     if tp == 1:
         return spec
-    if spec.is_moe:
-        # vLLM's fused-MoE loaders with TP/EP shards have not been checked against the
-        # training engine here: refuse rather than generate with wrongly placed experts.
-        raise ValueError(
-            f"rollout.tp={tp} with a MoE model is not supported yet: set rollout.tp: 1"
-        )
     return dataclasses.replace(
         spec,
         num_attention_heads=spec.num_attention_heads // tp,

@@ -54,14 +54,23 @@ def decode_and_compare(rollout, trainer, vocab: int) -> dict:
     return out
 
 
-def tp2_generation_case(rank: int, world: int, train_tp: int) -> dict:
+MOE = [
+    "model.family=qwen3_moe",
+    "model.num_experts=4",
+    "model.moe_ffn_hidden_size=64",
+    "model.qk_layernorm=true",
+    "actor.parallel.ep=2",
+]
+
+
+def tp2_generation_case(rank: int, world: int, train_tp: int, extra: list[str]) -> dict:
     from mindrl.config.loader import load_config
     from mindrl.workers.model_setup import initial_model
     from mindrl.workers.roles import MegatronEngine, parallel_spec
     from mindrl.workers.rollout import Rollout
 
     overrides = [f"actor.parallel.tp={train_tp}", "rollout.tp=2", "rollout.engine=vllm"]
-    config = load_config(TINY, [*overrides, "rollout.kv_cache_mib=16"])
+    config = load_config(TINY, [*overrides, "rollout.kv_cache_mib=16", *extra])
     initial = initial_model(config.model)
     trainer = MegatronEngine(initial.spec, parallel_spec(config.actor), seed=config.seed)
     rollout = Rollout(trainer, config, initial, world)
@@ -73,9 +82,14 @@ def tp2_generation_case(rank: int, world: int, train_tp: int) -> dict:
     return {"first": first, "second": second}
 
 
-@pytest.mark.parametrize("train_tp", [2, 1], ids=["train-tp2", "train-tp1-dp2"])
-def test_tp2_engine_reproduces_the_training_engine_after_each_weight_update(train_tp):
-    ranks = run_ranks(tp2_generation_case, 2, train_tp, timeout_s=300)
+@pytest.mark.parametrize(
+    ("train_tp", "extra"),
+    [(2, []), (1, []), (2, MOE)],
+    ids=["train-tp2", "train-tp1-dp2", "moe-train-tp2-ep2"],
+)
+def test_tp2_engine_reproduces_the_training_engine_after_each_weight_update(train_tp, extra):
+    """MoE: experts are tensor-split over the two generation ranks (vLLM TP, no EP)."""
+    ranks = run_ranks(tp2_generation_case, 2, train_tp, extra, timeout_s=300)
     for out in ranks:
         for update in ("first", "second"):
             assert out[update]["engine"] == out[update]["megatron"], update
