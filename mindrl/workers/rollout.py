@@ -88,6 +88,7 @@ class Rollout:
                 memory_fraction=config.rollout.memory_fraction,
                 kv_cache_bytes=_mib_to_bytes(config.rollout.kv_cache_mib),
                 tensor_parallel_size=config.rollout.tp,
+                expert_parallel=config.rollout.ep > 1,
                 enforce_eager=True,
                 seed=config.seed,
             )

@@ -122,6 +122,15 @@ def test_generation_tp2_with_the_hf_engine_is_a_one_line_user_error(tmp_path, ca
     assert "rollout.tp=2 needs the vllm engine" in err and "Traceback" not in err
 
 
+def test_generation_ep_beyond_the_tp_group_is_a_one_line_user_error(tmp_path, capsys):
+    moe = ["model.family=qwen3_moe", "model.num_experts=4", "model.moe_ffn_hidden_size=64"]
+    config = tiny_config(tmp_path, "grpo", "iterations=2", *moe, "rollout.ep=2")
+    assert train(config, "grpo", device="cpu") == 2
+    err = capsys.readouterr().err
+    assert "rollout.ep=2" in err and "set rollout.ep to rollout.tp (1)" in err
+    assert "Traceback" not in err
+
+
 def test_ppo_with_reference_epochs_and_minibatches_runs_every_stage(tmp_path):
     config = tiny_config(
         tmp_path,

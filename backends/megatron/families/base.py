@@ -160,6 +160,8 @@ class LlamaLikeFamily:
         yield dst + self.hf_router + ".weight", full[src + "router.weight"]
         for expert in range(spec.num_experts):
             mg_expert = f"{src}experts.local_experts.{expert}."
+            if mg_expert + "linear_fc1.weight" not in full:
+                continue  # a generation rank with expert parallelism holds only its own
             yield from _swiglu_to_hf(full, mg_expert, f"{dst}{self.hf_experts}.{expert}.")
         if spec.moe_shared_expert_size:
             yield from _swiglu_to_hf(
