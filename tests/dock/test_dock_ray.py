@@ -182,11 +182,27 @@ def small_dock(ray_cluster):
     shutdown_dock(handle)
 
 
+def kill_and_wait_for_death(actor, timeout_s: float = 10.0) -> None:
+    """``ray.kill`` is asynchronous: a call sent right after it may still be served
+    (it was, once in a CI run). Wait until the actor answers with its death."""
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=1)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the actor was still alive {timeout_s} s after ray.kill")
+
+
 def test_a_killed_warehouse_fails_clearly_within_the_timeout(small_dock):
 
     client = DockClient(small_dock)
     client.put(np.arange(6), {"response_ids": [response(i) for i in range(6)]})
-    ray.kill(small_dock.warehouses[1].actor, no_restart=True)
+    kill_and_wait_for_death(small_dock.warehouses[1].actor)
     start = time.monotonic()
     with pytest.raises(DockError, match=r"TD warehouse 1 \(node \w+\) is dead"):
         client.put(np.arange(3, 6), {"reward": torch.zeros(3)})
@@ -198,7 +214,7 @@ def test_a_killed_warehouse_fails_clearly_within_the_timeout(small_dock):
 def test_a_killed_controller_fails_clearly_instead_of_hanging(small_dock):
 
     client = DockClient(small_dock)
-    ray.kill(small_dock.controllers["reward"], no_restart=True)
+    kill_and_wait_for_death(small_dock.controllers["reward"])
     start = time.monotonic()
     with pytest.raises(DockError, match="TD controller of stage 'reward' is dead"):
         client.claim("reward", ["response_ids"], 1, timeout_s=5)
