@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import re
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -24,14 +23,10 @@ from backends.generation.base import (
     GenerationResult,
     SamplingParams,
 )
+from backends.hf_experts import fused_expert_view
 
 #: Left-padding id; any valid id works since padded positions are masked out.
 _PAD_ID = 0
-
-
-_EXPERT_NAME = re.compile(
-    r"(?P<prefix>.*\.)experts\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight"
-)
 
 
 def build_hf_model(config: EngineConfig) -> PreTrainedModel:
@@ -100,17 +95,10 @@ class HFGenerationEngine(GenerationEngine):
         """
         if name in self._params:
             return name, self._params[name]
-        match = _EXPERT_NAME.fullmatch(name)
-        if match is not None:
-            prefix, expert, proj = match["prefix"], int(match["expert"]), match["proj"]
-            fused = f"{prefix}experts.{'down_proj' if proj == 'down' else 'gate_up_proj'}"
-            if fused in self._params:
-                view = self._params[fused][expert]
-                if proj != "down":
-                    half = view.shape[0] // 2
-                    view = view[:half] if proj == "gate" else view[half:]
-                return fused, view
-        raise KeyError(f"load_weights: the model has no parameter '{name}'")
+        target = fused_expert_view(name, self._params)
+        if target is None:
+            raise KeyError(f"load_weights: the model has no parameter '{name}'")
+        return target
 
     def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):

@@ -48,6 +48,7 @@ from backends.generation.base import (
     GenerationResult,
     SamplingParams,
 )
+from backends.hf_experts import unfuse_experts
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # vLLM logs every weight reload and cache reset at INFO: once per RL iteration per rank.
@@ -377,26 +378,13 @@ def _hf_parameter_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
 
     From a meta-device instance; transformers 5 fuses MoE experts into
     ``experts.gate_up_proj [E, 2I, H]`` / ``experts.down_proj [E, H, I]``, which are
-    listed one expert at a time, as checkpoints (and the resharder) name them.
+    listed one expert at a time (``backends.hf_experts``), as the resharder names them.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, tensor in model.state_dict().items():
-        experts, _, fused = name.rpartition(".experts.")
-        if fused == "gate_up_proj" and tensor.dim() == 3:
-            count, rows, cols = tensor.shape
-            for e in range(count):
-                for proj in ("gate_proj", "up_proj"):
-                    shapes[f"{experts}.experts.{e}.{proj}.weight"] = (rows // 2, cols)
-        elif fused == "down_proj" and tensor.dim() == 3:
-            for e in range(tensor.shape[0]):
-                shapes[f"{experts}.experts.{e}.down_proj.weight"] = tuple(tensor.shape[1:])
-        else:
-            shapes[name] = tuple(tensor.shape)
-    return shapes
+    return {name: tuple(t.shape) for name, t in unfuse_experts(model.state_dict()).items()}
 
 
 def _request_seed(seed: int | None, prompt_index: int) -> int | None:

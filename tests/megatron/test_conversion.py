@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from backends.hf_experts import unfuse_experts
 from backends.layout import ParamLayout
 from backends.megatron import GPTSpec
 from backends.megatron.families import family_for_architecture
 from backends.megatron.families.base import interleave_qkv
-from backends.megatron.families.qwen3 import unfuse_transformers_experts
 from backends.megatron.sharding import shard_tensor, unshard_tensors
 
 
@@ -39,7 +39,7 @@ def tiny_hf_model(kind: str):
 
 def round_trip(kind: str) -> None:
     model = tiny_hf_model(kind)
-    hf = unfuse_transformers_experts(dict(model.state_dict()))
+    hf = unfuse_experts(dict(model.state_dict()))
     family = family_for_architecture(type(model).__name__)
     spec = family.spec_from_hf_config(model.config.to_dict())
     full = family.hf_to_megatron(hf, spec, tp=4)

@@ -38,26 +38,3 @@ class Qwen3MoeFamily(Qwen3Family):
             # HF's default is False: top-k of the full softmax, not renormalised.
             "moe_router_pre_softmax": not hf_config.get("norm_topk_prob", False),
         }
-
-
-def unfuse_transformers_experts(state: dict) -> dict:
-    """transformers>=5 in-memory MoE tensors -> checkpoint names (``experts.{e}.*_proj``).
-
-    transformers 5 keeps ``mlp.experts.gate_up_proj [E, 2I, H]`` (gate rows, then up)
-    and ``mlp.experts.down_proj [E, H, I]``; safetensors checkpoints and vLLM use one
-    tensor per expert, which is what this family converts.
-    """
-    out = {}
-    for name, tensor in state.items():
-        if name.endswith("mlp.experts.gate_up_proj"):
-            prefix = name[: -len("gate_up_proj")]
-            for e, fused in enumerate(tensor):
-                gate, up = fused.chunk(2)
-                out[f"{prefix}{e}.gate_proj.weight"] = gate
-                out[f"{prefix}{e}.up_proj.weight"] = up
-        elif name.endswith("mlp.experts.down_proj"):
-            prefix = name[: -len("down_proj")]
-            out.update({f"{prefix}{e}.down_proj.weight": w for e, w in enumerate(tensor)})
-        else:
-            out[name] = tensor
-    return out
