@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from backends.megatron.layouts import is_expert_param
-from backends.megatron.optim import OptimSpec
+from backends.megatron.optim import OptimSpec, optimizer_state_tensors
 
 
 class DistributedOptimizer:
@@ -129,8 +129,7 @@ class DistributedOptimizer:
         for inner in self._inner_optimizers():
             for group in inner.param_groups:
                 tensors += group["params"]
-            for state in inner.state.values():
-                tensors += [v for v in state.values() if torch.is_tensor(v)]
+            tensors += optimizer_state_tensors(inner)
         return tensors
 
     def _inner_optimizers(self) -> list[torch.optim.Optimizer]:

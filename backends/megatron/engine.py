@@ -34,6 +34,7 @@ from backends.megatron.optim import (
     clip_gradients,
     lr_factor,
     make_optimizer,
+    optimizer_state_tensors,
     reduce_gradients,
 )
 from backends.megatron.pipeline import megatron_schedule, run_micro_batches
@@ -273,14 +274,7 @@ class MegatronEngine:
         """
         if self.distributed is not None:
             return self.distributed.state_tensors()
-        if self.optimizer is None:
-            return []
-        return [
-            value
-            for state in self.optimizer.state.values()
-            for value in state.values()
-            if torch.is_tensor(value)
-        ]
+        return optimizer_state_tensors(self.optimizer) if self.optimizer is not None else []
 
     def _global_loss(self, losses: list[torch.Tensor]) -> float:
         from megatron.core import parallel_state as ps

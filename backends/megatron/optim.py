@@ -79,6 +79,11 @@ def make_optimizer(model: nn.Module, optim: OptimSpec):
     return optimizer, scheduler
 
 
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor in a torch optimizer's state (exp_avg, exp_avg_sq, step, ...)."""
+    return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+
+
 def reduce_gradients(model: nn.Module) -> None:
     """Sum grads over data-parallel replicas (experts over expert-DP), of TP-replicated
     parameters that see only part of the data over TP, and of tied embeddings.

@@ -28,7 +28,6 @@ Per iteration the actor worker does::
 from mindrl.reshard.allgather_swap import (
     AllgatherSwapResharder,
     grad_tensors,
-    optimizer_state_tensors,
 )
 from mindrl.reshard.layouts import (
     GenLayout,
@@ -56,7 +55,6 @@ __all__ = [
     "check_layout_pair",
     "grad_tensors",
     "local_training_shards",
-    "optimizer_state_tensors",
     "stage_of",
     "synthetic_layouts",
     "synthetic_weights",

@@ -29,8 +29,8 @@ class AllgatherSwapResharder(BaseResharder):
 
     Args:
         swap_extra: returns the extra training tensors to swap with the weights, e.g.
-            ``lambda: grads + optimizer_state_tensors(optimizer)``; called at every swap
-            so state created lazily by the optimizer is included.
+            ``lambda: grad_tensors(params) + engine.optimizer_state_tensors()``; called
+            at every swap so state created lazily by the optimizer is included.
         **kwargs: passed to :class:`BaseResharder`.
 
     Attributes:
@@ -93,11 +93,6 @@ class AllgatherSwapResharder(BaseResharder):
         """Block until a pending overlapped :meth:`swap_in` is complete."""
         self.host.wait()
         self.timeline.record("swap_in")
-
-
-def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """Every tensor in a torch optimizer's state (exp_avg, exp_avg_sq, step, ...)."""
-    return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
 
 
 def grad_tensors(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:

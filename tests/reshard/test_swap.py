@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from backends.device import get_device
+from backends.megatron.optim import optimizer_state_tensors
 from mindrl.config import ParallelConfig
 from mindrl.plan.memory import redundant_bytes
 from mindrl.reshard import (
@@ -18,7 +19,6 @@ from mindrl.reshard import (
     NaiveResharder,
     TrainLayout,
     grad_tensors,
-    optimizer_state_tensors,
     stage_of,
     synthetic_weights,
 )
