@@ -128,14 +128,14 @@ def launch_run(run: RunState, device_name: str, resume: bool) -> None:
 
 
 def _preflight(config: MindRLConfig) -> None:
-    if config.rollout.tp != 1 and engine_name(config.rollout.engine) != "vllm":
+    rollout = config.rollout
+    if rollout.tp != 1 and engine_name(rollout.engine) != "vllm":
         installed = "installed" if "vllm" in available_engines() else "not installed"
         raise RunSetupError(
-            f"rollout.tp={config.rollout.tp} needs the vllm engine (rollout.engine is "
-            f"{config.rollout.engine!r}, vllm is {installed} here): set rollout.engine: vllm "
+            f"rollout.tp={rollout.tp} needs the vllm engine (rollout.engine is "
+            f"{rollout.engine!r}, vllm is {installed} here): set rollout.engine: vllm "
             "(scripts/install_vllm_cpu.sh on a CPU), or rollout.tp: 1 for the hf engine"
         )
-    rollout = config.rollout
     if rollout.ep not in (1, rollout.tp):
         raise RunSetupError(
             f"rollout.ep={rollout.ep}: inside a training job vLLM's expert-parallel group "

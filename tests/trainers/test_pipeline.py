@@ -27,6 +27,16 @@ NO_VLLM_REASON = "vllm is not importable here: run it in .venv-vllm (scripts/ins
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 
+#: The tiny config as a Qwen3-MoE policy trained TP2 x EP2 (sequence parallel).
+MOE = (
+    "model.family=qwen3_moe",
+    "model.num_experts=4",
+    "model.moe_ffn_hidden_size=64",
+    "model.qk_layernorm=true",
+    "actor.parallel.ep=2",
+)
+
+
 def tiny_config(tmp_path: Path, trainer: str = "grpo", *overrides: str):
     return load_config(
         DEFAULT_CONFIG,
@@ -99,16 +109,7 @@ def test_generation_tp2_with_vllm_learns_and_samples_with_the_trained_weights(tm
 
 def test_a_moe_policy_trained_with_tp2_ep2_generates_with_exactly_its_weights(tmp_path):
     """Qwen3-MoE: sequence-parallel TP2 + EP2 training -> allgather-swap -> hf engine."""
-    config = tiny_config(
-        tmp_path,
-        "grpo",
-        "iterations=6",
-        "model.family=qwen3_moe",
-        "model.num_experts=4",
-        "model.moe_ffn_hidden_size=64",
-        "model.qk_layernorm=true",
-        "actor.parallel.ep=2",
-    )
+    config = tiny_config(tmp_path, "grpo", "iterations=6", *MOE)
     assert train(config, "grpo", device="cpu") == 0
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(records) == 6
@@ -123,8 +124,7 @@ def test_generation_tp2_with_the_hf_engine_is_a_one_line_user_error(tmp_path, ca
 
 
 def test_generation_ep_beyond_the_tp_group_is_a_one_line_user_error(tmp_path, capsys):
-    moe = ["model.family=qwen3_moe", "model.num_experts=4", "model.moe_ffn_hidden_size=64"]
-    config = tiny_config(tmp_path, "grpo", "iterations=2", *moe, "rollout.ep=2")
+    config = tiny_config(tmp_path, "grpo", "iterations=2", *MOE, "rollout.ep=2")
     assert train(config, "grpo", device="cpu") == 2
     err = capsys.readouterr().err
     assert "rollout.ep=2" in err and "set rollout.ep to rollout.tp (1)" in err
