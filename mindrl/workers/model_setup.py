@@ -92,6 +92,7 @@ def hf_config_for(spec: GPTSpec) -> dict:
         "rms_norm_eps": spec.norm_eps,
         "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
         "tie_word_embeddings": spec.tie_word_embeddings,
+        "attention_bias": spec.add_qkv_bias,  # Llama / Qwen3 flag; Qwen2 always has it
         "torch_dtype": spec.dtype,
     }
     if spec.is_moe:

@@ -1,0 +1,29 @@
+"""The HF config the generation engine is built from matches the training engine's spec."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from mindrl.config import load_config
+from mindrl.workers.model_setup import gpt_spec, hf_config_for, pretrained_config
+from trainers.cli import DEFAULT_CONFIG
+
+
+@pytest.mark.parametrize(
+    ("overrides", "biased"),
+    [
+        (["model.qkv_bias=true"], True),
+        ([], False),
+        (["model.family=qwen2", "model.qkv_bias=true"], True),
+        (["model.family=qwen3", "model.qk_layernorm=true"], False),
+    ],
+    ids=["llama-bias", "llama", "qwen2", "qwen3"],
+)
+def test_the_generation_model_has_qkv_biases_exactly_when_the_spec_does(overrides, biased):
+    spec = gpt_spec(load_config(DEFAULT_CONFIG, overrides).model)
+    model = AutoModelForCausalLM.from_config(pretrained_config(hf_config_for(spec)))
+    names = {name for name, _ in model.named_parameters()}
+    assert spec.add_qkv_bias is biased
+    assert ("model.layers.0.self_attn.q_proj.bias" in names) is biased
+    assert ("model.layers.0.self_attn.v_proj.bias" in names) is biased
