@@ -165,31 +165,20 @@ def missing_requirements(models: list[str], systems: list[str]) -> list[str]:
 def tiny_hf_folder(model_section: Any, tokenizer: Any, seed: int, folder: Path) -> Path:
     """The config's tiny Llama, seeded random init, saved as an HF folder."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from backends.megatron.hf_io import save_hf_folder
+    from mindrl.workers.model_setup import gpt_spec, hf_config_for, pretrained_config
 
     if model_section.family != "llama":
         raise UsageError(f"model.family {model_section.family!r}: the tiny model must be llama")
-    config = LlamaConfig(
-        architectures=["LlamaForCausalLM"],
-        vocab_size=model_section.vocab_size,
-        hidden_size=model_section.hidden_size,
-        intermediate_size=model_section.ffn_hidden_size,
-        num_hidden_layers=model_section.num_layers,
-        num_attention_heads=model_section.num_attention_heads,
-        num_key_value_heads=model_section.num_kv_heads,
-        head_dim=model_section.kv_channels,
-        max_position_embeddings=model_section.max_position_embeddings,
-        rms_norm_eps=model_section.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": model_section.rope_theta},
-        tie_word_embeddings=model_section.tie_word_embeddings,
-        attention_bias=model_section.qkv_bias,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        dtype=model_section.dtype,
-    )
+    # The pipeline's own recipe (section -> spec -> HF config), plus the tokenizer's ids.
+    tokens = {
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    config = pretrained_config(hf_config_for(gpt_spec(model_section)) | tokens)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(getattr(torch, model_section.dtype))
     save_hf_folder(dict(model.state_dict()), config.to_dict(), folder)
