@@ -86,6 +86,15 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
             "moe_aux_loss_coeff": spec.moe_aux_loss_coeff,
             "moe_router_pre_softmax": spec.moe_router_pre_softmax,
         }
+    recompute = {}
+    if parallel.activation_checkpointing:
+        # Full recompute of each layer; sequence parallelism already splits the kept
+        # layer inputs over TP (distribute_saved_activations would do it twice).
+        recompute = {
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+        }
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -119,6 +128,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         **moe,
+        **recompute,
     )
 
 

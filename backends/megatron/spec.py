@@ -102,6 +102,10 @@ class ParallelSpec:
         cp: context parallel size; must be 1 (see :func:`validate`).
         ep: expert parallel size.
         etp: expert tensor parallel size.
+        activation_checkpointing: recompute every transformer layer in backward (Megatron's
+            full, uniform recompute, one layer per checkpoint): only each layer's input is
+            kept from the forward pass. Not a parallel size, but a per-device memory
+            choice that belongs with the layout it is made for.
     """
 
     tp: int = 1
@@ -109,6 +113,7 @@ class ParallelSpec:
     cp: int = 1
     ep: int = 1
     etp: int = 1
+    activation_checkpointing: bool = False
 
     @property
     def sequence_parallel(self) -> bool:

@@ -6,8 +6,9 @@ Bytes are decimal (``GB`` = 1e9 B) as in the paper's memory figures. The model:
   fp32 (Megatron keeps fp32 main grads); Adam state of 12 B/param for 16-bit models
   (fp32 master + m + v) or 8 B/param for fp32 models, divided over DP (experts: EDP)
   with the distributed optimizer; activations ~ ``34 * s * b * h / tp`` bytes per layer
-  and micro-batch (Korthikanti et al., no sequence parallel), ``2 * s * b * h`` with
-  full recompute.
+  and micro-batch (Korthikanti et al. with sequence parallelism, which the engine turns
+  on whenever tp > 1; flash attention, so no ``s^2`` term), ``2 * s * b * h / tp`` with
+  full recompute (``actor.activation_checkpointing``: only each layer's input is kept).
 * generation stage (PP = 1, generation TP/EP): the generation weight shard, the KV
   cache in what is left of ``rollout.memory_fraction`` of the device, plus whatever
   training state stays resident. Naive resharding keeps all training state; with
@@ -116,7 +117,8 @@ def activation_bytes(config: MindRLConfig) -> int:
     model, parallel, role = config.model, config.actor.parallel, config.actor
     seq = (config.rollout.max_prompt_length + config.rollout.max_response_length) // parallel.cp
     layers = max(stage_layer_counts(parallel, model.num_layers))
-    factor = RECOMPUTE_FACTOR if role.activation_checkpointing else ACTIVATION_FACTOR / parallel.tp
+    factor = RECOMPUTE_FACTOR if role.activation_checkpointing else ACTIVATION_FACTOR
+    factor /= parallel.tp  # sequence parallelism splits what is kept over TP
     return int(factor * seq * role.micro_batch_size * model.hidden_size * layers)
 
 

@@ -59,7 +59,14 @@ def optim_spec(role: RoleConfig, total_steps: int) -> OptimSpec:
 
 def parallel_spec(role: RoleConfig) -> ParallelSpec:
     p = role.parallel
-    return ParallelSpec(tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, etp=p.etp)
+    return ParallelSpec(
+        tp=p.tp,
+        pp=p.pp,
+        cp=p.cp,
+        ep=p.ep,
+        etp=p.etp,
+        activation_checkpointing=role.activation_checkpointing,
+    )
 
 
 def free_port() -> int:

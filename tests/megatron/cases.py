@@ -139,6 +139,8 @@ def sequence_parallel_layouts(rank: int, world: int) -> dict:
         "moe_tp2_ep2": run_layout(MOE, ParallelSpec(tp=2, ep=2)),
         "dense_tp2_odd": run_layout(DENSE, ParallelSpec(tp=2), seq_len=ODD_LEN),
         "critic_tp2": critic_scenario(ParallelSpec(tp=2)),
+        "dense_tp2_recompute": run_layout(DENSE, ParallelSpec(tp=2, activation_checkpointing=True)),
+        "moe_tp2_recompute": run_layout(MOE, ParallelSpec(tp=2, activation_checkpointing=True)),
     }
 
 
@@ -186,7 +188,39 @@ def reference_on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
         "dense_odd": run_layout(DENSE, ParallelSpec(), seq_len=ODD_LEN),
         "resume": resume_scenario(checkpoint_root),
         "critic": critic_scenario(),
+        "kept_bytes": {
+            recompute: forward_activation_bytes(
+                DENSE, ParallelSpec(activation_checkpointing=recompute)
+            )
+            for recompute in (False, True)
+        },
     }
+
+
+def forward_activation_bytes(spec: GPTSpec, parallel: ParallelSpec) -> int:
+    """Bytes autograd keeps from one micro-batch's forward pass for its backward pass.
+
+    Counts what is saved for backward up to the first unpack (the backward of that
+    micro-batch), skipping parameters, which stay resident anyway.
+    """
+    engine = MegatronEngine(spec, parallel, NO_CLIP)
+    engine.load_full_state_dict(full_weights_for(spec))
+    params = {p.untyped_storage().data_ptr() for p in engine.model.parameters()}
+    kept = {"bytes": 0, "backward": False}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if not kept["backward"] and tensor.untyped_storage().data_ptr() not in params:
+            kept["bytes"] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        kept["backward"] = True
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        engine.train_step(batches(spec, count=1, s=32), policy_loss, with_entropy=True)
+    destroy_parallel()
+    return kept["bytes"]
 
 
 def critic_scenario(parallel: ParallelSpec | None = None) -> dict:

@@ -125,6 +125,19 @@ def test_a_sequence_parallel_critic_scores_and_learns_exactly_like_one_rank(runs
         assert critic["losses"] == pytest.approx(reference["critic"]["losses"], rel=1e-5)
 
 
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_activation_checkpointing_trains_exactly_like_keeping_activations(runs, sp_runs, model):
+    reference, _ = runs
+    for rank in range(2):
+        assert_same_step(sp_runs[rank][f"{model}_tp2_recompute"], reference[model])
+
+
+def test_activation_checkpointing_keeps_a_fraction_of_the_forward_activations(runs):
+    reference, _ = runs
+    kept = reference["kept_bytes"]
+    assert 0 < kept[True] < kept[False] / 3, kept  # 4.7x fewer bytes on this model
+
+
 def test_moe_with_tp_is_accepted_and_context_parallelism_is_refused_with_the_fix():
     validate(cases.MOE, ParallelSpec(tp=2, ep=2), world_size=2)
     with pytest.raises(ValueError, match=r"cp=2: context parallelism .* set cp=1"):

@@ -1,10 +1,11 @@
-"""A role's ``optim`` section becomes the engine's ``OptimSpec`` (mindrl/workers/roles.py)."""
+"""A role's section becomes the engine's ``OptimSpec`` and ``ParallelSpec`` (workers/roles.py)."""
 
 from __future__ import annotations
 
+from backends.megatron import ParallelSpec
 from mindrl.config import load_config
 from mindrl.config.schema import OptimConfig
-from mindrl.workers.roles import optim_spec
+from mindrl.workers.roles import optim_spec, parallel_spec
 from trainers.cli import DEFAULT_CONFIG
 
 
@@ -20,3 +21,13 @@ def test_the_distributed_optimizer_is_off_by_default_and_reaches_the_engine_when
     spec = optim_spec(config.actor, total_steps=10)
     assert spec.distributed_optimizer and spec.eps == 1e-6 and spec.total_steps == 10
     assert not optim_spec(config.critic, total_steps=10).distributed_optimizer
+
+
+def test_a_roles_layout_and_activation_checkpointing_reach_the_engine():
+    config = load_config(
+        DEFAULT_CONFIG,
+        ["actor.activation_checkpointing=true", "actor.parallel.tp=2", "critic.parallel.tp=2"],
+        trainer="ppo",
+    )
+    assert parallel_spec(config.actor) == ParallelSpec(tp=2, activation_checkpointing=True)
+    assert parallel_spec(config.critic) == ParallelSpec(tp=2)
