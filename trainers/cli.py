@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -99,6 +100,13 @@ def device_bytes_for_plan(config: MindRLConfig, device_name: str) -> int:
         ) from None
 
 
+def host_bytes_for_plan(config: MindRLConfig) -> int:
+    """Host memory per node: the config's, else this machine's (plan on a cluster node)."""
+    if config.resources.host_memory_gib is not None:
+        return int(config.resources.host_memory_gib * 2**30)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def dry_run(config: MindRLConfig, trainer: str, requested_device: str | None, as_json: bool) -> int:
     device_name = (
         requested_device if requested_device not in (None, "auto") else resolve_device(None)
@@ -108,6 +116,7 @@ def dry_run(config: MindRLConfig, trainer: str, requested_device: str | None, as
         trainer_shape(trainer, config),
         device_name,
         device_bytes_for_plan(config, device_name),
+        host_bytes_for_plan(config),
     )
     if as_json:
         print(json.dumps(plan, indent=2))

@@ -27,7 +27,9 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
     for problem in plan["fit_problems"]:
         console.print(f"[bold red]does not fit:[/bold red] {problem}")
     if not plan["fit_problems"]:
-        console.print("[green]fits:[/green] every stage fits in device memory")
+        console.print(
+            "[green]fits:[/green] every stage fits in device memory, the swap in host memory"
+        )
 
 
 def placement_table(plan: dict) -> Table:
@@ -100,6 +102,11 @@ def memory_table(plan: dict) -> Table:
     table.add_row("gen: KV-cache tokens", f"{max(tokens[0], 0):,}", f"{max(tokens[1], 0):,}")
     table.add_row("redundant weight bytes (Eq. 3)", gb(mem["redundant_bytes"]), gb(0))
     table.add_row("swapped to host per iteration", "-", gb(mem["swap_bytes"]))
+    table.add_row(
+        f"host memory pinned per node (of {gb(mem['host_bytes'])})",
+        "-",
+        gb(mem["host_swap_bytes"]),
+    )
     return table
 
 

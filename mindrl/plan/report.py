@@ -56,9 +56,23 @@ def placement(config: MindRLConfig, trainer: TrainerShape) -> list[dict]:
     return nodes
 
 
-def fit_problems(memory: MemoryPlan, swap: bool) -> list[str]:
-    """Stages that do not fit in one device, with the shortfall."""
+def host_swap_bytes(memory: MemoryPlan, config: MindRLConfig) -> int:
+    """Host bytes one node pins for allgather-swap: every device's swapped training state."""
+    return memory.swap_bytes * config.resources.devices_per_node if config.rollout.swap else 0
+
+
+def fit_problems(memory: MemoryPlan, config: MindRLConfig, host_bytes: int) -> list[str]:
+    """Stages that do not fit in one device (or the swap in one host), with the shortfall."""
+    swap = config.rollout.swap
     problems = []
+    pinned = host_swap_bytes(memory, config)
+    if pinned > host_bytes:
+        problems.append(
+            f"allgather-swap pins {pinned / GB:.1f} GB of host memory per node "
+            f"({config.resources.devices_per_node} devices), more than the "
+            f"{host_bytes / GB:.1f} GB available; set resources.host_memory_gib to the "
+            "nodes' memory, or turn actor.swap_optimizer off"
+        )
     if memory.training.total > memory.device_bytes:
         over = (memory.training.total - memory.device_bytes) / GB
         problems.append(
@@ -76,7 +90,11 @@ def fit_problems(memory: MemoryPlan, swap: bool) -> list[str]:
 
 
 def build_plan(
-    config: MindRLConfig, trainer: TrainerShape, device_name: str, device_bytes: int
+    config: MindRLConfig,
+    trainer: TrainerShape,
+    device_name: str,
+    device_bytes: int,
+    host_bytes: int,
 ) -> dict:
     """The whole plan as a JSON-serialisable dict."""
     world = config.world_size
@@ -118,8 +136,12 @@ def build_plan(
             "dp": world // config.rollout.tp,
             "pp": 1,
         },
-        "memory": memory.as_dict(),
+        "memory": {
+            **memory.as_dict(),
+            "host_bytes": host_bytes,
+            "host_swap_bytes": host_swap_bytes(memory, config),
+        },
         "sample_flow": flow.as_dict(),
         "allgather_swap": config.rollout.swap,
-        "fit_problems": fit_problems(memory, config.rollout.swap),
+        "fit_problems": fit_problems(memory, config, host_bytes),
     }

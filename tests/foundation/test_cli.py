@@ -35,6 +35,19 @@ def test_dry_run_json_carries_layouts_memory_and_sample_flow():
     assert plan["memory"]["redundant_bytes"] / 1e9 == pytest.approx(8.19, abs=0.02)
 
 
+def test_a_swap_that_overflows_host_memory_is_a_fit_problem_with_exit_code_3():
+    out = mindrl_train(
+        "--trainer", "grpo", "--config", "configs/qwen25_32b.yaml", "--dry-run", "--json",
+        "resources.host_memory_gib=100",
+    )  # fmt: skip
+    assert out.returncode == 3, out.stderr
+    memory = json.loads(out.stdout)["memory"]
+    assert memory["host_swap_bytes"] == 8 * memory["swap_bytes"]
+    assert memory["host_bytes"] == 100 * 2**30
+    (problem,) = json.loads(out.stdout)["fit_problems"]
+    assert problem.startswith("allgather-swap pins 393.2 GB of host memory per node")
+
+
 def test_a_malformed_config_gets_one_line_and_exit_code_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  hidden_size: [\n")
