@@ -105,6 +105,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
         tensor_model_parallel_size=parallel.tp,
         sequence_parallel=parallel.sequence_parallel,
         pipeline_model_parallel_size=parallel.pp,
+        num_layers_in_first_pipeline_stage=parallel.first_stage_layers,
         context_parallel_size=parallel.cp,
         expert_model_parallel_size=parallel.ep,
         expert_tensor_parallel_size=parallel.etp,

@@ -102,6 +102,9 @@ class ParallelSpec:
         cp: context parallel size; must be 1 (see :func:`validate`).
         ep: expert parallel size.
         etp: expert tensor parallel size.
+        first_stage_layers: layers of the first pipeline stage when they differ from the
+            others' (the rest split evenly over the other ``pp - 1`` stages; the first
+            stage also holds the embedding). None: all stages equal.
         activation_checkpointing: recompute every transformer layer in backward (Megatron's
             full, uniform recompute, one layer per checkpoint): only each layer's input is
             kept from the forward pass. Not a parallel size, but a per-device memory
@@ -113,6 +116,7 @@ class ParallelSpec:
     cp: int = 1
     ep: int = 1
     etp: int = 1
+    first_stage_layers: int | None = None
     activation_checkpointing: bool = False
 
     @property
@@ -143,8 +147,21 @@ def validate(spec: GPTSpec, parallel: ParallelSpec, world_size: int) -> None:
             f"tp={parallel.tp} must divide num_attention_heads={spec.num_attention_heads} "
             f"and num_query_groups={spec.num_query_groups}"
         )
-    if spec.num_layers % parallel.pp:
+    if parallel.first_stage_layers is None and spec.num_layers % parallel.pp:
         raise ValueError(f"pp={parallel.pp} must divide num_layers={spec.num_layers}")
+    if parallel.first_stage_layers is not None:
+        rest = spec.num_layers - parallel.first_stage_layers
+        if (
+            parallel.pp == 1
+            or parallel.first_stage_layers < 1
+            or rest < 1
+            or rest % (parallel.pp - 1)
+        ):
+            raise ValueError(
+                f"first_stage_layers={parallel.first_stage_layers} leaves {rest} of "
+                f"num_layers={spec.num_layers} that do not split evenly over the other "
+                f"{parallel.pp - 1} pipeline stages"
+            )
     if spec.is_moe and spec.num_experts % parallel.ep:
         raise ValueError(f"ep={parallel.ep} must divide num_experts={spec.num_experts}")
     if parallel.cp > 1:

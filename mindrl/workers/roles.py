@@ -65,6 +65,7 @@ def parallel_spec(role: RoleConfig) -> ParallelSpec:
         cp=p.cp,
         ep=p.ep,
         etp=p.etp,
+        first_stage_layers=p.first_stage_layers,
         activation_checkpointing=role.activation_checkpointing,
     )
 

@@ -7,6 +7,7 @@ so every layout (TP, PP, EP) starts from the same full model.
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 import torch
 
@@ -40,6 +41,7 @@ MOE = GPTSpec(
     moe_shared_expert_size=32,
     moe_layers=(1,),
 )
+DENSE3 = replace(DENSE, num_layers=3)  # PP2 with one layer on the first stage, two on the last
 NO_CLIP = OptimSpec(lr=1e-3, clip_grad=0.0)
 
 
@@ -126,6 +128,7 @@ def layouts_on_two_ranks(rank: int, world: int) -> dict:
         "pp2": run_layout(DENSE, ParallelSpec(pp=2)),
         "dp2": run_layout(DENSE, ParallelSpec(), dp_split=True),
         "ep2": run_layout(MOE, ParallelSpec(ep=2), dp_split=True),
+        "pp2_uneven": run_layout(DENSE3, ParallelSpec(pp=2, first_stage_layers=1)),
     }
 
 
@@ -186,6 +189,7 @@ def reference_on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
         "dense": run_layout(DENSE, ParallelSpec()),
         "moe": run_layout(MOE, ParallelSpec()),
         "dense_odd": run_layout(DENSE, ParallelSpec(), seq_len=ODD_LEN),
+        "dense3": run_layout(DENSE3, ParallelSpec()),
         "resume": resume_scenario(checkpoint_root),
         "critic": critic_scenario(),
         "kept_bytes": {

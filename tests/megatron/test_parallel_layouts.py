@@ -48,6 +48,23 @@ def test_a_two_rank_dense_layout_trains_exactly_like_one_rank(runs, layout):
         assert_same_step(two[rank][layout], reference["dense"])
 
 
+def test_an_uneven_pipeline_puts_first_stage_layers_first_and_trains_like_one_rank(runs):
+    reference, two = runs
+    layers = [
+        sorted(
+            {
+                name.split(".")[2]
+                for name in two[rank]["pp2_uneven"]["layouts"]
+                if ".layers." in name
+            }
+        )
+        for rank in range(2)
+    ]
+    assert layers == [["0"], ["1", "2"]]
+    for rank in range(2):
+        assert_same_step(two[rank]["pp2_uneven"], reference["dense3"])
+
+
 def test_expert_parallel_moe_trains_exactly_like_one_rank(runs):
     reference, two = runs
     assert_same_step(two[0]["ep2"], reference["moe"])
@@ -140,6 +157,8 @@ def test_activation_checkpointing_keeps_a_fraction_of_the_forward_activations(ru
 
 def test_moe_with_tp_is_accepted_and_context_parallelism_is_refused_with_the_fix():
     validate(cases.MOE, ParallelSpec(tp=2, ep=2), world_size=2)
+    with pytest.raises(ValueError, match=r"first_stage_layers=2 leaves 1 of num_layers=3"):
+        validate(cases.DENSE3, ParallelSpec(pp=3, first_stage_layers=2), world_size=3)
     with pytest.raises(ValueError, match=r"cp=2: context parallelism .* set cp=1"):
         validate(cases.DENSE, ParallelSpec(cp=2), world_size=2)
 
