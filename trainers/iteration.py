@@ -72,8 +72,13 @@ TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"})
 
 
 def worker_means(results: list[dict]) -> dict[str, float]:
-    """Each metric averaged over the workers that reported it (timing keys left out)."""
-    keys = [k for k in results[0] if k not in TIMING_KEYS]
+    """Each metric averaged over the workers that reported it (timing keys left out).
+
+    Keys are the union over workers: with pipeline parallelism only last-stage ranks
+    compute the loss, so rank 0 alone lacks entropy, KL, clip fraction and the rollout
+    log-prob mismatch.
+    """
+    keys = [k for k in dict.fromkeys(k for r in results for k in r) if k not in TIMING_KEYS]
     return {k: sum(r[k] for r in results if k in r) / sum(k in r for r in results) for k in keys}
 
 

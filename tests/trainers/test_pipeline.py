@@ -116,6 +116,19 @@ def test_a_moe_policy_trained_with_tp2_ep2_generates_with_exactly_its_weights(tm
     assert max(r["rollout_logprob_diff"] for r in records) < 1e-4
 
 
+def test_an_uneven_pipeline_generates_with_exactly_its_weights_and_reports_loss_metrics(tmp_path):
+    """PP2 with 1 + 2 layers: the last stage's loss metrics reach the record."""
+    config = tiny_config(
+        tmp_path, "grpo", "iterations=3", "model.num_layers=3", "actor.parallel.tp=1",
+        "actor.parallel.pp=2", "actor.parallel.first_stage_layers=1",
+    )  # fmt: skip
+    assert train(config, "grpo", device="cpu") == 0
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert len(records) == 3
+    assert max(r["rollout_logprob_diff"] for r in records) < 1e-4
+    assert all(r["entropy"] > 0 for r in records)
+
+
 def test_generation_tp2_with_the_hf_engine_is_a_one_line_user_error(tmp_path, capsys):
     config = tiny_config(tmp_path, "grpo", "iterations=2", "rollout.tp=2", "rollout.engine=hf")
     assert train(config, "grpo", device="cpu") == 2
