@@ -9,6 +9,9 @@ Bytes are decimal (``GB`` = 1e9 B) as in the paper's memory figures. The model:
   and micro-batch (Korthikanti et al. with sequence parallelism, which the engine turns
   on whenever tp > 1; flash attention, so no ``s^2`` term), ``2 * s * b * h / tp`` with
   full recompute (``actor.activation_checkpointing``: only each layer's input is kept).
+* other roles (reference, critic) are collocated on the same devices and stay resident
+  through every stage (nothing offloads them): the reference's weights, the critic's
+  weights + grads + optimizer state, each under its own layout. They add to both stages.
 * generation stage (PP = 1, generation TP/EP): the generation weight shard, the KV
   cache in what is left of ``rollout.memory_fraction`` of the device, plus whatever
   training state stays resident. Naive resharding keeps all training state; with
@@ -25,7 +28,7 @@ Bytes are decimal (``GB`` = 1e9 B) as in the paper's memory figures. The model:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from mindrl.config import MindRLConfig, ModelConfig, ParallelConfig
 from mindrl.config.validate import (
@@ -76,10 +79,17 @@ class MemoryPlan:
     generation_swap: GenerationMemory
     redundant_bytes: int
     swap_bytes: int
+    other_roles: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def training_stage_total(self) -> int:
+        """The actor's update plus the other roles' resident state."""
+        return self.training.total + sum(self.other_roles.values())
 
     def as_dict(self) -> dict:
         out = asdict(self)
         out["training"]["total"] = self.training.total
+        out["training_stage_total"] = self.training_stage_total
         return out
 
 
@@ -93,8 +103,9 @@ def busiest_stage(model: ModelConfig, parallel: ParallelConfig) -> ParamCounts:
     return max(stages, key=lambda c: shard_counts(c, parallel.tp, parallel.ep, parallel.etp))
 
 
-def training_memory(config: MindRLConfig) -> TrainingMemory:
-    model, parallel, role = config.model, config.actor.parallel, config.actor
+def training_memory(config: MindRLConfig, role_name: str = "actor") -> TrainingMemory:
+    model, role = config.model, getattr(config, role_name)
+    parallel = role.parallel
     dtype_bytes = DTYPE_BYTES[model.dtype]
     stage = busiest_stage(model, parallel)
     local = shard_counts(stage, parallel.tp, parallel.ep, parallel.etp)
@@ -109,12 +120,22 @@ def training_memory(config: MindRLConfig) -> TrainingMemory:
         weights=int(local * dtype_bytes),
         grads=int(local * GRAD_BYTES),
         optimizer=int((dense + experts) * optim_bytes),
-        activations=activation_bytes(config),
+        activations=activation_bytes(config, role_name),
     )
 
 
-def activation_bytes(config: MindRLConfig) -> int:
-    model, parallel, role = config.model, config.actor.parallel, config.actor
+def resident_bytes(config: MindRLConfig, role_name: str) -> int:
+    """What a collocated role keeps on the device outside its own compute: the reference
+    its weights, a trained role (critic) its weights, grads and optimizer state."""
+    memory = training_memory(config, role_name)
+    if role_name == "reference":
+        return memory.weights
+    return memory.weights + memory.grads + memory.optimizer
+
+
+def activation_bytes(config: MindRLConfig, role_name: str = "actor") -> int:
+    model, role = config.model, getattr(config, role_name)
+    parallel = role.parallel
     seq = (config.rollout.max_prompt_length + config.rollout.max_response_length) // parallel.cp
     layers = max(stage_layer_counts(parallel, model.num_layers))
     factor = RECOMPUTE_FACTOR if role.activation_checkpointing else ACTIVATION_FACTOR
@@ -139,10 +160,16 @@ def redundant_bytes(model: ModelConfig, train: ParallelConfig, gen_ep: int) -> i
     return int((stage.tp / train.tp + max(expert_redundant, 0)) * DTYPE_BYTES[model.dtype])
 
 
-def plan_memory(config: MindRLConfig, device_bytes: int) -> MemoryPlan:
-    """Per-device memory of both stages, with and without allgather–swap."""
+def plan_memory(
+    config: MindRLConfig, device_bytes: int, roles: tuple[str, ...] = ("actor",)
+) -> MemoryPlan:
+    """Per-device memory of both stages, with and without allgather–swap.
+
+    ``roles``: the trainer's model roles; all but the actor are resident throughout.
+    """
     model, rollout = config.model, config.rollout
     training = training_memory(config)
+    others = {r: resident_bytes(config, r) for r in roles if r in ("reference", "critic")}
     shard = int(
         shard_counts(model_params(model), rollout.tp, rollout.ep) * DTYPE_BYTES[model.dtype]
     )
@@ -154,7 +181,8 @@ def plan_memory(config: MindRLConfig, device_bytes: int) -> MemoryPlan:
     budget = int(device_bytes * rollout.memory_fraction)
     per_token = kv_bytes_per_token(model, rollout.tp)
 
-    def generation(resident: int) -> GenerationMemory:
+    def generation(actor_resident: int) -> GenerationMemory:
+        resident = actor_resident + sum(others.values())
         return GenerationMemory(shard, resident, budget - shard - resident, per_token)
 
     return MemoryPlan(
@@ -164,4 +192,5 @@ def plan_memory(config: MindRLConfig, device_bytes: int) -> MemoryPlan:
         generation_swap=generation(resident_swap),
         redundant_bytes=redundant_bytes(model, config.actor.parallel, rollout.ep),
         swap_bytes=swapped,
+        other_roles=others,
     )

@@ -88,9 +88,14 @@ def memory_table(plan: dict) -> Table:
         ("train: grads (fp32)", train["grads"], train["grads"]),
         ("train: optimizer state", train["optimizer"], train["optimizer"]),
         ("train: activations (est.)", train["activations"], train["activations"]),
-        ("train: total", train["total"], train["total"]),
+        ("train: actor total", train["total"], train["total"]),
+        *(
+            (f"{role}: resident (all stages)", size, size)
+            for role, size in mem["other_roles"].items()
+        ),
+        ("train: stage total", mem["training_stage_total"], mem["training_stage_total"]),
         ("gen: weight shard", naive["shard"], swap["shard"]),
-        ("gen: resident training state", naive["resident_training"], swap["resident_training"]),
+        ("gen: resident model state", naive["resident_training"], swap["resident_training"]),
         ("gen: KV-cache budget", naive["kv_cache_budget"], swap["kv_cache_budget"]),
     ]
     for name, a, b in rows:

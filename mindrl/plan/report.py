@@ -73,10 +73,12 @@ def fit_problems(memory: MemoryPlan, config: MindRLConfig, host_bytes: int) -> l
             f"{host_bytes / GB:.1f} GB available; set resources.host_memory_gib to the "
             "nodes' memory, or turn actor.swap_optimizer off"
         )
-    if memory.training.total > memory.device_bytes:
-        over = (memory.training.total - memory.device_bytes) / GB
+    if memory.training_stage_total > memory.device_bytes:
+        over = (memory.training_stage_total - memory.device_bytes) / GB
+        roles = "".join(f" + {role}" for role in memory.other_roles)
         problems.append(
-            f"training stage needs {memory.training.total / GB:.1f} GB per device, "
+            f"training stage (actor{roles}) needs {memory.training_stage_total / GB:.1f} GB "
+            "per device, "
             f"{over:.1f} GB more than the {memory.device_bytes / GB:.1f} GB available"
         )
     generation = memory.generation_swap if swap else memory.generation_naive
@@ -99,7 +101,7 @@ def build_plan(
     """The whole plan as a JSON-serialisable dict."""
     world = config.world_size
     data = config.data
-    memory = plan_memory(config, device_bytes)
+    memory = plan_memory(config, device_bytes, trainer.roles)
     flow = sample_flow(
         data.global_batch_size,
         data.n_samples_per_prompt,

@@ -35,6 +35,12 @@ def test_dry_run_json_carries_layouts_memory_and_sample_flow():
     assert plan["memory"]["redundant_bytes"] / 1e9 == pytest.approx(8.19, abs=0.02)
 
 
+def test_a_ppo_plan_that_does_not_fit_names_the_roles_and_exits_3():
+    out = mindrl_train("--trainer", "ppo", "--config", "configs/qwen3_30b_a3b.yaml", "--dry-run")
+    assert out.returncode == 3, out.stderr
+    assert "training stage (actor + reference + critic) needs 153.1 GB" in out.stdout
+
+
 def test_a_swap_that_overflows_host_memory_is_a_fit_problem_with_exit_code_3():
     out = mindrl_train(
         "--trainer", "grpo", "--config", "configs/qwen25_32b.yaml", "--dry-run", "--json",

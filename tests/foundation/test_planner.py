@@ -32,6 +32,21 @@ def test_qwen25_32b_tp8_to_tp4_frees_about_8_gb_per_device():
     assert plan.generation_swap.kv_cache_budget - plan.generation_naive.kv_cache_budget >= redundant
 
 
+def test_a_ppo_plan_keeps_the_reference_and_critic_resident_in_both_stages():
+    config = load_config(CONFIGS / "qwen25_32b.yaml")
+    grpo = plan_memory(config, 128 * 10**9, ("actor", "rollout", "reference"))
+    ppo = plan_memory(config, 128 * 10**9, ("actor", "rollout", "reference", "critic"))
+    weights = ppo.training.weights  # the reference: bf16 weights at the actor's TP8
+    assert ppo.other_roles["reference"] == weights == grpo.other_roles["reference"]
+    # The critic has the actor's layout and optimizer: the actor's state minus activations.
+    critic = ppo.training.total - ppo.training.activations
+    assert ppo.other_roles["critic"] == pytest.approx(critic, rel=1e-3)
+    assert ppo.training_stage_total == ppo.training.total + weights + ppo.other_roles["critic"]
+    # With allgather-swap the actor leaves nothing resident; the others still do.
+    assert ppo.generation_swap.resident_training == weights + ppo.other_roles["critic"]
+    assert grpo.generation_swap.resident_training == weights
+
+
 def test_generalised_eq3_matches_the_paper_form_for_the_figure3_layouts():
     # TP2 EP2 DP2 -> TP1 EP4 DP4: M = S_tp/T_u + S_ep*(T_u/D_g - 1/E_g)
     config = load_config(
