@@ -24,7 +24,9 @@ class ResourcesConfig:
         None, "Usable memory of one device for the planner; None: ask the device.", gt=0
     )
     host_memory_gib: float | None = option(
-        None, "Host memory per node for swap buffers; None: this machine's.", gt=0
+        None,
+        "Host memory per node the planner checks the swap against; None: this machine's.",
+        gt=0,
     )
     ray_address: str | None = option(
         None,
