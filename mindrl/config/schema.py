@@ -32,7 +32,12 @@ class ResourcesConfig:
         None,
         "Address of an existing Ray cluster ('auto' or host:port); None: $RAY_ADDRESS or local.",
     )
-    cpus_per_worker: float = option(1.0, "Ray CPU slots each worker process reserves.", gt=0)
+    cpus_per_worker: float = option(
+        1.0,
+        "Ray CPU slots each model worker reserves beside its GPU / NPU (CPU device: 1, the "
+        "device slot; reward workers: 1).",
+        gt=0,
+    )
 
 
 @dataclass
