@@ -46,7 +46,8 @@ class ModelConfig:
 
     family: str = option(
         "llama",
-        "Model family file in backends/megatron/families.",
+        "Model family (backends/megatron/families; deepseek_v3 only plans). A checkpoint's "
+        "architecture overrides it.",
         choices=("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"),
     )
     hf_path: str | None = option(
