@@ -81,8 +81,12 @@ class ModelConfig:
     moe_router_topk: int = option(2, "Experts each token is routed to.", ge=1)
     num_shared_experts: int = option(0, "Always-on shared experts per MoE layer.", ge=0)
     first_k_dense_layers: int = option(0, "Leading layers with a dense MLP in an MoE model.", ge=0)
-    q_lora_rank: int | None = option(None, "MLA query low-rank width (DeepSeek); None: GQA.", ge=1)
-    kv_lora_rank: int | None = option(None, "MLA key/value low-rank width (DeepSeek).", ge=1)
+    q_lora_rank: int | None = option(
+        None, "MLA query low-rank width (DeepSeek); None: full-rank query.", ge=1
+    )
+    kv_lora_rank: int | None = option(
+        None, "MLA key/value low-rank width (DeepSeek); None: GQA, no MLA.", ge=1
+    )
     qk_rope_head_dim: int = option(64, "MLA rotary part of a q/k head.", ge=1)
     qk_nope_head_dim: int = option(128, "MLA non-rotary part of a q/k head.", ge=1)
     v_head_dim: int = option(128, "MLA value head width.", ge=1)
