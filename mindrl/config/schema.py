@@ -151,7 +151,9 @@ class RoleConfig:
     )
     ppo_epochs: int = option(1, "Passes over each iteration's samples.", ge=1)
     activation_checkpointing: bool = option(False, "Recompute activations in backward.")
-    swap_optimizer: bool = option(True, "Allgather-swap also moves grads + optimizer state.")
+    swap_optimizer: bool = option(
+        True, "Actor only: allgather-swap also moves its grads + optimizer state."
+    )
 
 
 @dataclass
