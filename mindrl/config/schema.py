@@ -169,7 +169,7 @@ class RolloutConfig:
     ep: int = option(1, "Generation expert parallel size.", ge=1)
     temperature: float = option(1.0, "Sampling temperature; 0 = greedy.", ge=0)
     top_p: float = option(1.0, "Nucleus sampling mass.", gt=0, le=1)
-    top_k: int = option(-1, "Top-k sampling; -1 disables.", ge=-1)
+    top_k: int = option(-1, "Top-k sampling; -1 or 0 disables.", ge=-1)
     max_prompt_length: int = option(
         64, "Longest prompt in tokens; longer prompts are refused.", ge=1
     )
