@@ -232,7 +232,9 @@ class DataConfig:
     )
     prompt_key: str = option("prompt", "Field holding the prompt in a file source.")
     answer_key: str = option("answer", "Field holding the ground truth in a file source.")
-    template: str = option("{prompt}", "Prompt template (str.format over the record's fields).")
+    template: str = option(
+        "{prompt}", "Prompt template of a file source (str.format over the record's fields)."
+    )
     chat_template: str = option(
         "auto",
         "Wrap prompts in the tokenizer's chat template: auto (when it has one), always, never.",
