@@ -253,7 +253,11 @@ class RewardConfig:
     verifiers: list[str] = option(
         factory=lambda: ["synthetic"], doc="Rule-based verifiers summed into the reward."
     )
-    reward_model: str | None = option(None, "HF folder of a reward model (PPO); None: rules only.")
+    reward_model: str | None = option(
+        None,
+        "HF folder of a sequence-classification reward model (one output); its score is added "
+        "to the verifiers' reward in every trainer. None: rules only.",
+    )
     workers: int = option(1, "CPU reward workers.", ge=1)
 
 
