@@ -4,7 +4,7 @@ One invocation trains each model with both systems, in turn, from the same initi
 weights on the same prompts (same order), with the same reward code, G prompts x N
 samples per step, lengths, learning rate and seed: every setting comes from one mindrl
 config (``--config``, per-model overrides, ``--set``). Per system it reports the median
-time per iteration after warm-up, TPS (DESIGN.md Eq. 5), the reward curve and the time
+time per iteration after warm-up, TPS (the paper's Eq. 5), the reward curve and the time
 to reach ``--threshold``; then mindrl / TRL ratios against the goal (throughput >= 1.0x
 TRL with a reward curve no worse) and, where mindrl is slower, its time per stage.
 
