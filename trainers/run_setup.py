@@ -22,6 +22,7 @@ from mindrl.config.schema import MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
 from mindrl.data.run_prompts import prompt_dataset
 from mindrl.dock import RL_FIELDS, DockClient, FieldSpec, create_dock, shutdown_dock
+from mindrl.rewards.registry import get_verifier
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
@@ -141,6 +142,11 @@ def _preflight(config: MindRLConfig) -> None:
             f"rollout.ep={rollout.ep}: inside a training job vLLM's expert-parallel group "
             f"is its TP group, so set rollout.ep to rollout.tp ({rollout.tp}) or to 1"
         )
+    try:
+        for name in config.reward.verifiers:
+            get_verifier(name)
+    except KeyError as exc:
+        raise RunSetupError(f"reward.verifiers: {exc.args[0]}") from None
     reward_model = config.reward.reward_model
     if reward_model and not Path(reward_model).is_dir():
         raise RunSetupError(f"reward.reward_model {reward_model!r} is not a folder")
@@ -273,9 +279,9 @@ def _start_dock(run: RunState, controller_nodes: dict[str, str]) -> None:
 def _place_workers(run: RunState, device_name: str) -> None:
     """Start every worker group (placement groups, processes); engines come later."""
     config, device = run.config, get_device(device_name)
-    per_iteration = _updates_per_iteration(config)
     timeout = config.dock.timeout_s * 5
     for role in _model_roles(run):
+        per_iteration = _updates_per_iteration(config, role)
         group = WorkerGroup(
             role,
             ray.remote(ModelWorker),
@@ -325,10 +331,13 @@ def _setup_workers(run: RunState) -> None:
     run.groups["reward"].call("attach", run.dock_handle, stage="start-up", timeout_s=timeout)
 
 
-def _updates_per_iteration(config: MindRLConfig) -> int:
+def _updates_per_iteration(config: MindRLConfig, role: str) -> int:
+    """Optimizer steps ``role`` takes per iteration (its LR schedule's unit): its own
+    epochs x mini-batches; the critic's may differ from the actor's."""
+    section = getattr(config, role)
     prompts = config.data.global_batch_size
-    per_step = config.actor.mini_batch_size or prompts
-    return config.actor.ppo_epochs * -(-prompts // per_step)
+    per_step = section.mini_batch_size or prompts
+    return section.ppo_epochs * -(-prompts // per_step)
 
 
 def _resume(run: RunState) -> None:

@@ -136,6 +136,14 @@ def test_generation_tp2_with_the_hf_engine_is_a_one_line_user_error(tmp_path, ca
     assert "rollout.tp=2 needs the vllm engine" in err and "Traceback" not in err
 
 
+def test_an_unknown_verifier_is_a_one_line_user_error_before_any_worker_starts(tmp_path, capsys):
+    config = tiny_config(tmp_path, "grpo", "iterations=2", "reward.verifiers=[synthetic,bogus]")
+    assert train(config, "grpo", device="cpu") == 2
+    err = capsys.readouterr().err
+    assert "reward.verifiers: unknown verifier 'bogus'; known: exact, math" in err
+    assert "Traceback" not in err
+
+
 def test_generation_ep_beyond_the_tp_group_is_a_one_line_user_error(tmp_path, capsys):
     config = tiny_config(tmp_path, "grpo", "iterations=2", *MOE, "rollout.ep=2")
     assert train(config, "grpo", device="cpu") == 2
