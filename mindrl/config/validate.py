@@ -135,12 +135,13 @@ def check_batch(config: MindRLConfig, trainer: str | None) -> list[str]:
             f"data.global_batch_size * data.n_samples_per_prompt = {samples} samples cannot be "
             f"split evenly over the actor's {dp} data-parallel ranks"
         )
-    mini = config.actor.mini_batch_size
-    if mini is not None and data.global_batch_size % mini:
-        problems.append(
-            f"actor.mini_batch_size: {mini} does not divide data.global_batch_size "
-            f"{data.global_batch_size}"
-        )
+    for role in ("actor", "critic"):
+        mini = getattr(config, role).mini_batch_size
+        if mini is not None and data.global_batch_size % mini:
+            problems.append(
+                f"{role}.mini_batch_size: {mini} does not divide data.global_batch_size "
+                f"{data.global_batch_size}"
+            )
     return problems
 
 

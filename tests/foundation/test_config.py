@@ -174,3 +174,10 @@ def test_generation_tp_beyond_the_kv_heads_is_refused_until_replication_exists()
         ],
     )
     assert any("rollout.tp: 4 does not divide model.num_kv_heads 2" in p for p in problems)
+
+
+def test_a_critic_mini_batch_that_does_not_divide_the_batch_is_refused():
+    problems = problems_of(None, ["critic.mini_batch_size=5"], trainer="ppo")
+    assert problems == [
+        "<defaults>: critic.mini_batch_size: 5 does not divide data.global_batch_size 8"
+    ]

@@ -1,0 +1,18 @@
+"""Start-up arithmetic of trainers/run_setup.py that needs no Ray."""
+
+from __future__ import annotations
+
+from mindrl.config import load_config
+from trainers.cli import DEFAULT_CONFIG
+from trainers.run_setup import _updates_per_iteration
+
+
+def test_each_role_schedules_its_learning_rate_over_its_own_optimizer_steps():
+    config = load_config(
+        DEFAULT_CONFIG,
+        ["actor.mini_batch_size=8", "critic.mini_batch_size=4", "critic.ppo_epochs=2"],
+        trainer="ppo",
+    )
+    # 16 prompts per iteration: the actor steps 16 / 8 = 2 times, the critic 2 x 16 / 4 = 8.
+    assert _updates_per_iteration(config, "actor") == 2
+    assert _updates_per_iteration(config, "critic") == 8
