@@ -24,9 +24,14 @@ def available_devices() -> list[str]:
 def resolve_device(requested: str | None = None) -> str:
     """Name of the device to use: ``requested``, else ``$MINDRL_DEVICE``, else detected.
 
+    ``"auto"`` asks for no device in particular, like ``None``: ``$MINDRL_DEVICE`` still
+    applies (the CLI's fail-fast check and the run must resolve the same device).
+
     Raises:
         DeviceUnavailableError: the explicit request is unknown or cannot be met here.
     """
+    if requested is not None and requested.strip().lower() == "auto":
+        requested = None
     choice = requested or os.environ.get(ENV_VAR) or "auto"
     choice = choice.strip().lower()
     if choice == "auto":

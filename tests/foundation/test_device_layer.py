@@ -91,8 +91,9 @@ def test_an_explicit_cuda_request_on_a_cpu_build_names_the_build():
 
 def test_the_environment_variable_chooses_when_nothing_explicit_is_given(monkeypatch):
     monkeypatch.setenv("MINDRL_DEVICE", "cuda")
-    with pytest.raises(DeviceUnavailableError, match="device 'cuda' was requested"):
-        resolve_device()
+    for nothing_in_particular in (None, "auto", " Auto "):  # CLI --device auto, config default
+        with pytest.raises(DeviceUnavailableError, match="device 'cuda' was requested"):
+            resolve_device(nothing_in_particular)
     assert resolve_device("cpu") == "cpu"  # an explicit choice beats the variable
 
 
