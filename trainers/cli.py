@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return dry_run(config, args.trainer, requested, args.json)
     resolve_device(requested)  # fail fast, before any process starts
+    print("start-up: loading torch, Ray and Megatron-core", file=sys.stderr)
     from trainers.pipeline import train  # Ray, torch, Megatron: only when training
 
     return train(config, args.trainer, device=requested, resume=args.resume)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,13 +119,30 @@ def prepare_run(config: MindRLConfig, trainer: str, resume: bool) -> RunState:
 
 
 def launch_run(run: RunState, device_name: str, resume: bool) -> None:
-    """Connect Ray, start the dock and the workers, and resume if asked."""
+    """Connect Ray, start the dock and the workers, and resume if asked.
+
+    Each phase prints one line first: a large model's start-up takes minutes (imports,
+    weight conversion), and a hang should name the phase it hangs in.
+    """
+    started = time.perf_counter()
+
+    def phase(text: str) -> None:
+        print(f"start-up [{time.perf_counter() - started:5.1f} s] {text}", file=sys.stderr)
+
+    address = run.config.resources.ray_address or os.environ.get("RAY_ADDRESS") or "local"
+    phase(f"connecting to Ray ({address})")
     run.ray_started_here = _connect_ray(run.config, device_name)
+    roles = _model_roles(run)
+    phase(f"starting worker processes: {' + '.join(roles)} x {run.config.world_size}, reward")
     _place_workers(run, device_name)
+    phase("starting the transfer dock")
     _start_dock(run, _controller_nodes(run))
+    phase("building engines and loading weights (every role, together)")
     _setup_workers(run)
     if resume:
+        phase("resuming from the latest checkpoint")
         _resume(run)
+    phase("ready")
     _announce(run, device_name)
 
 
