@@ -1,6 +1,7 @@
 """Device layer dispatch. NPU and CUDA are absent here, so those tests use a FAKE
 torch_npu module and FAKE CUDA availability (clearly labelled below): they check names,
-resources, env vars and error messages, not hardware behaviour."""
+resources, env vars and error messages, not hardware behaviour. The last test runs on
+every real platform the machine has (cpu here; cuda / npu skipped with the reason)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 
 from backends.device import DeviceUnavailableError, get_device, resolve_device
 from backends.device.registry import reset_device
+from tests.support.devices import device_params
+from tests.support.spawn import run_ranks
 
 
 @pytest.fixture(autouse=True)
@@ -127,3 +130,37 @@ def test_cpu_streams_events_and_pinned_buffers_are_usable_no_ops():
     buffer = device.pinned_empty((3, 4), torch.bfloat16)
     assert buffer.shape == (3, 4) and buffer.dtype == torch.bfloat16
     assert device.device(0) == torch.device("cpu")
+
+
+def memory_copies_and_streams(rank: int, world: int) -> dict:
+    """On the rank's device: allocator statistics, a pinned D2H copy on a side stream."""
+    device = get_device()
+    device.synchronize()
+    base = device.memory_allocated()
+    on_device = torch.arange(1 << 20, dtype=torch.float32, device=device.device())
+    device.track(on_device)
+    grown = device.memory_allocated() - base
+    host = device.pinned_empty((1 << 20,), torch.float32)
+    with device.stream(device.new_stream()):
+        host.copy_(on_device, non_blocking=True)
+        copied = device.new_event()
+        copied.record()
+    copied.synchronize()
+    on_device.untyped_storage().resize_(0)  # how the swap releases device storage
+    return {
+        "device": str(on_device.device),
+        "grown": grown,
+        "after_release": device.memory_allocated() - base,
+        "host_matches": bool(torch.equal(host, torch.arange(1 << 20, dtype=torch.float32))),
+        "pinned": host.is_pinned() if device.name != "cpu" else None,
+        "backend": torch.distributed.get_backend(),
+    }
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_each_platform_counts_device_memory_and_copies_to_pinned_host_on_a_side_stream(device):
+    (facts,) = run_ranks(memory_copies_and_streams, 1, device=device)
+    assert facts["device"].startswith(device)
+    assert facts["backend"] == {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}[device]
+    assert facts["grown"] >= 4 << 20 and facts["after_release"] == 0
+    assert facts["host_matches"] and facts["pinned"] in (None, True)

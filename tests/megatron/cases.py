@@ -271,3 +271,10 @@ def smollm2_logits(rank: int, world: int, token_ids: list[int]) -> dict:
     logprobs = engine.forward([{"input_ids": ids}])["logprobs"]
     destroy_parallel()
     return {"hf": hf_logits, "megatron": mg_logits, "logprobs": logprobs, "spec": spec}
+
+
+def layout_step(rank: int, world: int, spec: GPTSpec, parallel: ParallelSpec, dp_split: bool):
+    """``run_layout`` as a ``run_ranks`` worker (on whatever device the ranks were given)."""
+    result = run_layout(spec, parallel, dp_split=dp_split)
+    result["device"] = str(next(iter(result["grads"].values())).device)
+    return result
