@@ -6,7 +6,7 @@ prefixes the file name and reports them all together.
 
 from __future__ import annotations
 
-from mindrl.config.schema import MindRLConfig, ModelConfig, ParallelConfig
+from mindrl.config.schema import MindRLConfig, ModelConfig, ParallelConfig, RoleConfig
 
 GROUP_TRAINERS = ("grpo", "dapo")
 
@@ -22,6 +22,32 @@ def validate_config(config: MindRLConfig, trainer: str | None = None) -> list[st
     problems += check_generation_layout(config, world)
     problems += check_batch(config, trainer)
     problems += check_lengths(config)
+    problems += check_ignored_role_settings(config)
+    return problems
+
+
+#: Settings of the shared role section that a role never reads, and why.
+IGNORED_ROLE_SETTINGS = {
+    "reference": {
+        "optim": "the reference model does not train",
+        "mini_batch_size": "the reference model does not train",
+        "ppo_epochs": "the reference model does not train",
+        "activation_checkpointing": "the reference model only scores, it keeps no activations",
+        "swap_optimizer": "only the actor is swapped to the host",
+    },
+    "critic": {"swap_optimizer": "only the actor is swapped to the host"},
+}
+
+
+def check_ignored_role_settings(config: MindRLConfig) -> list[str]:
+    """A set value that would silently do nothing is refused, naming why."""
+    defaults = RoleConfig()
+    problems = []
+    for role, settings in IGNORED_ROLE_SETTINGS.items():
+        section = getattr(config, role)
+        for key, why in settings.items():
+            if getattr(section, key) != getattr(defaults, key):
+                problems.append(f"{role}.{key}: {why}, so this setting has no effect; remove it")
     return problems
 
 

@@ -181,3 +181,20 @@ def test_a_critic_mini_batch_that_does_not_divide_the_batch_is_refused():
     assert problems == [
         "<defaults>: critic.mini_batch_size: 5 does not divide data.global_batch_size 8"
     ]
+
+
+def test_a_role_setting_that_would_do_nothing_is_refused_naming_why():
+    problems = problems_of(
+        None,
+        ["reference.optim.lr=1e-5", "reference.ppo_epochs=2", "critic.swap_optimizer=false"],
+        trainer="ppo",
+    )
+    assert problems == [
+        "<defaults>: reference.optim: the reference model does not train, so this setting "
+        "has no effect; remove it",
+        "<defaults>: reference.ppo_epochs: the reference model does not train, so this "
+        "setting has no effect; remove it",
+        "<defaults>: critic.swap_optimizer: only the actor is swapped to the host, so this "
+        "setting has no effect; remove it",
+    ]
+    load_config(None, ["critic.optim.lr=1e-5", "critic.ppo_epochs=2"], trainer="ppo")  # read
