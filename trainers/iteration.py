@@ -22,6 +22,7 @@ import numpy as np
 from backends.generation import SamplingParams
 from mindrl.data import PromptBatch
 from mindrl.metrics import generation_progress, print_progress_line, tokens_per_second
+from mindrl.workers.updates import mean_by_key
 from trainers.run_setup import SEQUENCE, RunState, needs_old_logprob
 
 #: With no batch limit (``algorithm.max_sample_batches: 0``) say how sampling goes this often.
@@ -71,17 +72,6 @@ class Sampled:
 TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"})
 
 
-def worker_means(results: list[dict]) -> dict[str, float]:
-    """Each metric averaged over the workers that reported it (timing keys left out).
-
-    Keys are the union over workers: with pipeline parallelism only last-stage ranks
-    compute the loss, so rank 0 alone lacks entropy, KL, clip fraction and the rollout
-    log-prob mismatch.
-    """
-    keys = [k for k in dict.fromkeys(k for r in results for k in r) if k not in TIMING_KEYS]
-    return {k: sum(r[k] for r in results if k in r) / sum(k in r for r in results) for k in keys}
-
-
 class IterationRunner:
     """Runs iterations of one started run (see module docstring)."""
 
@@ -104,10 +94,12 @@ class IterationRunner:
         if len(indexes):
             self._score_stages(indexes, ledger)
             self._stage(ledger, "advantage", self._advantages, indexes)
-            metrics |= worker_means(self._stage(ledger, "update", self._update, indexes))
+            metrics |= mean_by_key(
+                self._stage(ledger, "update", self._update, indexes), skip=TIMING_KEYS
+            )
             if self.run.needs_critic:
                 critic = self._stage(ledger, "critic_update", self._critic_update, indexes)
-                metrics |= worker_means(critic)
+                metrics |= mean_by_key(critic, skip=TIMING_KEYS)
             self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
         self._timed_dock(ledger, self.run.dock.clear)
         return self._record(metrics, sampled, ledger, time.perf_counter() - start)

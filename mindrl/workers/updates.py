@@ -31,8 +31,17 @@ def minibatch_slices(total: int, parts: int) -> list[slice]:
 ADDITIVE = frozenset({"pg_loss"})
 
 
-def _combine(records: list[dict[str, Any]], additive: frozenset = frozenset()) -> dict:
-    keys = {k for r in records for k in r}
+def mean_by_key(
+    records: list[dict[str, Any]],
+    additive: frozenset = frozenset(),
+    skip: frozenset = frozenset(),
+) -> dict[str, float]:
+    """Each key averaged over the records that have it (summed if in ``additive``).
+
+    Keys are the union over records: a micro-batch, a step or a worker may lack some
+    (with pipeline parallelism only last-stage ranks compute the loss metrics).
+    """
+    keys = {k for r in records for k in r} - skip
     combined = {}
     for key in sorted(keys):
         values = [float(r[key]) for r in records if key in r]
@@ -52,8 +61,8 @@ def _run_steps(worker: Any, rows: Rows, num_minibatches: int, make_loss: Callabl
             collected: list[dict[str, torch.Tensor]] = []
             loss_fn = make_loss(num_tokens, num_seqs, collected)
             stats = engine.train_step(micro, loss_fn, with_entropy=worker.role == "actor")
-            steps.append({**stats, **_combine(collected, ADDITIVE)})
-    return _combine(steps)
+            steps.append({**stats, **mean_by_key(collected, ADDITIVE)})
+    return mean_by_key(steps)
 
 
 def actor_update(worker: Any, rows: Rows, num_minibatches: int) -> dict[str, float]:
