@@ -39,7 +39,7 @@ def train(
     config: MindRLConfig, trainer: str, device: str | None = None, resume: bool = False
 ) -> int:
     """Run ``config`` with algorithm ``trainer``; returns the process exit code."""
-    device_name = resolve_device(device if device not in (None, "auto") else None)
+    device_name = resolve_device(device)
     run: RunState | None = None
     runner: IterationRunner | None = None
     try:

@@ -129,8 +129,7 @@ def launch_run(run: RunState, device_name: str, resume: bool) -> None:
     def phase(text: str) -> None:
         print(f"start-up [{time.perf_counter() - started:5.1f} s] {text}", file=sys.stderr)
 
-    address = run.config.resources.ray_address or os.environ.get("RAY_ADDRESS") or "local"
-    phase(f"connecting to Ray ({address})")
+    phase(f"connecting to Ray ({_ray_address(run.config) or 'local'})")
     run.ray_started_here = _connect_ray(run.config, device_name)
     roles = _model_roles(run)
     phase(f"starting worker processes: {' + '.join(roles)} x {run.config.world_size}, reward")
@@ -190,11 +189,16 @@ def _dataset(config: MindRLConfig) -> tuple[PromptDataset, int]:
         raise RunSetupError(str(exc)) from None
 
 
+def _ray_address(config: MindRLConfig) -> str | None:
+    """The cluster to join: the config's, else ``$RAY_ADDRESS``; None starts a local one."""
+    return config.resources.ray_address or os.environ.get("RAY_ADDRESS")
+
+
 def _connect_ray(config: MindRLConfig, device_name: str) -> bool:
     """Join the configured cluster or start a local one; True when started here."""
     if ray.is_initialized():
         return False
-    address = config.resources.ray_address or os.environ.get("RAY_ADDRESS")
+    address = _ray_address(config)
     quiet = {"logging_level": "ERROR", "log_to_driver": True}
     if address:
         try:
