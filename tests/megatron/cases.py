@@ -42,6 +42,8 @@ MOE = GPTSpec(
     moe_layers=(1,),
 )
 DENSE3 = replace(DENSE, num_layers=3)  # PP2 with one layer on the first stage, two on the last
+#: Layout vs one rank on the same device: only summation order differs.
+SAME_DEVICE_TOL = {"rtol": 1e-4, "atol": 2e-5}
 NO_CLIP = OptimSpec(lr=1e-3, clip_grad=0.0)
 
 
@@ -278,3 +280,18 @@ def layout_step(rank: int, world: int, spec: GPTSpec, parallel: ParallelSpec, dp
     result = run_layout(spec, parallel, dp_split=dp_split)
     result["device"] = str(next(iter(result["grads"].values())).device)
     return result
+
+
+def assert_same_step(
+    result: dict, reference: dict, tol: dict = SAME_DEVICE_TOL, scalar_rel: float = 1e-5
+) -> None:
+    """``result`` took the same training step as ``reference``: loss and grad norm within
+    ``scalar_rel``, every full grad and updated weight within ``tol``."""
+    import pytest
+
+    assert result["loss"] == pytest.approx(reference["loss"], rel=scalar_rel)
+    assert result["grad_norm"] == pytest.approx(reference["grad_norm"], rel=scalar_rel)
+    for name, grad in reference["grads"].items():
+        torch.testing.assert_close(result["grads"][name], grad, **tol, msg=name)
+    for name, weight in reference["weights"].items():
+        torch.testing.assert_close(result["weights"][name], weight, **tol, msg=name)

@@ -10,7 +10,6 @@ device, tensor parallelism with sequence parallelism, Megatron's pipeline schedu
 from __future__ import annotations
 
 import pytest
-import torch
 
 from backends.megatron import ParallelSpec
 from tests.megatron import cases
@@ -40,12 +39,7 @@ def cpu_reference() -> dict:
 
 
 def assert_same_step(result: dict, reference: dict) -> None:
-    assert result["loss"] == pytest.approx(reference["loss"], rel=TOL["rtol"])
-    assert result["grad_norm"] == pytest.approx(reference["grad_norm"], rel=TOL["rtol"])
-    for name, grad in reference["grads"].items():
-        torch.testing.assert_close(result["grads"][name], grad, **TOL, msg=name)
-    for name, weight in reference["weights"].items():
-        torch.testing.assert_close(result["weights"][name], weight, **TOL, msg=name)
+    cases.assert_same_step(result, reference, tol=TOL, scalar_rel=TOL["rtol"])
 
 
 @pytest.mark.parametrize("layout", ["dense", "moe"])

@@ -20,7 +20,7 @@ from backends.megatron.spec import validate
 from tests.megatron import cases
 from tests.support.spawn import run_ranks
 
-TOL = {"rtol": 1e-4, "atol": 2e-5}
+TOL = cases.SAME_DEVICE_TOL
 
 
 @pytest.fixture(scope="module")
@@ -32,20 +32,11 @@ def runs(tmp_path_factory):
     return reference, two
 
 
-def assert_same_step(layout: dict, reference: dict) -> None:
-    assert layout["loss"] == pytest.approx(reference["loss"], rel=1e-5)
-    assert layout["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5)
-    for name, grad in reference["grads"].items():
-        torch.testing.assert_close(layout["grads"][name], grad, **TOL, msg=name)
-    for name, weight in reference["weights"].items():
-        torch.testing.assert_close(layout["weights"][name], weight, **TOL, msg=name)
-
-
 @pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
 def test_a_two_rank_dense_layout_trains_exactly_like_one_rank(runs, layout):
     reference, two = runs
     for rank in range(2):
-        assert_same_step(two[rank][layout], reference["dense"])
+        cases.assert_same_step(two[rank][layout], reference["dense"])
 
 
 def test_an_uneven_pipeline_puts_first_stage_layers_first_and_trains_like_one_rank(runs):
@@ -62,13 +53,13 @@ def test_an_uneven_pipeline_puts_first_stage_layers_first_and_trains_like_one_ra
     ]
     assert layers == [["0"], ["1", "2"]]
     for rank in range(2):
-        assert_same_step(two[rank]["pp2_uneven"], reference["dense3"])
+        cases.assert_same_step(two[rank]["pp2_uneven"], reference["dense3"])
 
 
 def test_expert_parallel_moe_trains_exactly_like_one_rank(runs):
     reference, two = runs
-    assert_same_step(two[0]["ep2"], reference["moe"])
-    assert_same_step(two[1]["ep2"], reference["moe"])
+    cases.assert_same_step(two[0]["ep2"], reference["moe"])
+    cases.assert_same_step(two[1]["ep2"], reference["moe"])
 
 
 def test_tensor_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_logits(runs):
@@ -98,7 +89,7 @@ def test_moe_with_tensor_and_sequence_parallelism_trains_exactly_like_one_rank(
     reference, _ = runs
     for rank in range(2):
         assert sp_runs[rank][layout]["sequence_parallel"]
-        assert_same_step(sp_runs[rank][layout], reference["moe"])
+        cases.assert_same_step(sp_runs[rank][layout], reference["moe"])
 
 
 def test_moe_with_tp2_and_pp2_trains_exactly_like_one_rank(runs):
@@ -106,7 +97,7 @@ def test_moe_with_tp2_and_pp2_trains_exactly_like_one_rank(runs):
     four = run_ranks(cases.tp2_pp2_on_four_ranks, 4)
     for rank in range(4):
         assert four[rank]["moe_tp2_pp2"]["sequence_parallel"]
-        assert_same_step(four[rank]["moe_tp2_pp2"], reference["moe"])
+        cases.assert_same_step(four[rank]["moe_tp2_pp2"], reference["moe"])
 
 
 def test_a_sequence_not_divisible_by_tp_is_padded_and_trains_exactly_like_one_rank(runs, sp_runs):
@@ -114,7 +105,7 @@ def test_a_sequence_not_divisible_by_tp_is_padded_and_trains_exactly_like_one_ra
     for rank in range(2):
         odd = sp_runs[rank]["dense_tp2_odd"]
         assert odd["sequence_parallel"] and odd["logprobs"].shape == (4, cases.ODD_LEN)
-        assert_same_step(odd, reference["dense_odd"])
+        cases.assert_same_step(odd, reference["dense_odd"])
 
 
 def test_sequence_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_logits(
@@ -146,7 +137,7 @@ def test_a_sequence_parallel_critic_scores_and_learns_exactly_like_one_rank(runs
 def test_activation_checkpointing_trains_exactly_like_keeping_activations(runs, sp_runs, model):
     reference, _ = runs
     for rank in range(2):
-        assert_same_step(sp_runs[rank][f"{model}_tp2_recompute"], reference[model])
+        cases.assert_same_step(sp_runs[rank][f"{model}_tp2_recompute"], reference[model])
 
 
 def test_activation_checkpointing_keeps_a_fraction_of_the_forward_activations(runs):
