@@ -157,8 +157,30 @@ class DockClient:
                 fields, batch_size, whole_groups, self._local, timeout_s, dp_parts
             )
             name = f"TD controller of stage '{stage}'"
-        (parts,) = self._get([ref], [name], timeout_s + CLAIM_GRACE_S)
+        try:
+            (parts,) = self._get([ref], [name], timeout_s + CLAIM_GRACE_S)
+        except DockError as starved:
+            self._raise_if_a_warehouse_died(starved)
+            raise
         return parts
+
+    def _raise_if_a_warehouse_died(self, error: DockError) -> None:
+        """A warehouse that dies right after a put may never announce those samples, so a
+        stage starves on them; name the dead warehouse instead of blaming the upstream
+        stage."""
+        if self.handle.central is not None:
+            return
+        warehouses = self.handle.warehouses
+        probes = [w.actor.__ray_ready__.remote() for w in warehouses]
+        dead = []
+        for i, probe in enumerate(probes):
+            try:
+                ray.get(probe, timeout=self.handle.timeout_s)
+            except ray.exceptions.RayActorError:
+                dead.append(self._warehouse_name(i))
+        if dead:
+            names = ", ".join(dead)
+            raise DockError(f"{names} is dead, so its samples never arrive; {error}") from None
 
     def get(
         self,

@@ -202,6 +202,9 @@ def test_a_killed_warehouse_fails_clearly_within_the_timeout(small_dock):
 
     client = DockClient(small_dock)
     client.put(np.arange(6), {"response_ids": [response(i) for i in range(6)]})
+    # Announcements travel in the background; killed before they arrive, the controller
+    # would never hear of samples 3-5 (the next test covers that case).
+    ray.get([w.actor.flush.remote() for w in small_dock.warehouses])
     kill_and_wait_for_death(small_dock.warehouses[1].actor)
     start = time.monotonic()
     with pytest.raises(DockError, match=r"TD warehouse 1 \(node \w+\) is dead"):
@@ -209,6 +212,19 @@ def test_a_killed_warehouse_fails_clearly_within_the_timeout(small_dock):
     with pytest.raises(DockError, match=r"TD warehouse 1 \(node \w+\) is dead"):
         client.get("reward", ["response_ids"], 6)
     assert time.monotonic() - start < 10
+
+
+def test_a_stage_starved_by_a_dead_warehouse_names_the_warehouse(small_dock):
+
+    client = DockClient(small_dock)
+    client.put(np.arange(3), {"response_ids": [response(i) for i in range(3)]})
+    kill_and_wait_for_death(small_dock.warehouses[1].actor)
+    with pytest.raises(
+        DockError,
+        match=r"TD warehouse 1 \(node \w+\) is dead, so its samples never arrive; "
+        r"stage 'reward' waited 1 s for 6 samples .*3 missing",
+    ):
+        client.get("reward", ["response_ids"], 6, timeout_s=1)
 
 
 def test_a_killed_controller_fails_clearly_instead_of_hanging(small_dock):
