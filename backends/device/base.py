@@ -117,20 +117,28 @@ class Device(ABC):
         master_addr: str = "127.0.0.1",
         master_port: int = 29500,
         timeout_s: float = 300.0,
+        store: dist.Store | None = None,
     ) -> None:
         """Join the default process group with this platform's backend.
 
-        The local device (``rank % device_count``) is made current first, as NCCL and
-        HCCL require.
+        Rendezvous through ``store`` when given (``master_addr`` / ``master_port`` are
+        then unused), else through a TCP store rank 0 hosts at ``master_port``. The
+        local device (``rank % device_count``) is made current first, as NCCL and HCCL
+        require.
         """
         if self.device_count() > 0 and self.torch_device_type != "cpu":
             self.set_device(rank % self.device_count())
+        rendezvous = (
+            {"store": store}
+            if store is not None
+            else {"init_method": f"tcp://{master_addr}:{master_port}"}
+        )
         dist.init_process_group(
             backend=self.dist_backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
+            **rendezvous,
         )
 
     def ray_actor_options(self, cpus_per_worker: float = 1.0) -> dict:

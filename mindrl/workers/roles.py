@@ -10,7 +10,6 @@ argument (an ``Algorithm`` object from ``trainers``), never as an import.
 
 from __future__ import annotations
 
-import socket
 import time
 import warnings
 from pathlib import Path
@@ -26,6 +25,7 @@ from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec
 from mindrl.config.schema import MindRLConfig, RoleConfig
 from mindrl.dock import DockHandle
 from mindrl.workers.model_setup import initial_model
+from mindrl.workers.rendezvous import host_store, join_store
 from mindrl.workers.rollout import Rollout
 from mindrl.workers.sequences import (
     pack_rows,
@@ -36,7 +36,8 @@ from mindrl.workers.sequences import (
 from mindrl.workers.timed_dock import TimedDockClient
 from mindrl.workers.updates import actor_update, critic_update
 
-#: Prompts generated per engine call, so the dock (and the progress bar) see results early.
+#: About this many samples per engine call, so the dock (and the progress bar) see results
+#: early; rounded to whole groups, so the engine prefills each group's prompt once.
 GENERATION_CHUNK = 64
 
 
@@ -68,12 +69,6 @@ def parallel_spec(role: RoleConfig) -> ParallelSpec:
         first_stage_layers=p.first_stage_layers,
         activation_checkpointing=role.activation_checkpointing,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 class ModelWorker:
@@ -109,12 +104,17 @@ class ModelWorker:
         self.total_updates = updates_per_iteration * config.iterations
         self.engine: MegatronEngine | None = None
         self.rollout: Rollout | None = None
+        self._store: torch.distributed.TCPStore | None = None  # rank 0 hosts it
 
     # ---- set-up ------------------------------------------------------------------------
     def rendezvous(self) -> tuple[str, int, str]:
-        """Address and a free port for the group's process group, and the node (rank 0)."""
+        """Rank 0: host the group's store; its address, port and this node's id."""
+        self._store = host_store(self.size, self._rendezvous_timeout_s())
         node = ray.get_runtime_context().get_node_id()
-        return ray.util.get_node_ip_address(), free_port(), node
+        return ray.util.get_node_ip_address(), self._store.port, node
+
+    def _rendezvous_timeout_s(self) -> float:
+        return self.config.dock.timeout_s * 5
 
     def setup(
         self, master_addr: str, master_port: int, dock: DockHandle, algorithm: Any, options: Any
@@ -122,8 +122,9 @@ class ModelWorker:
         """Join the process group, build the engine(s), load the initial weights."""
         self.algorithm, self.options = algorithm, options
         self.dock = TimedDockClient(dock)
-        timeout = self.config.dock.timeout_s * 5
-        self.device.init_process_group(self.rank, self.size, master_addr, master_port, timeout)
+        timeout = self._rendezvous_timeout_s()
+        store = self._store or join_store(master_addr, master_port, self.size, timeout)
+        self.device.init_process_group(self.rank, self.size, timeout_s=timeout, store=store)
         initial = initial_model(self.config.model)
         self.spec = initial.spec
         trains = self.role != "reference"
@@ -151,8 +152,10 @@ class ModelWorker:
         start = time.perf_counter()
         self.rollout.refresh_weights()
         tokens = 0
-        for first in range(0, len(indexes), GENERATION_CHUNK):
-            chunk = indexes[first : first + GENERATION_CHUNK]
+        group = self.config.data.n_samples_per_prompt
+        chunk_size = max(1, GENERATION_CHUNK // group) * group
+        for first in range(0, len(indexes), chunk_size):
+            chunk = indexes[first : first + chunk_size]
             tokens += self._generate_chunk(chunk, params)
         self.rollout.restore_training_state()
         return {

@@ -9,26 +9,24 @@ one torch thread per rank, by the multi-rank tests (``tests/support/spawn.py``).
 from __future__ import annotations
 
 import pickle
-import socket
 import traceback
 from typing import Any
 
 import torch.multiprocessing as mp
 
+from mindrl.workers.rendezvous import host_store, join_store
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+#: Seconds a rank waits for its peers at the rendezvous.
+RENDEZVOUS_TIMEOUT_S = 300.0
 
 
 def _leave_process_group() -> None:
     """Tear the process group down in step with the other ranks before exiting.
 
-    Left to interpreter exit, gloo's and the store's threads are destroyed in no set
-    order: about one exit in fifteen aborted ("terminate called without an active
-    exception", SIGABRT) after the rank had returned its result. The barrier makes sure
-    no peer still talks to this rank's connections (rank 0 hosts the store).
+    Left to interpreter exit, gloo's threads are destroyed in no set order: about one
+    exit in fifteen aborted ("terminate called without an active exception", SIGABRT)
+    after the rank had returned its result. The barrier makes sure no peer still talks
+    to this rank's connections. (The store lives in the parent, see ``run_ranks``.)
     """
     import torch.distributed as dist
 
@@ -53,7 +51,10 @@ def _entry(
 
         if threads is not None:
             torch.set_num_threads(threads)  # small machines: ranks must not oversubscribe
-        get_device(device).init_process_group(rank, world, master_port=port, timeout_s=300)
+        store = join_store("127.0.0.1", port, world, RENDEZVOUS_TIMEOUT_S)
+        get_device(device).init_process_group(
+            rank, world, timeout_s=RENDEZVOUS_TIMEOUT_S, store=store
+        )
         # Plain pickle copies tensor bytes; torch's queue pickler would share memory
         # that disappears when this process exits.
         result = pickle.dumps(fn(rank, world, *args))
@@ -75,9 +76,12 @@ def run_ranks(
     """Spawn ``world`` ranks, run ``fn(rank, world, *args)`` in each, return the results."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
+    # This process hosts the ranks' store: its port is bound before any rank starts (no
+    # other process can take it meanwhile) and it outlives every rank's exit.
+    store = host_store(world, RENDEZVOUS_TIMEOUT_S)
     context = mp.start_processes(
         _entry,
-        args=(world, free_port(), device, threads, fn, args, queue),
+        args=(world, store.port, device, threads, fn, args, queue),
         nprocs=world,
         join=False,
     )
