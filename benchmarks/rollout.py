@@ -15,6 +15,11 @@ one vLLM TP rank each (``external_launcher``), each loading only its own shards
 (``load_weights`` is then the shard hand-over); the tiny model gets N KV heads so it
 splits. The one-rank vllm row of the same model runs first as the baseline; the TP
 row's figures are rank 0's.
+
+The hf engine runs twice per model: first with ``share_prompt_prefill`` off (every
+copy of a prompt prefilled on its own, what ``generate`` does), then on; the second
+row's ratio is against the first. ``--prompt-len 160 --max-tokens 16`` is the shape of
+configs/smollm2_135m.yaml, where the prefill is most of the work.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class RolloutFigures:
     generate_s: float
     response_tokens: int
     tokens_per_s: float
+    ratio: float = 1.0  # tokens/s against the baseline row of the same model
 
 
 def tiny_llama_config(kv_heads: int = 1) -> LlamaConfig:
@@ -150,6 +156,7 @@ def measure(
         kv_cache_bytes=args.kv_cache_mib * 2**20,
         tensor_parallel_size=args.tp,
         enforce_eager=True,
+        share_prompt_prefill=getattr(args, "share_prompt_prefill", True),
     )
     started = time.perf_counter()
     engine: GenerationEngine = get_engine_class(engine_name)(config)
@@ -206,16 +213,43 @@ def measure_row(engine_name: str, model_name: str, model, args) -> RolloutFigure
     from mindrl.workers.spawn import run_ranks
 
     rows = run_ranks(measure_on_rank, args.tp, model_name, model, args, device="cpu")
-    row = rows[0]
-    row.engine = f"vllm-tp{args.tp}"
-    return row
+    return rows[0]
 
 
 def runs(engines: list[str], args: argparse.Namespace) -> list[tuple[str, argparse.Namespace]]:
-    """(engine, settings) per row; with --tp the one-rank vllm row is the baseline."""
-    if args.tp == 1:
-        return [(name, args) for name in engines]
-    return [("vllm", argparse.Namespace(**{**vars(args), "tp": 1})), ("vllm", args)]
+    """(engine, settings) per row. With --tp the one-rank vllm row is the baseline; the
+    hf engine's baseline is itself without prompt-prefill sharing."""
+
+    def variant(**changes) -> argparse.Namespace:
+        return argparse.Namespace(**{**vars(args), **changes})
+
+    if args.tp > 1:
+        return [("vllm", variant(tp=1)), ("vllm", args)]
+    rows = []
+    for name in engines:
+        if name == "hf":
+            rows.append(("hf", variant(share_prompt_prefill=False)))
+        rows.append((name, args))
+    return rows
+
+
+def label(engine_name: str, args: argparse.Namespace) -> str:
+    if args.tp > 1:
+        return f"vllm-tp{args.tp}"
+    if not getattr(args, "share_prompt_prefill", True):
+        return f"{engine_name}-copies"
+    return engine_name
+
+
+def baseline_of(row: RolloutFigures, earlier: list[RolloutFigures]) -> RolloutFigures | None:
+    """The row this one is compared with: hf-copies for hf, one-rank vllm for vllm-tpN."""
+    if row.engine == "hf":
+        wanted = "hf-copies"
+    elif row.engine.startswith("vllm-tp"):
+        wanted = "vllm"
+    else:
+        return None
+    return next((f for f in earlier if f.model == row.model and f.engine == wanted), None)
 
 
 def main() -> None:
@@ -231,12 +265,17 @@ def main() -> None:
         for model_name, model in models.items():
             for engine_name, run_args in runs(engines, args):
                 row = measure_row(engine_name, model_name, model, run_args)
+                row.engine = label(engine_name, run_args)
+                baseline = baseline_of(row, figures)
+                if baseline is not None:
+                    row.ratio = row.tokens_per_s / baseline.tokens_per_s
                 figures.append(row)
+                against = f"  {row.ratio:5.2f}x {baseline.engine}" if baseline else ""
                 print(
-                    f"{row.engine:8s} {row.model:13s} start {row.start_s:6.2f} s  "
+                    f"{row.engine:10s} {row.model:13s} start {row.start_s:6.2f} s  "
                     f"load_weights {row.load_weights_s:6.3f} s  "
                     f"{row.response_tokens} tokens in {row.generate_s:6.2f} s = "
-                    f"{row.tokens_per_s:8.1f} tok/s",
+                    f"{row.tokens_per_s:8.1f} tok/s{against}",
                     flush=True,
                 )
     report = {

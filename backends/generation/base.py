@@ -124,6 +124,9 @@ class EngineConfig:
         enforce_eager: run without graph capture / torch.compile (vLLM only).
         seed: engine-level seed for calls whose params carry none.
         device: device name for the HF engine (``None``: the device layer's choice).
+        share_prompt_prefill: HF engine: run the prompt of identical rows (GRPO's N
+            copies, ``SamplingParams.n``) through the model once and copy its KV cache;
+            off only to measure what it saves. vLLM shares through its prefix cache.
     """
 
     model: str | PretrainedConfig
@@ -136,6 +139,7 @@ class EngineConfig:
     enforce_eager: bool = False
     seed: int = 0
     device: str | None = None
+    share_prompt_prefill: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.memory_fraction <= 1:

@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterable, Iterator
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, PreTrainedModel
 
 from backends.device import get_device
 from backends.generation.base import (
@@ -177,12 +177,14 @@ class HFGenerationEngine(GenerationEngine):
     def _generate_batch(
         self, prompts: list[list[int]], batch: list[int], params: SamplingParams
     ) -> list[GenerationResult]:
-        rows = [prompts[i] for i in batch]
-        input_ids, attention_mask = self._left_pad(rows)  # (B, L_max)
+        # One row per sample, prompt-major: prompt batch[k] fills rows k*n .. k*n+n-1.
+        rows = [prompts[i] for i in batch for _ in range(params.n)]
+        input_ids, attention_mask = self._left_pad(rows)  # (B*n, L_max)
         room = self.config.max_model_len - min(len(r) for r in rows)
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            past_key_values=self._shared_prompt_cache(input_ids, attention_mask),
             generation_config=self._generation_config(params, min(params.max_tokens, room)),
         )
         response_ids = out.sequences[:, input_ids.shape[1] :]  # (B*n, T)
@@ -203,6 +205,42 @@ class HFGenerationEngine(GenerationEngine):
                 )
             )
         return results
+
+    def _shared_prompt_cache(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> DynamicCache | None:
+        """The KV cache of every row's prompt but its last token, each distinct prompt
+        computed once.
+
+        GRPO sends each prompt N times (or asks for n samples of it); ``generate`` would
+        run the prefill, most of the work for short responses, on every copy. Here the
+        distinct rows are prefilled once and the cache rows copied to their duplicates;
+        ``generate`` then runs only the last prompt token of each row. Positions follow
+        ``generate``'s own rule for left padding, so the cached keys are the ones it
+        would have computed. None (plain ``generate``) when no row repeats, the prompts
+        are one token long, or ``EngineConfig.share_prompt_prefill`` is off.
+        """
+        if not self.config.share_prompt_prefill or input_ids.shape[1] < 2:
+            return None
+        distinct, copy_of = torch.unique(input_ids, dim=0, return_inverse=True)
+        if len(distinct) == len(input_ids):
+            return None
+        first_row = torch.zeros(len(distinct), dtype=torch.long, device=input_ids.device)
+        rows = torch.arange(len(input_ids), device=input_ids.device)
+        first_row.scatter_reduce_(0, copy_of, rows, reduce="amin", include_self=False)
+        mask = attention_mask[first_row, :-1]
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        cache = DynamicCache(config=self.model.config)
+        self.model(
+            input_ids=input_ids[first_row, :-1],
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.batch_select_indices(copy_of)
+        return cache
 
     def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(r) for r in rows)
@@ -225,7 +263,6 @@ class HFGenerationEngine(GenerationEngine):
         return GenerationConfig(
             max_new_tokens=max_new_tokens,
             do_sample=not params.greedy,
-            num_return_sequences=params.n,
             eos_token_id=list(params.stop_token_ids) or None,
             pad_token_id=_PAD_ID,
             return_dict_in_generate=True,

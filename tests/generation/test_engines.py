@@ -10,8 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.generation import EngineStateError, InvalidPromptError, SamplingParams
-from tests.generation.conftest import MAX_MODEL_LEN, reference_model
+from backends.generation import (
+    EngineConfig,
+    EngineStateError,
+    InvalidPromptError,
+    SamplingParams,
+    get_engine_class,
+)
+from tests.generation.conftest import MAX_MODEL_LEN, reference_model, tiny_llama_config
 
 PROMPTS = [[5, 17, 42], [9, 8, 7, 6, 5, 4, 3, 2, 1], [200]]
 FP32_ATOL = 1e-4
@@ -184,3 +190,46 @@ def test_a_response_cut_by_the_context_window_says_context_limit(engine):
 def test_invalid_prompts_are_refused_with_a_clear_message(engine, prompts, message):
     with pytest.raises(InvalidPromptError, match=message):
         engine.generate(prompts, SamplingParams(max_tokens=2))
+
+
+def test_copies_of_a_prompt_sample_like_separate_calls_with_one_shared_prefill(engine, reference_a):
+    # GRPO's shape: each prompt N times in one call, prompts of different lengths (padded).
+    prompts = [PROMPTS[0], PROMPTS[1]] * 3
+    greedy = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
+    sampled = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=6, seed=9))
+
+    for r in greedy:
+        assert r.token_ids == argmax_decode(reference_a, prompts[r.prompt_index], 6)
+    for r in sampled:
+        expected = full_forward_logprobs(reference_a, prompts[r.prompt_index], r.token_ids)
+        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=FP32_ATOL, rtol=0)
+    assert len({tuple(r.token_ids) for r in sampled if r.prompt_index % 2 == 0}) > 1
+
+
+def tokens_through_the_model(engine, prompts: list[list[int]], max_tokens: int) -> int:
+    counted: list[int] = []
+    hook = engine.model.get_input_embeddings().register_forward_hook(
+        lambda module, args, out: counted.append(args[0].numel())
+    )
+    try:
+        engine.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
+    finally:
+        hook.remove()
+    return sum(counted)
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "per-copy"])
+def test_the_hf_engine_runs_each_distinct_prompt_through_the_model_once(share, weights_a):
+    config = EngineConfig(
+        model=tiny_llama_config(), max_model_len=MAX_MODEL_LEN, share_prompt_prefill=share
+    )
+    engine = get_engine_class("hf")(config)
+    engine.load_weights(weights_a.items())
+    prompts = [PROMPTS[0], PROMPTS[1]] * 4  # 2 distinct, longest 9 tokens, 8 rows
+
+    tokens = tokens_through_the_model(engine, prompts, max_tokens=5)
+
+    # Each row feeds 4 sampled tokens back (the 5th is never fed). Shared: 2 distinct
+    # prompts x 8 cached positions, then every row's last prompt token. Per copy: all
+    # 8 rows x 9 prompt positions.
+    assert tokens == (2 * 8 + 8 * 1 if share else 8 * 9) + 8 * 4
