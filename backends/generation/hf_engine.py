@@ -166,8 +166,9 @@ class HFGenerationEngine(GenerationEngine):
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         elem = torch.finfo(self.config.dtype).bits // 8
         kv_per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
-        logits_per_token = self.vocab_size * 4  # output_logits keeps every step (fp32)
-        per_sequence = self.config.max_model_len * (kv_per_token + logits_per_token)
+        logits_per_step = self.vocab_size * 4  # output_logits keeps every sampled step (fp32)
+        steps = min(params.max_tokens, self.config.max_model_len)
+        per_sequence = self.config.max_model_len * kv_per_token + steps * logits_per_step
         budget = self.config.kv_cache_bytes
         if budget is None:
             weights = sum(p.numel() * p.element_size() for _, p in self._unique_params())

@@ -233,3 +233,22 @@ def test_the_hf_engine_runs_each_distinct_prompt_through_the_model_once(share, w
     # prompts x 8 cached positions, then every row's last prompt token. Per copy: all
     # 8 rows x 9 prompt positions.
     assert tokens == (2 * 8 + 8 * 1 if share else 8 * 9) + 8 * 4
+
+
+def test_the_hf_engine_batches_as_many_prompts_as_the_memory_budget_holds(weights_a):
+    # Per prompt: the KV cache of max_model_len positions (2 layers x 1 KV head x 64 x
+    # K and V x 4 bytes = 1 KiB per position) and the fp32 logits of the sampled steps
+    # only (256 x 4 bytes = 1 KiB per step); the budget holds exactly 10 such prompts.
+    per_prompt = MAX_MODEL_LEN * 1024 + 4 * 1024
+    config = EngineConfig(
+        model=tiny_llama_config(), max_model_len=MAX_MODEL_LEN, kv_cache_bytes=10 * per_prompt
+    )
+    engine = get_engine_class("hf")(config)
+    engine.load_weights(weights_a.items())
+    batch_sizes: list[int] = []
+    generate = engine.model.generate
+    engine.model.generate = lambda **kw: batch_sizes.append(len(kw["input_ids"])) or generate(**kw)
+
+    engine.generate([[i + 1, 2, 3] for i in range(12)], SamplingParams(max_tokens=4, seed=0))
+
+    assert batch_sizes == [10, 2]
