@@ -8,8 +8,12 @@ and DP never change the result (DESIGN.md §5).
 
 Batches are dicts of ``[b, s]`` tensors: ``input_ids`` (right-padded, starting at
 position 0) and ``loss_mask`` (1 where a token's loss counts), plus whatever the loss
-function reads. ``logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`` with
-``logprobs[:, 0] = 0``; ``values[:, t]`` is the critic's value at position ``t``.
+function reads. ``logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`` and
+``entropy[:, t]`` is the entropy of that same distribution (the one token ``t`` was
+drawn from), both 0 at ``t = 0``; ``values[:, t]`` is the critic's value at position
+``t``. With a ``loss_mask`` the vocabulary logits are computed only for each row's
+span of masked tokens (``logit_window.py``), and log-probs / entropy outside that span
+read 0; without one, at every position.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from backends.megatron.builder import build_gpt, initialize_parallel
 from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
 from backends.megatron.layouts import canonical_parameters, param_layouts
+from backends.megatron.logit_window import logit_positions, place_at_tokens
 from backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_logprobs
 from backends.megatron.optim import (
     OptimSpec,
@@ -37,7 +42,12 @@ from backends.megatron.optim import (
     optimizer_state_tensors,
     reduce_gradients,
 )
-from backends.megatron.pipeline import megatron_schedule, run_micro_batches
+from backends.megatron.pipeline import (
+    LOGIT_POSITIONS,
+    LOGIT_VALID,
+    megatron_schedule,
+    run_micro_batches,
+)
 from backends.megatron.sharding import gather_full_state_dict, load_full_state_dict
 from backends.megatron.spec import GPTSpec, ParallelSpec
 
@@ -139,19 +149,37 @@ class MegatronEngine:
 
     # ---- forward passes ----------------------------------------------------------------
     def _outputs(self, output: torch.Tensor, batch: Batch, with_entropy: bool) -> dict:
+        """Per-token results ``[b, s]``; token ``t``'s come from the logits at ``t - 1``."""
         if self.value_head:
             return {"values": output.squeeze(-1).float()}  # [b, s]
-        ids = batch["input_ids"]
-        logp = vocab_parallel_logprobs(output[:, :-1], ids[:, 1:], self.spec.vocab_size)
-        outputs = {"logprobs": torch.nn.functional.pad(logp, (1, 0))}
+        ids, vocab = batch["input_ids"], self.spec.vocab_size
+        if LOGIT_POSITIONS in batch:  # output: [b, W, v] at the window's positions only
+            positions, valid = batch[LOGIT_POSITIONS], batch[LOGIT_VALID]
+            targets = ids.gather(1, (positions + 1).clamp(max=ids.shape[1] - 1))
+            per_window = {"logprobs": vocab_parallel_logprobs(output, targets, vocab)}
+            if with_entropy:
+                per_window["entropy"] = vocab_parallel_entropy(output, vocab)
+            return {
+                k: place_at_tokens(v, positions, valid, ids.shape[1]) for k, v in per_window.items()
+            }
+        predicting = output[:, :-1]  # [b, s - 1, v]: position t predicts token t + 1
+        outputs = {"logprobs": vocab_parallel_logprobs(predicting, ids[:, 1:], vocab)}
         if with_entropy:
-            outputs["entropy"] = vocab_parallel_entropy(output, self.spec.vocab_size)
-        return outputs
+            outputs["entropy"] = vocab_parallel_entropy(predicting, vocab)
+        return {k: torch.nn.functional.pad(v, (1, 0)) for k, v in outputs.items()}
+
+    def _with_logit_window(self, batch: Batch) -> Batch:
+        """``batch`` plus the positions whose logits a loss on ``loss_mask`` reads."""
+        if self.value_head or "loss_mask" not in batch:
+            return batch
+        positions, valid = logit_positions(batch["loss_mask"])
+        return {**batch, LOGIT_POSITIONS: positions, LOGIT_VALID: valid}
 
     def _run(self, micro_batches: list[Batch], head, train: bool) -> list[Any]:
         on_cpu = self.device.torch_device_type == "cpu"
         micro_batches = [
-            {k: v.to(self.device.device()) for k, v in b.items()} for b in micro_batches
+            {k: v.to(self.device.device()) for k, v in self._with_logit_window(b).items()}
+            for b in micro_batches
         ]
         with self.device.megatron_compat():
             if self.parallel.pp > 1 and not on_cpu:

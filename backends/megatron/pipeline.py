@@ -22,7 +22,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from backends.megatron.logit_window import logits_at
+
 Batch = dict[str, torch.Tensor]
+#: Batch keys (set by the engine) restricting the last stage's logits to a window.
+LOGIT_POSITIONS, LOGIT_VALID = "logit_positions", "logit_valid"
 #: head(output of the last stage, batch) -> (scalar loss or None, results to keep)
 Head = Callable[[torch.Tensor, Batch], tuple[torch.Tensor | None, Any]]
 
@@ -60,7 +64,9 @@ def _stage_ranks() -> tuple[bool, bool, int | None, int | None]:
     return first, last, prev, nxt
 
 
-def _stage_forward(model: nn.Module, ids: torch.Tensor, recv_shape, dtype, prev, train: bool):
+def _stage_forward(
+    model: nn.Module, ids: torch.Tensor, batch: Batch, recv_shape, dtype, prev, train: bool
+):
     received = None
     if prev is not None:
         received = torch.empty(recv_shape, dtype=dtype, device=ids.device)
@@ -68,8 +74,14 @@ def _stage_forward(model: nn.Module, ids: torch.Tensor, recv_shape, dtype, prev,
         received.requires_grad_(train)
         model.set_input_tensor(received)
     with torch.set_grad_enabled(train):
-        output = model(ids, positions_for(ids), None)
+        output = _forward(model, ids, batch)
     return received, output
+
+
+def _forward(model: nn.Module, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The stage's forward; on the last stage, logits only in the batch's window."""
+    with logits_at(model, batch.get(LOGIT_POSITIONS)):
+        return model(ids, positions_for(ids), None)
 
 
 def run_micro_batches(
@@ -95,7 +107,7 @@ def run_micro_batches(
         s = batch["input_ids"].shape[1]
         ids = pad_to_multiple(batch["input_ids"], multiple)  # [b, s_pad]
         recv_shape = (ids.shape[1] // multiple, ids.shape[0], hidden_size)
-        received, output = _stage_forward(model, ids, recv_shape, dtype, prev, train)
+        received, output = _stage_forward(model, ids, batch, recv_shape, dtype, prev, train)
         if last:
             loss, result = head(output[:, :s], batch)
             results.append(result)
@@ -126,7 +138,7 @@ def megatron_schedule(
     def forward_step(data_iterator, stage):
         batch = next(data_iterator)
         ids = pad_to_multiple(batch["input_ids"], multiple)
-        output = stage(ids, positions_for(ids), None)
+        output = _forward(stage, ids, batch)
 
         def loss_func(output_tensor):
             loss, result = head(output_tensor[:, : batch["input_ids"].shape[1]], batch)

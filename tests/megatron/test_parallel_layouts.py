@@ -62,18 +62,58 @@ def test_expert_parallel_moe_trains_exactly_like_one_rank(runs):
     cases.assert_same_step(two[1]["ep2"], reference["moe"])
 
 
+def per_token_reference(hf_state: dict, micro_batches: list[dict], grad: bool = False):
+    """Independent reference from an HF model with these weights: log p and entropy of
+    the distribution each token was drawn from (token t: logits at t - 1), ``[B, s]``
+    with 0 at t = 0, computed over the full logits at every position."""
+    model = hf_model(hf_state)
+    ids = torch.cat([b["input_ids"] for b in micro_batches])
+    with torch.set_grad_enabled(grad):
+        logp_all = torch.log_softmax(model(ids).logits[:, :-1], -1)  # predicts tokens 1..s-1
+        logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    pad = torch.nn.functional.pad
+    return model, pad(logp, (1, 0)), pad(entropy, (1, 0))
+
+
+def loss_mask_of(micro_batches: list[dict]) -> torch.Tensor:
+    return torch.cat([b["loss_mask"] for b in micro_batches])
+
+
 def test_tensor_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_logits(runs):
     reference, two = runs
     assert two[0]["tp2"]["sequence_parallel"]
     hf = get_family("qwen2").megatron_to_hf(reference["dense"]["initial"], cases.DENSE)
     torch.testing.assert_close(two[0]["tp2"]["logprobs"], reference["dense"]["logprobs"], **TOL)
-    # Independent reference: plain log_softmax of logits from an HF model with these weights.
-    logits = hf_logits(hf, cases.batches(cases.DENSE))
-    ids = torch.cat([b["input_ids"] for b in cases.batches(cases.DENSE)])
-    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    torch.testing.assert_close(two[0]["tp2"]["logprobs"][:, 1:], logp, **TOL)
-    entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
-    torch.testing.assert_close(two[1]["tp2"]["entropy"], entropy, **TOL)
+    micro = cases.batches(cases.DENSE)
+    _, logp, entropy = per_token_reference(hf, micro)
+    # The logits are computed for the masked tokens only; the rest read 0.
+    mask = loss_mask_of(micro)
+    torch.testing.assert_close(two[0]["tp2"]["logprobs"], logp * mask, **TOL)
+    torch.testing.assert_close(two[1]["tp2"]["entropy"], entropy * mask, **TOL)
+
+
+def test_one_training_step_has_the_loss_and_gradients_of_an_hf_model_on_full_logits(runs):
+    """The policy loss (log-probs and entropy bonus over the masked tokens, normalised by
+    their count) from logits over the masked window only gives the loss and gradients
+    of the same loss on an HF model's full logits: nothing is lost outside the window
+    and every token is scored with the distribution it was drawn from."""
+    reference, _ = runs
+    dense = reference["dense"]
+    family = get_family("qwen2")
+    micro = cases.batches(cases.DENSE)
+    model, logp, entropy = per_token_reference(
+        family.megatron_to_hf(dense["initial"], cases.DENSE), micro, grad=True
+    )
+    mask = loss_mask_of(micro)
+    advantages = torch.cat([b["advantages"] for b in micro])
+    loss = ((-logp * advantages - 0.01 * entropy) * mask).sum() / mask.sum()
+    loss.backward()
+
+    assert dense["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    expected = {n: p.grad for n, p in model.named_parameters()}
+    for name, grad in family.megatron_to_hf(dense["grads"], cases.DENSE).items():
+        torch.testing.assert_close(grad, expected[name], **TOL, msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +154,12 @@ def test_sequence_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_l
     reference, _ = runs
     hf = get_family("qwen2").megatron_to_hf(reference["dense_odd"]["initial"], cases.DENSE)
     micro = cases.batches(cases.DENSE, s=cases.ODD_LEN)
-    logits = hf_logits(hf, micro)
-    ids = torch.cat([b["input_ids"] for b in micro])
-    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    _, logp, entropy = per_token_reference(hf, micro)
+    mask = loss_mask_of(micro)
     for rank in range(2):
         odd = sp_runs[rank]["dense_tp2_odd"]
-        torch.testing.assert_close(odd["logprobs"][:, 1:], logp, **TOL)
-        torch.testing.assert_close(odd["entropy"], entropy, **TOL)
+        torch.testing.assert_close(odd["logprobs"], logp * mask, **TOL)
+        torch.testing.assert_close(odd["entropy"], entropy * mask, **TOL)
 
 
 def test_a_sequence_parallel_critic_scores_and_learns_exactly_like_one_rank(runs, sp_runs):
@@ -154,8 +192,8 @@ def test_moe_with_tp_is_accepted_and_context_parallelism_is_refused_with_the_fix
         validate(cases.DENSE, ParallelSpec(cp=2), world_size=2)
 
 
-def hf_logits(hf_state: dict, micro_batches: list[dict]) -> torch.Tensor:
-    """Logits of a transformers Qwen2 model holding ``hf_state`` (the pre-step weights)."""
+def hf_model(hf_state: dict):
+    """A transformers Qwen2 model holding ``hf_state`` (the pre-step weights)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     spec = cases.DENSE
@@ -174,9 +212,7 @@ def hf_logits(hf_state: dict, micro_batches: list[dict]) -> torch.Tensor:
     model = Qwen2ForCausalLM(config).eval()
     missing, unexpected = model.load_state_dict(hf_state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
-    ids = torch.cat([b["input_ids"] for b in micro_batches])
-    with torch.no_grad():
-        return model(ids).logits
+    return model
 
 
 def test_resuming_from_a_checkpoint_gives_the_next_losses_of_an_uninterrupted_run(runs):
