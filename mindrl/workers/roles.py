@@ -123,7 +123,11 @@ class ModelWorker:
         self.algorithm, self.options = algorithm, options
         self.dock = TimedDockClient(dock)
         timeout = self._rendezvous_timeout_s()
-        store = self._store or join_store(master_addr, master_port, self.size, timeout)
+        store = (
+            self._store
+            if self._store is not None
+            else join_store(master_addr, master_port, self.size, timeout)
+        )
         self.device.init_process_group(self.rank, self.size, timeout_s=timeout, store=store)
         initial = initial_model(self.config.model)
         self.spec = initial.spec
