@@ -223,7 +223,10 @@ class HFGenerationEngine(GenerationEngine):
         """
         if not self.config.share_prompt_prefill or input_ids.shape[1] < 2:
             return None
-        distinct, copy_of = torch.unique(input_ids, dim=0, return_inverse=True)
+        # The mask is part of the key: pad id 0 is also a real token, so [0, 5] and a
+        # left-padded [5] have the same ids.
+        rows_and_masks = torch.cat([input_ids, attention_mask], dim=1)
+        distinct, copy_of = torch.unique(rows_and_masks, dim=0, return_inverse=True)
         if len(distinct) == len(input_ids):
             return None
         first_row = torch.zeros(len(distinct), dtype=torch.long, device=input_ids.device)

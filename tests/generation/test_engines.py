@@ -252,3 +252,14 @@ def test_the_hf_engine_batches_as_many_prompts_as_the_memory_budget_holds(weight
     engine.generate([[i + 1, 2, 3] for i in range(12)], SamplingParams(max_tokens=4, seed=0))
 
     assert batch_sizes == [10, 2]
+
+
+def test_a_prompt_starting_with_the_pad_id_is_not_taken_for_a_shorter_padded_one(
+    engine, reference_a
+):
+    # Left padding writes id 0, a real token too: [0, 9, 8] and a padded [9, 8] share ids.
+    prompts = [[0, 9, 8], [9, 8], [0, 9, 8], [9, 8]]
+    results = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
+
+    for r in results:
+        assert r.token_ids == argmax_decode(reference_a, prompts[r.prompt_index], 6)
