@@ -225,18 +225,16 @@ class HFGenerationEngine(GenerationEngine):
             return None
         # The mask is part of the key: pad id 0 is also a real token, so [0, 5] and a
         # left-padded [5] have the same ids.
+        width = input_ids.shape[1]
         rows_and_masks = torch.cat([input_ids, attention_mask], dim=1)
         distinct, copy_of = torch.unique(rows_and_masks, dim=0, return_inverse=True)
         if len(distinct) == len(input_ids):
             return None
-        first_row = torch.zeros(len(distinct), dtype=torch.long, device=input_ids.device)
-        rows = torch.arange(len(input_ids), device=input_ids.device)
-        first_row.scatter_reduce_(0, copy_of, rows, reduce="amin", include_self=False)
-        mask = attention_mask[first_row, :-1]
+        ids, mask = distinct[:, : width - 1], distinct[:, width:-1]  # all but the last token
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         cache = DynamicCache(config=self.model.config)
         self.model(
-            input_ids=input_ids[first_row, :-1],
+            input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
             past_key_values=cache,
