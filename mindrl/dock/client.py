@@ -170,14 +170,14 @@ class DockClient:
         stage."""
         if self.handle.central is not None:
             return
-        warehouses = self.handle.warehouses
-        probes = [w.actor.__ray_ready__.remote() for w in warehouses]
-        dead = []
-        for i, probe in enumerate(probes):
-            try:
-                ray.get(probe, timeout=self.handle.timeout_s)
-            except ray.exceptions.RayActorError:
-                dead.append(self._warehouse_name(i))
+        probes = [w.actor.__ray_ready__.remote() for w in self.handle.warehouses]
+        # One shared deadline; a warehouse too busy to answer by then counts as alive.
+        answered, _ = ray.wait(probes, num_returns=len(probes), timeout=self.handle.timeout_s)
+        dead = [
+            self._warehouse_name(i)
+            for i, probe in enumerate(probes)
+            if probe in answered and _is_dead(probe)
+        ]
         if dead:
             names = ", ".join(dead)
             raise DockError(f"{names} is dead, so its samples never arrive; {error}") from None
@@ -290,6 +290,15 @@ class DockClient:
             if cause is not None:
                 raise DockError(str(cause)) from None
             raise
+
+
+def _is_dead(answered_ref: Any) -> bool:
+    """Whether an answered call failed because its actor is dead."""
+    try:
+        ray.get(answered_ref)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
 
 
 def _dead_actor_name(exc: Exception, refs: list[Any], names: list[str]) -> str:
