@@ -156,7 +156,7 @@ def measure(
         kv_cache_bytes=args.kv_cache_mib * 2**20,
         tensor_parallel_size=args.tp,
         enforce_eager=True,
-        share_prompt_prefill=getattr(args, "share_prompt_prefill", True),
+        share_prompt_prefill=args.share_prompt_prefill,
     )
     started = time.perf_counter()
     engine: GenerationEngine = get_engine_class(engine_name)(config)
@@ -197,6 +197,7 @@ def parse_args() -> argparse.Namespace:
         "--tp", type=int, default=1, help="vllm only: tensor-parallel ranks (gloo, one each)"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.set_defaults(share_prompt_prefill=True)  # runs() adds the hf row without it
     return parser.parse_args()
 
 
@@ -236,7 +237,7 @@ def runs(engines: list[str], args: argparse.Namespace) -> list[tuple[str, argpar
 def label(engine_name: str, args: argparse.Namespace) -> str:
     if args.tp > 1:
         return f"vllm-tp{args.tp}"
-    if not getattr(args, "share_prompt_prefill", True):
+    if not args.share_prompt_prefill:
         return f"{engine_name}-copies"
     return engine_name
 
