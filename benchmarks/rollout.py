@@ -211,7 +211,7 @@ def measure_on_rank(
 def measure_row(engine_name: str, model_name: str, model, args) -> RolloutFigures:
     if args.tp == 1:
         return measure(engine_name, model_name, model, args)
-    from mindrl.workers.spawn import run_ranks
+    from benchmarks.harness.spawn import run_ranks
 
     rows = run_ranks(measure_on_rank, args.tp, model_name, model, args, device="cpu")
     return rows[0]

@@ -67,7 +67,7 @@ def measure(rank: int, world: int, spec: GPTSpec, tp: int, args: dict) -> dict:
 
 
 def run(name: str, spec: GPTSpec, tp: int, args: dict) -> dict:
-    from mindrl.workers.spawn import run_ranks
+    from benchmarks.harness.spawn import run_ranks
 
     results = run_ranks(measure, tp, spec, tp, args, device="cpu", threads=1, timeout_s=1800)
     step_s = max(r["step_s"] for r in results)

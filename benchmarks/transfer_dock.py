@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mindrl.dock import RL_FIELDS, DockClient, create_dock, shutdown_dock
-from mindrl.plan.sample_flow import central_volume_bytes, dispatch_seconds
+from mindrl.planner.sample_flow import central_volume_bytes, dispatch_seconds
 
 STAGES = [  # (stage, fields read, fields written, whole groups)
     ("rollout", ["prompt_ids"], ["response_ids", "rollout_logprob"], True),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -153,12 +152,6 @@ class Device(ABC):
         if self.visible_devices_env is None:
             return {}
         return {self.visible_devices_env: ",".join(str(i) for i in indexes)}
-
-    # ---- Megatron-core ----------------------------------------------------------------
-    @contextlib.contextmanager
-    def megatron_compat(self) -> Iterator[None]:
-        """Make Megatron-core usable on this device (only the CPU needs changes)."""
-        yield
 
     def __repr__(self) -> str:
         return f"<Device {self.name}: {self.dist_backend}, ray={self.ray_resource}>"

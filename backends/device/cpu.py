@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -76,13 +75,6 @@ class CpuDevice(Device):
 
     def track(self, *tensors: torch.Tensor) -> None:
         self.ledger.track(*tensors)
-
-    @contextlib.contextmanager
-    def megatron_compat(self) -> Iterator[None]:
-        from backends.device.megatron_cpu import megatron_on_cpu
-
-        with megatron_on_cpu():
-            yield
 
 
 class _CpuEvent:

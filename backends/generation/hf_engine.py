@@ -23,7 +23,7 @@ from backends.generation.base import (
     GenerationResult,
     SamplingParams,
 )
-from backends.hf_experts import fused_expert_view
+from backends.generation.hf_experts import fused_expert_view
 
 #: Left-padding id; any valid id works since padded positions are masked out.
 _PAD_ID = 0

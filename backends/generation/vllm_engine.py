@@ -48,7 +48,7 @@ from backends.generation.base import (
     GenerationResult,
     SamplingParams,
 )
-from backends.hf_experts import unfuse_experts
+from backends.generation.hf_experts import unfuse_experts
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # vLLM logs every weight reload and cache reset at INFO: once per RL iteration per rank.
@@ -378,7 +378,7 @@ def _hf_parameter_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
 
     From a meta-device instance; transformers 5 fuses MoE experts into
     ``experts.gate_up_proj [E, 2I, H]`` / ``experts.down_proj [E, H, I]``, which are
-    listed one expert at a time (``backends.hf_experts``), as the resharder names them.
+    listed one expert at a time (``backends.generation.hf_experts``), as the resharder names them.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from backends.device import get_device
+from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.layouts import tag_expert_params
 from backends.megatron.spec import GPTSpec, ParallelSpec, validate
 
@@ -36,7 +37,7 @@ def initialize_parallel(parallel: ParallelSpec, seed: int = 0) -> None:
         raise RuntimeError(
             "torch.distributed is not initialised; call get_device().init_process_group(...) first"
         )
-    with get_device().megatron_compat():
+    with megatron_compat(get_device()):
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
         parallel_state.initialize_model_parallel(
@@ -223,7 +224,7 @@ def build_gpt(spec: GPTSpec, parallel: ParallelSpec, value_head: bool = False, s
 
     validate(spec, parallel, dist.get_world_size())
     device = get_device()
-    with device.megatron_compat():
+    with megatron_compat(device):
         config = transformer_config(spec, parallel)
         layer_spec = decoder_block_spec(config, use_transformer_engine())
         torch.manual_seed(seed)

@@ -25,8 +25,8 @@ What the wrapping changes, and what it does not:
   (``get_parameter_state_dp_zero``): fp32 main weights and both moments, so a resume is
   exact.
 
-On the CPU the optimizer runs inside the device layer's ``megatron_compat()``
-(``backends/device/megatron_cpu.py`` redirects its CUDA tensor factories).
+On the CPU the optimizer runs inside ``megatron_compat(device)``
+(``backends/megatron/cpu_compat.py`` redirects its CUDA tensor factories).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from backends.megatron.optim import OptimSpec, optimizer_state_tensors
 class DistributedOptimizer:
     """Megatron DDP + distributed Adam over one model stage.
 
-    Build, step and checkpoint it inside ``get_device().megatron_compat()``.
+    Build, step and checkpoint it inside ``megatron_compat(get_device())``.
 
     Args:
         model: this rank's unwrapped ``GPTModel`` stage (stays the engine's model).

@@ -29,6 +29,7 @@ from backends.device import get_device
 from backends.layout import ParamLayout
 from backends.megatron import checkpoint
 from backends.megatron.builder import build_gpt, initialize_parallel
+from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
 from backends.megatron.layouts import canonical_parameters, param_layouts
@@ -88,7 +89,7 @@ class MegatronEngine:
         self.optimizer, self.scheduler = None, None
         self.distributed: DistributedOptimizer | None = None
         if optim is not None and optim.distributed_optimizer:
-            with self.device.megatron_compat():
+            with megatron_compat(self.device):
                 self.distributed = DistributedOptimizer(self.model, optim)
             self.optimizer = self.distributed.optimizer
         elif optim is not None:
@@ -134,7 +135,7 @@ class MegatronEngine:
 
     def load_full_state_dict(self, full: dict[str, torch.Tensor]) -> None:
         """Load full canonical Megatron tensors (non-strict for a critic's missing head)."""
-        with self.device.megatron_compat():
+        with megatron_compat(self.device):
             load_full_state_dict(self.model, full, strict=not self.value_head)
             if self.distributed is not None:
                 self.distributed.reload_model_params()
@@ -181,7 +182,7 @@ class MegatronEngine:
             {k: v.to(self.device.device()) for k, v in self._with_logit_window(b).items()}
             for b in micro_batches
         ]
-        with self.device.megatron_compat():
+        with megatron_compat(self.device):
             if self.parallel.pp > 1 and not on_cpu:
                 return megatron_schedule(self.model, micro_batches, head, train)
             return run_micro_batches(self.model, micro_batches, head, self.spec.hidden_size, train)
@@ -276,9 +277,9 @@ class MegatronEngine:
         """Reduce, clip and apply the grads; the grad norm before clipping and the lr."""
         if self.distributed is not None:
             lr = self.optim.lr * lr_factor(self.step, self.optim)
-            with self.device.megatron_compat():
+            with megatron_compat(self.device):
                 return self.distributed.step(lr), lr
-        with self.device.megatron_compat():
+        with megatron_compat(self.device):
             reduce_gradients(self.model)
             grad_norm = clip_gradients(self.model, self.optim.clip_grad)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -328,7 +329,7 @@ class MegatronEngine:
         if self.optimizer is not None:
             _check_optimizer_kind(state["optimizer"], self.distributed is not None, root)
         if self.distributed is not None:
-            with self.device.megatron_compat():
+            with megatron_compat(self.device):
                 self.distributed.load_state_dict(state["optimizer"])  # collective over DP
         elif self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -340,7 +341,7 @@ class MegatronEngine:
 
     def _optimizer_state(self) -> Any:
         if self.distributed is not None:
-            with self.device.megatron_compat():
+            with megatron_compat(self.device):
                 return self.distributed.state_dict()  # collective over DP
         return self.optimizer.state_dict() if self.optimizer else None
 

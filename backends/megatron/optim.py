@@ -5,7 +5,7 @@ replicated over DP. ``OptimSpec.distributed_optimizer`` switches to Megatron's
 ``DistributedDataParallel`` + distributed optimizer (``distributed_optim.py``): moments
 and fp32 main weights sharded over DP, the same step (tests compare the two at DP=2,
 TP=2, PP=2 and EP=2). It runs on the CPU too, inside the device layer's
-``megatron_compat()``, which redirects the CUDA tensors Megatron's optimizer makes.
+``cpu_compat.megatron_compat(device)``, which redirects the CUDA tensors Megatron's optimizer makes.
 """
 
 from __future__ import annotations

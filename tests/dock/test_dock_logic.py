@@ -17,7 +17,7 @@ from mindrl.dock.schema import RL_FIELDS, DockError
 from mindrl.dock.tensors import attention_mask, columns_from, to_tensordict
 from mindrl.dock.warehouse import WarehouseStore
 from mindrl.dock.wire import Columns, pad_columns
-from mindrl.plan.sample_flow import central_volume_bytes, dispatch_seconds
+from mindrl.planner.sample_flow import central_volume_bytes, dispatch_seconds
 
 FIELDS = ["prompt_ids", "response_ids", "reward"]
 

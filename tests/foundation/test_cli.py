@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "trainers.cli"]
+CLI = [sys.executable, "-m", "trainers.driver.cli"]
 
 
 def mindrl_train(*args: str) -> subprocess.CompletedProcess:

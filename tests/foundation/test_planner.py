@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from mindrl.config import load_config
-from mindrl.plan.memory import plan_memory, redundant_bytes
-from mindrl.plan.params import model_params
-from mindrl.plan.sample_flow import central_volume_bytes, dispatch_seconds, sample_flow
+from mindrl.planner.memory import plan_memory, redundant_bytes
+from mindrl.planner.params import model_params
+from mindrl.planner.sample_flow import central_volume_bytes, dispatch_seconds, sample_flow
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GIB = 2**30

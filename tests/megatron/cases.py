@@ -13,6 +13,7 @@ import torch
 
 from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec
 from backends.megatron.builder import destroy_parallel
+from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.sharding import gather_full_state_dict
 
 DENSE = GPTSpec(
@@ -268,7 +269,7 @@ def smollm2_logits(rank: int, world: int, token_ids: list[int]) -> dict:
     del hf_model
     engine = MegatronEngine(spec, ParallelSpec())
     engine.load_hf_state_dict(state)
-    with torch.no_grad(), get_device().megatron_compat():
+    with torch.no_grad(), megatron_compat(get_device()):
         mg_logits = engine.model(ids, positions_for(ids), None)
     logprobs = engine.forward([{"input_ids": ids}])["logprobs"]
     destroy_parallel()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.hf_experts import unfuse_experts
+from backends.generation.hf_experts import unfuse_experts
 from backends.layout import ParamLayout
 from backends.megatron import GPTSpec
 from backends.megatron.families import family_for_architecture

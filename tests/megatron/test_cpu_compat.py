@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from backends.device import get_device
+from backends.megatron.cpu_compat import megatron_compat
 from tests.support.spawn import run_ranks
 
 VOCAB, SEQ = 128, 16
@@ -15,7 +16,7 @@ def gpt_logits_and_grad_norm(rank: int, world: int) -> tuple[torch.Tensor, float
     import torch.distributed as dist
 
     device = get_device("cpu")
-    with device.megatron_compat():
+    with megatron_compat(device):
         from megatron.core import parallel_state, tensor_parallel
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -85,7 +86,7 @@ def _patched_names() -> tuple:
 def test_the_compat_scope_restores_torch_cuda_and_megatron_on_exit():
     before = _patched_names()
     try:
-        with get_device("cpu").megatron_compat():
+        with megatron_compat(get_device("cpu")):
             assert torch.cuda.current_device() == "cpu"
             assert torch.zeros(2).type() == "torch.cuda.FloatTensor"  # distrib_optimizer's test
             assert torch.zeros(2).type(torch.float64).dtype == torch.float64  # conversion as is

@@ -60,12 +60,11 @@ def storage_bytes(tensors) -> int:
 
 def check_pair(rank: int, model: ModelConfig, train, gen) -> dict:
     """Run two allgather–swap iterations for one layout pair on this rank; report facts."""
+    from benchmarks.harness.synthetic_model import stage_of, synthetic_weights
     from mindrl.reshard import (
         AllgatherSwapResharder,
         ModelShape,
         local_training_shards,
-        stage_of,
-        synthetic_weights,
     )
     from mindrl.reshard.plan import build_table
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.harness.reshard_measure import MeasureSpec, measure_rank
 from mindrl.config import ModelConfig, ParallelConfig
-from mindrl.plan.memory import redundant_bytes
+from mindrl.planner.memory import redundant_bytes
 from mindrl.reshard import GenLayout, TrainLayout
-from mindrl.reshard.measure import MeasureSpec, measure_rank
 from tests.support.devices import device_params
 from tests.support.spawn import run_ranks
 

@@ -10,8 +10,9 @@ import torch
 
 from backends.device import get_device
 from backends.megatron.optim import optimizer_state_tensors
+from benchmarks.harness.synthetic_model import stage_of, synthetic_weights
 from mindrl.config import ParallelConfig
-from mindrl.plan.memory import redundant_bytes
+from mindrl.planner.memory import redundant_bytes
 from mindrl.reshard import (
     AllgatherSwapResharder,
     GenLayout,
@@ -19,8 +20,6 @@ from mindrl.reshard import (
     NaiveResharder,
     TrainLayout,
     grad_tensors,
-    stage_of,
-    synthetic_weights,
 )
 from tests.reshard.helpers import DENSE, MOE, expected_generation_shard, storage_bytes
 

@@ -1,6 +1,6 @@
 """Multi-rank tests run in spawned processes, one torch thread per rank (CPU by default).
 
-A thin pin of :func:`mindrl.workers.spawn.run_ranks`, the one spawner the benchmarks use
+A thin pin of :func:`benchmarks.harness.spawn.run_ranks`, the one spawner the benchmarks use
 too: ``run_ranks(fn, world, *args)`` returns ``[fn(rank, world, *args) for each rank]``.
 With ``device="cuda"`` / ``"npu"`` each rank takes device ``rank`` (NCCL / HCCL); its
 results are moved to the CPU before they leave the rank.
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from mindrl.workers import spawn
+from benchmarks.harness import spawn
 
 
 def on_cpu(value: Any) -> Any:

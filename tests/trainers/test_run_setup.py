@@ -1,10 +1,10 @@
-"""Start-up arithmetic of trainers/run_setup.py that needs no Ray."""
+"""Start-up arithmetic of trainers/driver/setup.py that needs no Ray."""
 
 from __future__ import annotations
 
 from mindrl.config import load_config
-from trainers.cli import DEFAULT_CONFIG
-from trainers.run_setup import _updates_per_iteration
+from trainers.driver.cli import DEFAULT_CONFIG
+from trainers.driver.setup import _updates_per_iteration
 
 
 def test_each_role_schedules_its_learning_rate_over_its_own_optimizer_steps():

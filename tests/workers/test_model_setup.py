@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from mindrl.config import load_config
 from mindrl.workers.model_setup import gpt_spec, hf_config_for, pretrained_config
-from trainers.cli import DEFAULT_CONFIG
+from trainers.driver.cli import DEFAULT_CONFIG
 
 
 @pytest.mark.parametrize(

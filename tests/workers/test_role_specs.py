@@ -6,7 +6,7 @@ from backends.megatron import ParallelSpec
 from mindrl.config import load_config
 from mindrl.config.schema import OptimConfig
 from mindrl.workers.roles import optim_spec, parallel_spec
-from trainers.cli import DEFAULT_CONFIG
+from trainers.driver.cli import DEFAULT_CONFIG
 
 
 def test_the_distributed_optimizer_is_off_by_default_and_reaches_the_engine_when_set():

@@ -21,8 +21,8 @@ fail, so inside :func:`megatron_on_cpu`:
   into the CPU, and ``Tensor.type()`` names CPU tensors ``torch.cuda.*`` (see
   :class:`_TorchOnCpu` and :func:`_type_as_cuda` for the Megatron lines).
 
-Everything is restored on exit, also after an exception. Applied only by
-``CpuDevice.megatron_compat()``; accelerators never see it.
+Everything is restored on exit, also after an exception. Applied only through
+:func:`megatron_compat` on the CPU device; accelerators never see it.
 """
 
 from __future__ import annotations
@@ -164,3 +164,13 @@ def megatron_on_cpu() -> Iterator[None]:
     finally:
         logger.removeFilter(mute)
         patches.undo()
+
+
+@contextlib.contextmanager
+def megatron_compat(device: Any) -> Iterator[None]:
+    """Make Megatron-core usable on ``device``: only the CPU needs :func:`megatron_on_cpu`."""
+    if device.torch_device_type != "cpu":
+        yield
+        return
+    with megatron_on_cpu():
+        yield

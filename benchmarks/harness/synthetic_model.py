@@ -1,6 +1,6 @@
 """A Megatron-named parameter set with random weights, built from a ModelConfig.
 
-It has exactly the parameters :mod:`mindrl.plan.params` counts (GQA attention with
+It has exactly the parameters :mod:`mindrl.planner.params` counts (GQA attention with
 fused qkv, SwiGLU MLP with fused gate/up, routed + shared experts, router, norms,
 vocab-parallel embedding and output layer), so measured memory can be compared with
 the analytic model. Names are global (global layer and expert numbers).

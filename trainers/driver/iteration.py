@@ -21,9 +21,8 @@ import numpy as np
 
 from backends.generation import SamplingParams
 from mindrl.data import PromptBatch
-from mindrl.metrics import generation_progress, print_progress_line, tokens_per_second
-from mindrl.workers.updates import mean_by_key
-from trainers.run_setup import SEQUENCE, RunState, needs_old_logprob
+from mindrl.metrics import generation_progress, mean_by_key, print_progress_line, tokens_per_second
+from trainers.driver.setup import SEQUENCE, RunState, needs_old_logprob
 
 #: With no batch limit (``algorithm.max_sample_batches: 0``) say how sampling goes this often.
 DRAWS_BETWEEN_NOTES = 8

@@ -2,8 +2,8 @@
 
 :func:`train` is what the CLI calls. It connects to Ray (an existing cluster from
 ``resources.ray_address`` / ``$RAY_ADDRESS``, else a local one), starts the dock and the
-worker groups (:mod:`trainers.run_setup`), then runs iterations
-(:mod:`trainers.iteration`), logging one progress line each, checkpointing every
+worker groups (:mod:`trainers.driver.setup`), then runs iterations
+(:mod:`trainers.driver.iteration`), logging one progress line each, checkpointing every
 ``checkpoint.every`` iterations and at the end. A dead worker, a stage past its
 deadline or a failing worker ends the run with a one-line message naming the worker and
 the stage (exit 1); Ctrl-C saves a checkpoint of the last finished iteration when the
@@ -25,8 +25,8 @@ from mindrl.metrics import MetricsLogger, format_progress_line, print_progress_l
 from mindrl.reshard import LayoutError
 from mindrl.workers.group import StageFailedError, StageTimeoutError, WorkerDiedError
 from mindrl.workers.model_setup import ModelSetupError
-from trainers.iteration import IterationRunner
-from trainers.run_setup import RunSetupError, RunState, launch_run, prepare_run, stop_run
+from trainers.driver.iteration import IterationRunner
+from trainers.driver.setup import RunSetupError, RunState, launch_run, prepare_run, stop_run
 
 #: Failures of the run itself (exit 1), as opposed to user mistakes (exit 2).
 RUN_FAILURES = (WorkerDiedError, StageTimeoutError, StageFailedError, DockError)

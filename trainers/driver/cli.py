@@ -18,11 +18,11 @@ from pathlib import Path
 from backends.device import DeviceUnavailableError
 from backends.device.registry import DEVICE_CLASSES, resolve_device
 from mindrl.config import ConfigError, MindRLConfig, load_config
-from mindrl.plan.report import TrainerShape, build_plan
+from mindrl.planner.report import TrainerShape, build_plan
 from trainers.registry import ALGORITHMS, get_algorithm
 
 TRAINERS = tuple(ALGORITHMS)
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
 
 
@@ -121,7 +121,7 @@ def dry_run(config: MindRLConfig, trainer: str, requested_device: str | None, as
     if as_json:
         print(json.dumps(plan, indent=2))
     else:
-        from mindrl.plan.render import render_plan
+        from mindrl.planner.render import render_plan
 
         render_plan(plan)
     return 3 if plan["fit_problems"] else 0
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         return dry_run(config, args.trainer, requested, args.json)
     resolve_device(requested)  # fail fast, before any process starts
     print("start-up: loading torch, Ray and Megatron-core", file=sys.stderr)
-    from trainers.pipeline import train  # Ray, torch, Megatron: only when training
+    from trainers.driver.train import train  # Ray, torch, Megatron: only when training
 
     return train(config, args.trainer, device=requested, resume=args.resume)
 

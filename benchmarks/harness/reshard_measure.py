@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import torch
 
 from backends.device import get_device
+from benchmarks.harness.synthetic_model import stage_of, synthetic_weights
 from mindrl.config import ModelConfig
 from mindrl.reshard.allgather_swap import AllgatherSwapResharder
 from mindrl.reshard.layouts import GenLayout, ModelShape, TrainLayout
 from mindrl.reshard.naive import NaiveResharder
 from mindrl.reshard.plan import build_table
 from mindrl.reshard.resharder import BaseResharder, local_training_shards
-from mindrl.reshard.synthetic import stage_of, synthetic_weights
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from mindrl.config.validate import (
     expert_data_parallel_size,
     stage_layer_counts,
 )
-from mindrl.plan.params import DTYPE_BYTES, ParamCounts, model_params, stage_params
+from mindrl.planner.params import DTYPE_BYTES, ParamCounts, model_params, stage_params
 
 GRAD_BYTES = 4
 ACTIVATION_FACTOR = 34

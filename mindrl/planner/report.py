@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from mindrl.config import MindRLConfig, ParallelConfig
 from mindrl.config.validate import data_parallel_size, expert_data_parallel_size
-from mindrl.plan.memory import MemoryPlan, plan_memory
-from mindrl.plan.params import model_params
-from mindrl.plan.sample_flow import sample_flow
+from mindrl.planner.memory import MemoryPlan, plan_memory
+from mindrl.planner.params import model_params
+from mindrl.planner.sample_flow import sample_flow
 
 GB = 1e9
 
