@@ -60,22 +60,51 @@ def load_config(
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Parse a YAML mapping, turning every failure into a one-line ConfigError."""
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError([f"{file}: config file not found (pass an existing --config FILE)"])
+    text = read_text(file)
     try:
-        data = yaml.safe_load(file.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError([f"{file}: invalid YAML{where}: {problem}"]) from None
     if data is None:
-        return {}
-    if not isinstance(data, dict):
+        # An empty (or comments-only) file is almost always a mistake (a truncated copy,
+        # a wrong path); running silently on the defaults would hide it.
         raise ConfigError(
-            [f"{file}: top level must be a mapping of sections, got {type(data).__name__}"]
+            [f"{file}: config file is empty (write at least one section, e.g. 'iterations: 10')"]
+        )
+    if not isinstance(data, dict):
+        kind = "a list" if isinstance(data, list) else f"a single value ({data!r:.40})"
+        raise ConfigError(
+            [f"{file}: top level must be a mapping of sections (e.g. 'actor:'), got {kind}"]
         )
     return data
+
+
+def read_text(file: Path) -> str:
+    """The file's text as UTF-8, or a one-line ConfigError saying why it cannot be read."""
+    if file.is_dir():
+        raise ConfigError([f"{file}: is a directory, not a config file (pass --config FILE.yaml)"])
+    if not file.is_file():
+        raise ConfigError([f"{file}: config file not found (pass an existing --config FILE)"])
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise ConfigError([f"{file}: cannot read the config file: {exc.strerror}"]) from None
+    # A NUL byte is valid UTF-8 but never in a text file: name it as binary up front.
+    bad = raw.find(b"\x00")
+    if bad < 0:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad = exc.start
+    raise ConfigError(
+        [
+            f"{file}: not a UTF-8 text file (byte {bad} is 0x{raw[bad]:02x});"
+            " --config takes a YAML recipe"
+        ]
+    )
 
 
 def apply_override(raw: dict[str, Any], item: str, problems: list[str]) -> None:

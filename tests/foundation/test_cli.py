@@ -63,6 +63,20 @@ def test_a_malformed_config_gets_one_line_and_exit_code_2(tmp_path):
     assert "Traceback" not in out.stderr
 
 
+def test_bad_config_files_get_one_line_each_and_exit_code_2(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
+    # (directories, lists and scalars: tests/foundation/test_config.py, in-process)
+    for bad, words in (
+        ("empty.yaml", "config file is empty"),
+        ("binary.yaml", "not a UTF-8 text file"),
+    ):
+        out = mindrl_train("--trainer", "grpo", "--config", str(tmp_path / bad), "--dry-run")
+        assert out.returncode == 2, (bad, out.stderr)
+        assert out.stderr.count("\n") == 1 and words in out.stderr, out.stderr
+        assert out.stdout == ""
+
+
 def test_bad_overrides_are_all_reported_with_exit_code_2():
     out = mindrl_train("--trainer", "grpo", "--dry-run", "actor.optim.lr=fast", "--set", "seeed=1")
     assert out.returncode == 2

@@ -73,6 +73,36 @@ def test_a_missing_file_is_one_clear_problem(tmp_path):
     assert "config file not found" in problem
 
 
+def test_an_empty_or_comments_only_file_is_refused_instead_of_running_on_defaults(tmp_path):
+    for text in ("", "# nothing yet\n\n"):
+        (problem,) = problems_of(write(tmp_path, text))
+        assert problem.startswith(f"{tmp_path / 'run.yaml'}: config file is empty")
+
+
+def test_a_binary_or_non_utf8_file_is_one_problem_naming_the_byte(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_bytes(b"iterations: 3\n\xff\xfe")
+    (problem,) = problems_of(path)
+    assert (
+        problem == f"{path}: not a UTF-8 text file (byte 14 is 0xff); --config takes a YAML recipe"
+    )
+    path.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00")
+    (problem,) = problems_of(path)
+    assert problem.startswith(f"{path}: not a UTF-8 text file (byte 7 is 0x00)")
+
+
+def test_a_directory_given_as_the_config_is_named_as_one(tmp_path):
+    (problem,) = problems_of(tmp_path)
+    assert problem == f"{tmp_path}: is a directory, not a config file (pass --config FILE.yaml)"
+
+
+def test_a_list_or_a_scalar_at_the_root_is_refused(tmp_path):
+    (problem,) = problems_of(write(tmp_path, "- actor\n- critic\n"))
+    assert problem.endswith("top level must be a mapping of sections (e.g. 'actor:'), got a list")
+    (problem,) = problems_of(write(tmp_path, "42\n"))
+    assert problem.endswith("got a single value (42)")
+
+
 def test_a_layout_that_does_not_divide_the_world_is_refused():
     problems = problems_of(None, ["actor.parallel.tp=3", "resources.devices_per_node=4"])
     assert any(
