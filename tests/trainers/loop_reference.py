@@ -161,3 +161,83 @@ def overlong(length: float, max_len: int, buffer: int, factor: float) -> float:
         return 0.0
     expected = max_len - buffer
     return 0.0 if length <= expected else -(length - expected) / buffer * factor
+
+
+def rloo(rewards, mask, ids) -> list[list[float]]:
+    """Leave-one-out: each score minus the mean of the others in its group (none: 0)."""
+    rewards, mask = rows(rewards), rows(mask)
+    scores = [
+        sum(r for r, m in zip(rr, mr, strict=True) if m)
+        for rr, mr in zip(rewards, mask, strict=True)
+    ]
+    out = []
+    for i, group in enumerate(ids):
+        others = [scores[j] for j, g in enumerate(ids) if g == group and j != i]
+        baseline = sum(others) / len(others) if others else 0.0
+        out.append([scores[i] - baseline if m else 0.0 for m in mask[i]])
+    return out
+
+
+def gspo_loss(old, logp, adv, mask, lo, hi) -> float:
+    """Sequence ratio s_i = exp(mean_t(logp - old)); clipped per sequence; mean over the
+    non-empty sequences (A_i read from the sequence's first valid token)."""
+    old, logp, adv, mask = rows(old), rows(logp), rows(adv), rows(mask)
+    losses = []
+    for i in range(len(mask)):
+        valid = [t for t in range(len(mask[i])) if mask[i][t]]
+        if not valid:
+            continue
+        s = math.exp(sum(logp[i][t] - old[i][t] for t in valid) / len(valid))
+        a = adv[i][valid[0]]
+        losses.append(max(-a * s, -a * min(max(s, 1 - lo), 1 + hi)))
+    return sum(losses) / max(len(losses), 1)
+
+
+def reinforce_pp(rewards, old, ref_logp, mask, kl_coef, kind, gamma) -> list[list[float]]:
+    """Shaped rewards r_t - kl_coef * KL_t, reward-to-go over the valid tokens, whitened
+    over all valid tokens (unbiased variance, eps 1e-8 inside the root)."""
+    rewards, old, ref_logp, mask = rows(rewards), rows(old), rows(ref_logp), rows(mask)
+    returns = [[0.0] * len(row) for row in mask]
+    for i, mask_row in enumerate(mask):
+        to_go = 0.0
+        for t in [t for t in range(len(mask_row)) if mask_row[t]][::-1]:
+            shaped = rewards[i][t] - kl_coef * kl(old[i][t], ref_logp[i][t], kind)
+            to_go = shaped + gamma * to_go
+            returns[i][t] = to_go
+    flat = [
+        g for gr, mr in zip(returns, mask, strict=True) for g, m in zip(gr, mr, strict=True) if m
+    ]
+    mean = sum(flat) / len(flat)
+    var = sum((g - mean) ** 2 for g in flat) / max(len(flat) - 1, 1)
+    return [
+        [(g - mean) / math.sqrt(var + 1e-8) if m else 0.0 for g, m in zip(gr, mr, strict=True)]
+        for gr, mr in zip(returns, mask, strict=True)
+    ]
+
+
+def pf_filter(scores, ids, ratio, mode) -> list[bool]:
+    """Per group of n: rank by score (ties by position), keep k = max(1, round(ratio n)):
+    the top k (best), the bottom k (worst) or ceil(k/2) top + floor(k/2) bottom (both)."""
+    scores = rows(scores)
+    keep = [False] * len(scores)
+    for group in dict.fromkeys(ids):
+        members = [i for i, g in enumerate(ids) if g == group]
+        ranked = sorted(members, key=lambda i: (scores[i], members.index(i)))
+        k = max(1, round(ratio * len(members)))
+        top = {"best": k, "worst": 0, "both": (k + 1) // 2}[mode]
+        for i in ranked[len(ranked) - top :] + ranked[: k - top]:
+            keep[i] = True
+    return keep
+
+
+def dpo(chosen, rejected, ref_chosen, ref_rejected, beta, loss_type) -> tuple[float, float]:
+    """(mean loss, preference accuracy) over pairs of sequence log-probs."""
+    losses, right = [], 0
+    for c, r, rc, rr in zip(chosen, rejected, ref_chosen, ref_rejected, strict=True):
+        h = (c - rc) - (r - rr)
+        if loss_type == "sigmoid":
+            losses.append(math.log1p(math.exp(-beta * h)))
+        else:
+            losses.append((h - 1 / (2 * beta)) ** 2)
+        right += beta * (c - rc) > beta * (r - rr)
+    return sum(losses) / len(losses), right / len(losses)

@@ -1,0 +1,210 @@
+"""RLOO, GSPO, REINFORCE++, PF-PPO and DPO maths against float64 loop references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mindrl.data.pairs import load_preference_pairs, make_digit_pairs
+from mindrl.data.sources import PromptSourceError
+from tests.trainers import loop_reference as ref
+from tests.trainers.batches import random_inputs
+from trainers.core import policy_loss
+from trainers.dpo import preference_loss, sequence_logprob
+from trainers.gspo import gspo_token_logprob, sequence_log_ratio
+from trainers.pf_ppo import filter_by_reward, filtered_gae
+from trainers.reinforce_pp import kl_shaped_rewards, reinforce_pp_advantages
+from trainers.rloo import leave_one_out_advantages
+
+# Interleaved groups, a group of one (id 9) and a group whose rewards are all equal (id 4).
+GROUP_IDS = [7, 3, 7, 3, 9, 7, 4, 3, 4, 7]
+
+
+def as64(nested: list) -> torch.Tensor:
+    return torch.tensor(nested, dtype=torch.float64)
+
+
+# ---- RLOO ---------------------------------------------------------------------------------
+def test_rloo_subtracts_the_mean_of_the_other_responses_of_each_group():
+    mask, (rewards,) = random_inputs(10, count=1)
+    got, scores = leave_one_out_advantages(rewards, mask, torch.tensor(GROUP_IDS))
+    torch.testing.assert_close(got, as64(ref.rloo(rewards, mask, GROUP_IDS)))
+    assert scores[4].item() == pytest.approx(float((rewards[4] * mask[4]).sum()))
+
+
+def test_rloo_gives_a_group_of_one_its_own_score_and_scales_grpo_by_k_over_k_minus_one():
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.5])  # group "a" of 4, group "b" of 1
+    adv, _ = leave_one_out_advantages(scores[:, None], torch.ones(5, 1), list("aaaab"))
+    # k/(k-1) * (s - mean) = 4/3 * (1 - 0.25) = 1 for the winner, 4/3 * -0.25 for the rest.
+    assert adv.squeeze(-1).tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3, 0.5])
+
+
+# ---- GSPO ---------------------------------------------------------------------------------
+def gspo_inputs(seed: int):
+    mask, (old, logp, adv) = random_inputs(seed, count=3)
+    old, logp = old * 0.3 - 1, logp * 0.3 - 1
+    # One advantage per sequence, as GRPO makes them.
+    adv = torch.where(mask.bool(), adv[:, :1], 0.0)
+    return mask, old, logp, adv
+
+
+@pytest.mark.parametrize(("clip_low", "clip_high"), [(0.2, 0.2), (0.05, 0.08), (3e-4, 4e-4)])
+def test_gspo_loss_clips_the_length_normalised_sequence_ratio(clip_low, clip_high):
+    mask, old, logp, adv = gspo_inputs(11)
+    token_logp = gspo_token_logprob(logp, old, mask)
+    loss, metrics = policy_loss(
+        old, token_logp, adv, mask, clip_low, clip_high, None, "seq-mean-token-mean"
+    )
+    assert loss.item() == pytest.approx(ref.gspo_loss(old, logp, adv, mask, clip_low, clip_high))
+    # Every token of a sequence carries its sequence's ratio, so clipping is per sequence.
+    flags = (token_logp - old).exp()
+    for row, valid in zip(flags, mask.bool(), strict=True):
+        assert torch.allclose(row[valid], row[valid][:1].expand(int(valid.sum())))
+    assert 0.0 < metrics["clip_fraction"].item() < 1.0
+
+
+def test_gspo_gradient_is_the_sequence_ratio_times_the_mean_token_score():
+    mask, old, logp, adv = gspo_inputs(12)
+    logp.requires_grad_()
+    loss, _ = policy_loss(
+        old, gspo_token_logprob(logp, old, mask), adv, mask, 0.999, 1e3, None, "seq-mean-token-mean"
+    )
+    loss.backward()
+    # Unclipped (wide clip): d/dlogp_it of -1/G sum_i A_i s_i = -A_i s_i / (|y_i| G).
+    s = sequence_log_ratio(logp.detach(), old, mask).exp()
+    length = mask.sum(-1).clamp(min=1)
+    sequences = int(mask.any(-1).sum())
+    per_sequence = adv.sum(-1) / length  # the one advantage of each sequence
+    want = torch.where(mask.bool(), -(per_sequence * s / length)[:, None] / sequences, 0.0)
+    torch.testing.assert_close(logp.grad, want)
+
+
+# ---- REINFORCE++ --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kl_coef", "kind", "gamma"), [(0.0, "k1", 1.0), (0.1, "k1", 1.0), (0.05, "k3", 0.9)]
+)
+def test_reinforce_pp_whitens_the_kl_shaped_reward_to_go_over_the_batch(kl_coef, kind, gamma):
+    mask, (rewards, old, ref_logp) = random_inputs(13, count=3)
+    shaped = kl_shaped_rewards(rewards, old, ref_logp, mask, kl_coef, kind)
+    adv, _ = reinforce_pp_advantages(shaped, mask, gamma)
+    want = ref.reinforce_pp(rewards, old, ref_logp, mask, kl_coef, kind, gamma)
+    torch.testing.assert_close(adv, as64(want))
+
+
+def test_reinforce_pp_puts_the_kl_penalty_on_every_response_token():
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    old, ref_logp = torch.tensor([[-1.0, -2.0, 5.0]]), torch.tensor([[-1.5, -1.0, 0.0]])
+    shaped = kl_shaped_rewards(torch.tensor([[0.0, 1.0, 0.0]]), old, ref_logp, mask, 0.1, "k1")
+    assert shaped[0].tolist() == pytest.approx([-0.05, 1.1, 0.0])
+
+
+# ---- PF-PPO -------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["best", "worst", "both"])
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75, 1.0])
+def test_pf_filter_keeps_the_ranked_ends_of_each_group(mode, ratio):
+    generator = torch.Generator().manual_seed(14)
+    scores = torch.randint(0, 4, (10,), generator=generator).double()  # with ties
+    got = filter_by_reward(scores, torch.tensor(GROUP_IDS), ratio, mode)
+    assert got.tolist() == ref.pf_filter(scores, GROUP_IDS, ratio, mode)
+
+
+def test_pf_filter_best_worst_and_both_on_one_group():
+    scores, ids = torch.tensor([0.3, 0.9, 0.1, 0.5, 0.7, 0.2]), [0] * 6
+    best = filter_by_reward(scores, ids, 0.5, "best").nonzero().squeeze(-1).tolist()
+    worst = filter_by_reward(scores, ids, 0.5, "worst").nonzero().squeeze(-1).tolist()
+    both = filter_by_reward(scores, ids, 0.5, "both").nonzero().squeeze(-1).tolist()
+    assert (best, worst, both) == ([1, 3, 4], [0, 2, 5], [1, 2, 4])
+
+
+def test_pf_filter_refuses_an_unknown_mode_and_a_ratio_outside_zero_one():
+    with pytest.raises(ValueError, match="unknown PF-PPO filter mode 'top'; known: best, worst"):
+        filter_by_reward(torch.ones(2), [0, 0], 0.5, "top")
+    with pytest.raises(ValueError, match=r"ratio must be in \(0, 1\], got 0.0"):
+        filter_by_reward(torch.ones(2), [0, 0], 0.0, "best")
+
+
+def test_pf_ppo_advantages_are_gae_whitened_over_the_kept_responses_only():
+    mask, (rewards, values) = random_inputs(15, count=2)
+    keep = torch.tensor([True, False] * 5)
+    adv, returns = filtered_gae(rewards, values, mask, keep, 0.99, 0.9)
+    kept_mask = mask * keep[:, None]
+    want_adv, _ = ref.gae(rewards, values, kept_mask, 0.99, 0.9)
+    _, want_returns = ref.gae(rewards, values, mask, 0.99, 0.9)
+    torch.testing.assert_close(adv, as64(want_adv))
+    torch.testing.assert_close(returns, as64(want_returns))  # the critic sees every response
+    assert adv[~keep].abs().sum() == 0
+
+
+# ---- DPO ----------------------------------------------------------------------------------
+def dpo_inputs(seed: int, pairs: int = 6):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(4, pairs, generator=generator, dtype=torch.float64) * 2 - 5
+
+
+@pytest.mark.parametrize(("beta", "loss_type"), [(0.1, "sigmoid"), (0.5, "sigmoid"), (0.1, "ipo")])
+def test_dpo_loss_and_preference_accuracy_match_the_loop(beta, loss_type):
+    chosen, rejected, ref_chosen, ref_rejected = dpo_inputs(16)
+    loss, metrics = preference_loss(chosen, rejected, ref_chosen, ref_rejected, beta, loss_type)
+    want_loss, want_accuracy = ref.dpo(
+        chosen.tolist(), rejected.tolist(), ref_chosen.tolist(), ref_rejected.tolist(), beta,
+        loss_type,
+    )  # fmt: skip
+    assert loss.item() == pytest.approx(want_loss)
+    assert metrics["preference_accuracy"].item() == pytest.approx(want_accuracy)
+    chosen_reward = beta * (chosen - ref_chosen)
+    rejected_reward = beta * (rejected - ref_rejected)
+    assert metrics["reward_margin"].item() == pytest.approx(
+        (chosen_reward - rejected_reward).mean().item()
+    )
+    assert metrics["chosen_reward"].item() == pytest.approx(chosen_reward.mean().item())
+
+
+def test_dpo_micro_batch_losses_with_the_global_pair_count_sum_to_the_full_batch():
+    chosen, rejected, ref_chosen, ref_rejected = dpo_inputs(17, pairs=8)
+    full, _ = preference_loss(chosen, rejected, ref_chosen, ref_rejected, 0.2)
+    parts = [
+        preference_loss(chosen[s], rejected[s], ref_chosen[s], ref_rejected[s], 0.2, num_pairs=8)[0]
+        for s in (slice(0, 3), slice(3, 8))
+    ]
+    assert sum(parts).item() == pytest.approx(full.item())
+
+
+def test_dpo_loss_is_finite_for_a_huge_wrong_margin_and_refuses_bad_options():
+    zero = torch.zeros(1, dtype=torch.float64)
+    loss, _ = preference_loss(zero - 5000, zero, zero, zero, 1.0)
+    assert loss.item() == pytest.approx(5000.0)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        preference_loss(zero, zero, zero, zero, 0.0)
+    with pytest.raises(ValueError, match="unknown DPO loss 'hinge'; known: sigmoid, ipo"):
+        preference_loss(zero, zero, zero, zero, 0.1, "hinge")
+
+
+def test_sequence_logprob_sums_the_response_tokens_only():
+    logprob = torch.tensor([[-1.0, -2.0, float("nan")], [-0.5, -0.5, -0.5]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    assert sequence_logprob(logprob, mask).tolist() == [-3.0, -1.0]
+
+
+# ---- Preference pairs ---------------------------------------------------------------------
+def test_tiny_pairs_prefer_the_right_answer_over_one_changed_digit():
+    pairs = make_digit_pairs("tiny", 50, seed=3)
+    assert pairs == make_digit_pairs("tiny", 50, seed=3) != make_digit_pairs("tiny", 50, seed=4)
+    for pair in pairs:
+        last = int(pair.prompt.split()[-2])
+        assert pair.chosen == str((last + 1) % 10) != pair.rejected
+    reverse = make_digit_pairs("tiny-reverse", 20, seed=3)
+    for pair in reverse:
+        chosen, rejected = pair.chosen.split(), pair.rejected.split()
+        assert sum(c != r for c, r in zip(chosen, rejected, strict=True)) == 1
+
+
+def test_pairs_load_from_jsonl_and_name_the_line_that_lacks_a_field(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n\n{"prompt": "q"}\n')
+    with pytest.raises(PromptSourceError, match=r"pairs.jsonl:3: no field 'chosen'"):
+        load_preference_pairs(str(path))
+    path.write_text('{"prompt": "p", "chosen": "a", "rejected": "b", "x": 1}\n')
+    (pair,) = load_preference_pairs(str(path))
+    assert (pair.prompt, pair.chosen, pair.rejected) == ("p", "a", "b")
+    with pytest.raises(PromptSourceError, match="no preference pairs for task 'math'"):
+        load_preference_pairs("synthetic:math")

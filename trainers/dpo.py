@@ -1,0 +1,82 @@
+"""DPO: direct preference optimisation on offline pairs (Rafailov et al. 2023,
+arXiv:2305.18290, Eq. 7), with IPO's loss as an option (Azar et al. 2023,
+arXiv:2310.12036, Eq. 17).
+
+A pair is a prompt ``x`` with a chosen response ``y_w`` and a rejected one ``y_l``. With
+sequence log-probs ``log pi(y | x) = sum_t logp_t * mask_t`` of the policy and of the
+frozen reference, each response's implicit reward is
+
+    r(y) = beta * (log pi(y | x) - log ref(y | x))
+
+and, with the margin ``h = (r(y_w) - r(y_l)) / beta``,
+
+* ``sigmoid`` (DPO, Eq. 7): ``loss = -log sigmoid(beta * h)``;
+* ``ipo`` (IPO, Eq. 17): ``loss = (h - 1 / (2 * beta))^2``, a squared loss that does not
+  push the margin to infinity on separable pairs.
+
+The loss is the mean over the pairs of the global batch. Metrics (the paper's Fig. 2 quantities):
+``preference_accuracy`` (share of pairs with ``r(y_w) > r(y_l)``), ``chosen_reward``,
+``rejected_reward`` and ``reward_margin`` (means over pairs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trainers.core import Number, _at_least_one, masked_sum
+
+DPO_LOSSES = ("sigmoid", "ipo")
+
+
+def sequence_logprob(logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``log pi(y | x)`` ``[batch]``: the sum of a response's token log-probs."""
+    return masked_sum(logprob, mask, dim=-1)
+
+
+def preference_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+    loss_type: str = "sigmoid",
+    num_pairs: Number | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """DPO / IPO loss (module docstring) from sequence log-probs ``[pairs]``.
+
+    Args:
+        chosen, rejected: the policy's ``log pi(y_w | x)`` and ``log pi(y_l | x)``.
+        ref_chosen, ref_rejected: the reference's, for the same responses.
+        beta: the KL strength (DPO's temperature; IPO's regulariser ``tau``).
+        loss_type: ``sigmoid`` (DPO) or ``ipo``.
+        num_pairs: the pair count of the whole global batch (all micro-batches, all DP
+            ranks): summed micro-batch losses then equal the full-batch mean, as with
+            ``aggregate_loss``'s ``num_tokens``. Default: the pairs given here.
+
+    Returns:
+        The mean loss and detached metrics (module docstring).
+
+    Raises:
+        ValueError: ``beta`` is not positive, or ``loss_type`` is unknown.
+    """
+    if beta <= 0:
+        raise ValueError(f"DPO beta must be > 0, got {beta}")
+    margin = (chosen - ref_chosen) - (rejected - ref_rejected)
+    if loss_type == "sigmoid":
+        # logsigmoid, not log(sigmoid()): stays finite for large negative margins.
+        losses = -F.logsigmoid(beta * margin)
+    elif loss_type == "ipo":
+        losses = (margin - 1.0 / (2.0 * beta)).square()
+    else:
+        raise ValueError(f"unknown DPO loss '{loss_type}'; known: {', '.join(DPO_LOSSES)}")
+    chosen_reward = beta * (chosen - ref_chosen).detach()
+    rejected_reward = beta * (rejected - ref_rejected).detach()
+    metrics = {
+        "preference_accuracy": (chosen_reward > rejected_reward).to(chosen.dtype).mean(),
+        "chosen_reward": chosen_reward.mean(),
+        "rejected_reward": rejected_reward.mean(),
+        "reward_margin": (chosen_reward - rejected_reward).mean(),
+    }
+    count = len(losses) if num_pairs is None else num_pairs
+    return losses.sum() / _at_least_one(count, losses), metrics

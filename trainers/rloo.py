@@ -1,0 +1,41 @@
+"""RLOO: REINFORCE with a leave-one-out baseline (Kool et al. 2019, "Buy 4 REINFORCE
+samples, get a baseline for free!"; Ahmadian et al. 2024, arXiv:2402.14740, Eq. 7).
+
+Each prompt's k responses form a group (by id, as in GRPO). Response ``i`` scores
+``s_i = sum_t r_it * mask_it``; its baseline is the mean score of the *other* responses
+of its group, so the advantage is
+
+    A_i = s_i - 1/(k-1) * sum_{j != i} s_j  =  k/(k-1) * (s_i - mean_g)
+
+broadcast over its response tokens and zero on padding. No std normalisation: the
+baseline is unbiased because it never sees the sample it scores. A group of one has no
+other sample, so its baseline is 0 and its advantage its own score (as in GRPO).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainers.core import masked_sum
+from trainers.grpo import GroupIds, group_index
+
+
+def leave_one_out_advantages(
+    token_rewards: torch.Tensor, mask: torch.Tensor, group_ids: GroupIds
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO advantages ``[batch, T]`` (zero on padding) and the scores ``[batch]``.
+
+    Args:
+        token_rewards: ``[batch, T]`` rewards (usually one non-zero, at the last token).
+        mask: ``[batch, T]`` 1 on response tokens.
+        group_ids: ``[batch]`` ids (tensor, or a list of any hashable).
+    """
+    scores = masked_sum(token_rewards, mask, dim=-1)
+    index, n_groups = group_index(group_ids, scores.shape[0], scores.device)
+    zeros = scores.new_zeros(n_groups)
+    group_sum = zeros.index_add(0, index, scores)[index]
+    count = zeros.index_add(0, index, torch.ones_like(scores))[index]
+    # The others' mean; a group of one has no others, so its baseline is 0.
+    baseline = torch.where(count > 1, (group_sum - scores) / (count - 1).clamp(min=1), 0.0)
+    advantages = torch.where(mask.bool(), (scores - baseline).unsqueeze(-1), 0.0)
+    return advantages, scores
