@@ -3,8 +3,9 @@ progress bar shown while responses are generated."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 from tqdm.auto import tqdm
 
@@ -91,9 +92,24 @@ def print_progress_line(line: str) -> None:
     tqdm.write(line)
 
 
-def generation_progress(total: int, enabled: bool = True, desc: str = "generate") -> tqdm:
+def generation_progress(
+    total: int, enabled: bool = True, desc: str = "generate", file: IO[str] | None = None
+) -> tqdm:
     """A progress bar over ``total`` responses; use as a context manager and ``update(n)``.
 
-    Disabled bars (``enabled=False``, e.g. ``logging.progress_bar: false``) cost nothing.
+    The bar is drawn only when ``file`` (default: stderr) is a terminal: it redraws itself
+    with carriage returns, which a terminal shows as one line but a redirected log keeps
+    as thousands of frames. Disabled bars (``enabled=False``, e.g.
+    ``logging.progress_bar: false``, or no terminal) cost nothing.
     """
-    return tqdm(total=total, desc=desc, unit="resp", leave=False, disable=not enabled)
+    stream = sys.stderr if file is None else file
+    shown = enabled and _is_terminal(stream)
+    return tqdm(total=total, desc=desc, unit="resp", leave=False, file=stream, disable=not shown)
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    isatty = getattr(stream, "isatty", None)  # wrappers (Ray's, pytest's) may lack it
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False

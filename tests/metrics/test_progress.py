@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from mindrl.metrics import format_progress_line, generation_progress, mean_tps, tokens_per_second
@@ -53,10 +55,27 @@ def test_progress_line_marks_unreported_metrics():
     assert line.startswith("iter    1 | reward 0.250 | resp_len - | kl - |")
 
 
-def test_generation_progress_bar_counts_updates():
-    with generation_progress(total=10, enabled=True) as bar:
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal, as an interactive stderr does."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_generation_progress_bar_counts_updates_on_a_terminal():
+    screen = Terminal()
+    with generation_progress(total=10, enabled=True, file=screen) as bar:
         bar.update(4)
         bar.update(6)
         assert bar.n == 10
-    with generation_progress(total=10, enabled=False) as bar:
+    assert screen.getvalue().startswith("\rgenerate:   0%")  # later frames: every 0.1 s
+    with generation_progress(total=10, enabled=False, file=Terminal()) as bar:
         assert bar.disable
+
+
+def test_a_redirected_log_gets_no_progress_bar_frames():
+    log = io.StringIO()  # a file or a pipe: isatty() is False
+    with generation_progress(total=10, enabled=True, file=log) as bar:
+        bar.update(10)
+        assert bar.disable
+    assert log.getvalue() == ""
