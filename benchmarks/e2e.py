@@ -229,11 +229,12 @@ def prepare_model(model: str, args: argparse.Namespace, work_dir: Path) -> list[
     """Write the model's initial weights once; the overrides both systems run with."""
     from mindrl.config import load_config
     from mindrl.data import load_tokenizer
+    from trainers.registry import get_algorithm
 
     folder = work_dir / f"weights-{model}"
     base = [f"iterations={args.iterations}"]
     if model == "tiny":
-        config = load_config(args.config, [*base, *args.sets], trainer="grpo")
+        config = load_config(args.config, [*base, *args.sets], algorithm=get_algorithm("grpo"))
         tokenizer = load_tokenizer(config.model.tokenizer)
         tiny_hf_folder(config.model, tokenizer, config.seed, folder)
         return [*base, *args.sets, f"model.hf_path={folder}"]
@@ -266,9 +267,10 @@ def run_child(spec_path: Path) -> int:
     completed iteration) with an ``error`` line, and exits 1.
     """
     from mindrl.config import load_config
+    from trainers.registry import get_algorithm
 
     spec = RunSpec(**json.loads(spec_path.read_text()))
-    config = load_config(spec.config, spec.overrides, trainer="grpo")
+    config = load_config(spec.config, spec.overrides, algorithm=get_algorithm("grpo"))
     run_dir = Path(spec.run_dir)
     started = time.perf_counter()
     try:
@@ -297,9 +299,10 @@ def train_mindrl(config: Any, spec: RunSpec, run_dir: Path) -> dict:
     """mindrl's pipeline on ``config`` (its records are read from metrics.jsonl after)."""
     from mindrl.config import load_config
     from trainers.driver.train import train
+    from trainers.registry import get_algorithm
 
     logged = [f"logging.dir={run_dir}", "logging.tensorboard=false", "logging.progress_bar=false"]
-    config = load_config(spec.config, [*spec.overrides, *logged], trainer="grpo")
+    config = load_config(spec.config, [*spec.overrides, *logged], algorithm=get_algorithm("grpo"))
     status = train(config, "grpo", device="cpu", resume=False)
     return {} if status == 0 else {"error": f"mindrl's train() returned {status}"}
 
@@ -346,9 +349,10 @@ def launch(system: str, model: str, overrides: list[str], args, work_dir: Path) 
 def run_model(model: str, args: argparse.Namespace, work_dir: Path) -> dict:
     """Both systems on one model: settings, per-system summaries and the comparison."""
     from mindrl.config import load_config
+    from trainers.registry import get_algorithm
 
     overrides = prepare_model(model, args, work_dir)
-    config = load_config(args.config, overrides, trainer="grpo")
+    config = load_config(args.config, overrides, algorithm=get_algorithm("grpo"))
     threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLDS[model]
     settings = settings_of(config, threshold)
     systems = {}

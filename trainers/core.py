@@ -5,7 +5,7 @@ Shapes: token matrices are ``[batch, T]`` (``T`` = padded response length); ``ma
 1/True on response tokens and 0/False on padding (a bool or 0/1 float tensor). Padding
 values never reach a result, even when they are NaN or inf (``torch.where``, not
 ``values * mask``). Everything is plain torch: dtype- and device-preserving, float32 or
-float64, independent of Ray, Megatron and mindrl.
+float64, independent of Ray and Megatron.
 
 Formulas:
 
@@ -18,24 +18,23 @@ Formulas:
 * Value loss per token: ``0.5 * max((v - R)^2, (clamp(v, old - clip, old + clip) - R)^2)``.
 * Aggregation, see :func:`aggregate_loss`.
 
-:class:`Algorithm` (bottom) is what each algorithm file (grpo, ppo, dapo) fills in.
+:class:`PolicyGradientAlgorithm` (bottom) is the base of each algorithm file; the contract
+it fulfils, :class:`mindrl.algorithm.Algorithm`, lives in mindrl/ so the workers can type it.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import ClassVar
 
 import torch
+
+from mindrl.algorithm import Algorithm, Number
+from mindrl.config.schema import AlgorithmConfig
 
 LOG_RATIO_CLAMP = 20.0
 KL_OUTPUT_CLAMP = 10.0
 KL_KINDS = ("k1", "k2", "k3", "low_var_kl", "abs")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
-Number = int | float | torch.Tensor
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -235,133 +234,18 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-# --- The description every algorithm file fills in -------------------------------------
+# --- The loss every policy-gradient algorithm file shares -------------------------------
 
 
-@dataclass(frozen=True)
-class AlgorithmOptions:
-    """Resolved algorithm options; field names match the config's ``algorithm`` section.
-
-    Built by :meth:`Algorithm.resolve` from a config section, a dict or nothing. For an
-    adaptive KL coefficient, pass ``dataclasses.replace(options, kl_coef=ctrl.value)``.
-    """
-
-    kl_coef: float = 0.0
-    kl_kind: str = "low_var_kl"
-    adaptive_kl: bool = False
-    kl_target: float = 0.01
-    kl_horizon: int = 10000
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    clip_c: float | None = 3.0
-    loss_agg_mode: str = "token-mean"
-    entropy_coef: float = 0.0
-    norm_adv_by_std: bool = True
-    adv_eps: float = 1e-6
-    gamma: float = 1.0
-    lam: float = 0.95
-    value_clip: float = 0.2
-    dynamic_sampling: bool = False
-    max_sample_batches: int = 4
-    overlong_buffer: int = 0
-    overlong_factor: float = 1.0
-
-
-# None means "disabled" for these, not "use the default".
-NULLABLE_OPTIONS = frozenset({"clip_c"})
-OPTION_PREFIX = "algorithm."
-_MISSING = object()
-
-
-class Algorithm(ABC):
-    """One RL algorithm: stateless maths called by the pipeline with plain tensors.
-
-    Class attributes: ``name``; ``needs_critic`` (a value model and GAE);
-    ``needs_reference`` (a reference policy, i.e. KL is used with the defaults; see
-    :meth:`uses_reference` for a resolved config); ``uses_groups`` (advantages compare
-    the responses of one prompt); ``default_overrides`` (dotted config keys this
-    algorithm sets when the config leaves them unset, e.g. ``algorithm.clip_high``).
-    """
-
-    name: ClassVar[str]
-    needs_critic: ClassVar[bool] = False
-    needs_reference: ClassVar[bool] = True
-    uses_groups: ClassVar[bool] = False
-    default_overrides: ClassVar[dict[str, object]] = {}
-    #: Options only this algorithm honours; others refuse them rather than ignore them.
-    own_options: ClassVar[frozenset[str]] = frozenset()
-
-    def resolve(self, section: object = None) -> AlgorithmOptions:
-        """Options from a config section (object or mapping), with this algorithm's defaults.
-
-        A field that is missing or ``None`` takes ``default_overrides`` first, then the
-        :class:`AlgorithmOptions` default (``clip_c=None`` stays None: dual clip off).
-
-        Raises:
-            ValueError: a mapping has unknown keys, or it switches on an option that
-                only another algorithm implements (e.g. dynamic sampling outside dapo).
-        """
-        if isinstance(section, AlgorithmOptions):
-            return section
-        values = {key: _read_option(section, key) for key in _option_names()}
-        if isinstance(section, Mapping):
-            unknown = sorted(set(section) - set(values))
-            if unknown:
-                raise ValueError(f"unknown algorithm options {unknown}; known: {sorted(values)}")
-        for key, value in values.items():
-            if value is _MISSING or (value is None and key not in NULLABLE_OPTIONS):
-                values[key] = self.default_overrides.get(OPTION_PREFIX + key, _default_of(key))
-        options = AlgorithmOptions(**values)
-        self._refuse_foreign_options(options)
-        return options
-
-    def _refuse_foreign_options(self, options: AlgorithmOptions) -> None:
-        foreign = {
-            "dynamic_sampling": options.dynamic_sampling,
-            "overlong_buffer": options.overlong_buffer > 0,
-        }
-        for key, switched_on in foreign.items():
-            if switched_on and key not in self.own_options:
-                raise ValueError(
-                    f"algorithm.{key} is a dapo feature; {self.name} does not use it "
-                    "(leave it unset or run --trainer dapo)"
-                )
-
-    def uses_reference(self, options: AlgorithmOptions) -> bool:
-        """Whether a reference model is needed: only when KL is penalised."""
-        return options.kl_coef > 0 or options.adaptive_kl
-
-    def keep_mask(
-        self, seq_rewards: torch.Tensor, group_ids: object, options: AlgorithmOptions
-    ) -> torch.Tensor:
-        """Samples to train on, ``[batch]`` bool; all of them unless an algorithm filters."""
-        return torch.ones(len(seq_rewards), dtype=torch.bool, device=seq_rewards.device)
-
-    def shape_rewards(
-        self,
-        token_rewards: torch.Tensor,
-        mask: torch.Tensor,
-        max_response_len: int,
-        options: AlgorithmOptions,
-    ) -> torch.Tensor:
-        """Reward shaping before advantages, ``[batch, T]``; none unless overridden."""
-        return token_rewards
-
-    @abstractmethod
-    def compute_advantages(
-        self, batch: Mapping[str, torch.Tensor], options: AlgorithmOptions
-    ) -> dict[str, torch.Tensor]:
-        """``advantages`` ``[batch, T]`` (plus ``returns`` for critics) from a batch.
-
-        ``batch`` holds ``token_rewards`` and ``response_mask`` ``[batch, T]``, and
-        ``group_ids`` ``[batch]`` (group algorithms) or ``values`` ``[batch, T]`` (critics).
-        """
+class PolicyGradientAlgorithm(Algorithm):
+    """An :class:`~mindrl.algorithm.Algorithm` whose actor loss is the clipped surrogate
+    below, plus ``kl_coef`` x KL to the reference and minus ``entropy_coef`` x entropy."""
 
     def actor_loss(
         self,
         logprob: torch.Tensor,
         batch: Mapping[str, torch.Tensor],
-        options: AlgorithmOptions,
+        options: AlgorithmConfig,
         num_tokens: Number | None = None,
         entropy: torch.Tensor | None = None,
         num_seqs: Number | None = None,
@@ -400,17 +284,3 @@ class Algorithm(ABC):
                 bonus = aggregate_loss(entropy, mask, mode, num_tokens, num_seqs=num_seqs)
                 loss = loss - options.entropy_coef * bonus
         return loss, metrics
-
-
-def _option_names() -> tuple[str, ...]:
-    return tuple(field.name for field in fields(AlgorithmOptions))
-
-
-def _default_of(key: str) -> object:
-    return AlgorithmOptions.__dataclass_fields__[key].default
-
-
-def _read_option(section: object, key: str) -> object:
-    if isinstance(section, Mapping):
-        return section.get(key, _MISSING)
-    return getattr(section, key, _MISSING)

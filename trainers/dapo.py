@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from trainers.core import AlgorithmOptions
+from mindrl.config.schema import AlgorithmConfig
 from trainers.grpo import GRPO, GroupIds, group_index
 
 
@@ -86,16 +86,16 @@ class DAPO(GRPO):
 
     name = "dapo"
     needs_reference = False
-    default_overrides: ClassVar[dict[str, object]] = {
-        "algorithm.kl_coef": 0.0,
-        "algorithm.clip_high": 0.28,
-        "algorithm.loss_agg_mode": "token-mean",
-        "algorithm.dynamic_sampling": True,
+    defaults: ClassVar[dict[str, object]] = {
+        "kl_coef": 0.0,
+        "clip_high": 0.28,
+        "loss_agg_mode": "token-mean",
+        "dynamic_sampling": True,
     }
     own_options = frozenset({"dynamic_sampling", "overlong_buffer"})
 
     def keep_mask(
-        self, seq_rewards: torch.Tensor, group_ids: GroupIds, options: AlgorithmOptions
+        self, seq_rewards: torch.Tensor, group_ids: GroupIds, options: AlgorithmConfig
     ) -> torch.Tensor:
         """Dynamic sampling: drop groups with all-equal rewards (when switched on)."""
         if not options.dynamic_sampling:
@@ -107,7 +107,7 @@ class DAPO(GRPO):
         token_rewards: torch.Tensor,
         mask: torch.Tensor,
         max_response_len: int,
-        options: AlgorithmOptions,
+        options: AlgorithmConfig,
     ) -> torch.Tensor:
         """Adds the overlong penalty at each response's last valid token."""
         if options.overlong_buffer == 0:

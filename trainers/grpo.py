@@ -15,7 +15,8 @@ from typing import ClassVar
 
 import torch
 
-from trainers.core import Algorithm, AlgorithmOptions, masked_sum
+from mindrl.config.schema import AlgorithmConfig
+from trainers.core import PolicyGradientAlgorithm, masked_sum
 
 GroupIds = torch.Tensor | Sequence[Hashable]
 
@@ -81,21 +82,21 @@ def compute_advantages(
     return (advantages, scores) if return_scores else advantages
 
 
-class GRPO(Algorithm):
+class GRPO(PolicyGradientAlgorithm):
     """Group-relative policy optimisation: no critic, KL to the reference in the loss."""
 
     name = "grpo"
     uses_groups = True
     needs_reference = True
-    default_overrides: ClassVar[dict[str, object]] = {
-        "algorithm.kl_coef": 0.001,
-        "algorithm.clip_high": 0.2,
-        "algorithm.loss_agg_mode": "token-mean",
-        "algorithm.dynamic_sampling": False,
+    defaults: ClassVar[dict[str, object]] = {
+        "kl_coef": 0.001,
+        "clip_high": 0.2,
+        "loss_agg_mode": "token-mean",
+        "dynamic_sampling": False,
     }
 
     def compute_advantages(
-        self, batch: Mapping[str, torch.Tensor], options: AlgorithmOptions
+        self, batch: Mapping[str, torch.Tensor], options: AlgorithmConfig
     ) -> dict[str, torch.Tensor]:
         """``advantages``, ``scores`` from ``token_rewards``, ``response_mask``, ``group_ids``."""
         advantages, scores = compute_advantages(

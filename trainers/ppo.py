@@ -20,7 +20,8 @@ from typing import ClassVar
 
 import torch
 
-from trainers.core import Algorithm, AlgorithmOptions, Number, masked_whiten, value_loss
+from mindrl.config.schema import AlgorithmConfig
+from trainers.core import Number, PolicyGradientAlgorithm, masked_whiten, value_loss
 
 
 @torch.no_grad()
@@ -59,21 +60,21 @@ def compute_gae(
     return masked_whiten(advantages, mask), returns
 
 
-class PPO(Algorithm):
+class PPO(PolicyGradientAlgorithm):
     """PPO with a learned value model, GAE advantages and a KL penalty in the loss."""
 
     name = "ppo"
     needs_critic = True
     needs_reference = True
-    default_overrides: ClassVar[dict[str, object]] = {
-        "algorithm.kl_coef": 0.001,
-        "algorithm.clip_high": 0.2,
-        "algorithm.loss_agg_mode": "token-mean",
-        "algorithm.dynamic_sampling": False,
+    defaults: ClassVar[dict[str, object]] = {
+        "kl_coef": 0.001,
+        "clip_high": 0.2,
+        "loss_agg_mode": "token-mean",
+        "dynamic_sampling": False,
     }
 
     def compute_advantages(
-        self, batch: Mapping[str, torch.Tensor], options: AlgorithmOptions
+        self, batch: Mapping[str, torch.Tensor], options: AlgorithmConfig
     ) -> dict[str, torch.Tensor]:
         """``advantages`` and ``returns`` from ``token_rewards``, ``values``, ``response_mask``."""
         advantages, returns = compute_gae(
@@ -89,7 +90,7 @@ class PPO(Algorithm):
         self,
         values: torch.Tensor,
         batch: Mapping[str, torch.Tensor],
-        options: AlgorithmOptions,
+        options: AlgorithmConfig,
         num_tokens: Number | None = None,
         num_seqs: Number | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

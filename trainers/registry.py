@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainers.core import Algorithm
+from mindrl.algorithm import Algorithm
 from trainers.dapo import DAPO
 from trainers.grpo import GRPO
 from trainers.ppo import PPO

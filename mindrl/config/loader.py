@@ -12,11 +12,14 @@ import difflib
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from mindrl.config.schema import MindRLConfig
+
+if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
+    from mindrl.algorithm import Algorithm
 
 
 class ConfigError(ValueError):
@@ -33,9 +36,10 @@ _MISSING = object()
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
-    trainer: str | None = None,
+    algorithm: Algorithm | None = None,
 ) -> MindRLConfig:
-    """Build the config from a YAML file (or the defaults) and ``key=value`` overrides.
+    """Build the config from a YAML file (or the defaults) and ``key=value`` overrides,
+    checked for ``algorithm`` (the run's; see :func:`mindrl.config.validate.validate_config`).
 
     Raises:
         ConfigError: unreadable file, invalid YAML, unknown keys, wrong types, values
@@ -51,7 +55,7 @@ def load_config(
     config = build(MindRLConfig, raw, "", problems, origin)
     if problems:
         raise ConfigError(problems)
-    problems = [f"{origin}: {p}" for p in validate_config(config, trainer)]
+    problems = [f"{origin}: {p}" for p in validate_config(config, algorithm)]
     if problems:
         raise ConfigError(problems)
     return config

@@ -189,7 +189,11 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """Options of the RL algorithm; the trainer's defaults apply where unset."""
+    """Options of the RL algorithm, the one list of them (mindrl/algorithm.py resolves it).
+
+    ``None`` means "the trainer's default" (each algorithm's ``defaults``), except for
+    ``clip_c``, where it switches dual clip off.
+    """
 
     kl_coef: float | None = option(
         None, "KL penalty coefficient; None: the trainer's default.", ge=0
@@ -212,6 +216,7 @@ class AlgorithmConfig:
     )
     entropy_coef: float = option(0.0, "Entropy bonus coefficient.", ge=0)
     norm_adv_by_std: bool = option(True, "GRPO: divide group advantages by the group std.")
+    adv_eps: float = option(1e-6, "Added to the group std before dividing by it.", gt=0)
     gamma: float = option(1.0, "PPO discount.", ge=0, le=1)
     lam: float = option(0.95, "PPO GAE lambda.", ge=0, le=1)
     value_clip: float = option(0.2, "PPO value-loss clip.", ge=0)

@@ -6,21 +6,29 @@ prefixes the file name and reports them all together.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mindrl.config.schema import MindRLConfig, ModelConfig, ParallelConfig, RoleConfig
 
-GROUP_TRAINERS = ("grpo", "dapo")
+if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
+    from mindrl.algorithm import Algorithm
 
 
-def validate_config(config: MindRLConfig, trainer: str | None = None) -> list[str]:
-    """All cross-field problems of ``config`` (empty when it is consistent)."""
+def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) -> list[str]:
+    """All cross-field problems of ``config`` (empty when it is consistent).
+
+    ``algorithm`` (the run's) decides the algorithm-dependent checks (a critic's layout,
+    groups of at least two); without one, every role is checked and groups are not.
+    """
     world = config.world_size
-    roles = ["actor", "reference"] + (["critic"] if trainer in (None, "ppo") else [])
+    needs_critic = algorithm is None or algorithm.needs_critic
+    roles = ["actor", "reference"] + (["critic"] if needs_critic else [])
     problems: list[str] = []
     for role in roles:
         parallel = getattr(config, role).parallel
         problems += check_training_layout(f"{role}.parallel", parallel, config.model, world)
     problems += check_generation_layout(config, world)
-    problems += check_batch(config, trainer)
+    problems += check_batch(config, algorithm)
     problems += check_lengths(config)
     problems += check_ignored_role_settings(config)
     return problems
@@ -146,13 +154,13 @@ def check_generation_layout(config: MindRLConfig, world: int) -> list[str]:
     return problems
 
 
-def check_batch(config: MindRLConfig, trainer: str | None) -> list[str]:
+def check_batch(config: MindRLConfig, algorithm: Algorithm | None) -> list[str]:
     data, world = config.data, config.world_size
     problems = []
-    if trainer in GROUP_TRAINERS and data.n_samples_per_prompt < 2:
+    if algorithm is not None and algorithm.uses_groups and data.n_samples_per_prompt < 2:
         problems.append(
-            f"data.n_samples_per_prompt: {trainer} compares responses within a group and needs "
-            f"at least 2, got {data.n_samples_per_prompt}"
+            f"data.n_samples_per_prompt: {algorithm.name} compares responses within a group and "
+            f"needs at least 2, got {data.n_samples_per_prompt}"
         )
     samples = data.global_batch_size * data.n_samples_per_prompt
     dp = data_parallel_size(config.actor.parallel, world)

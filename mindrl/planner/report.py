@@ -5,25 +5,25 @@ Everything here is analytic: no accelerator, no Ray, no model weights are needed
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from mindrl.config import MindRLConfig, ParallelConfig
 from mindrl.config.validate import data_parallel_size, expert_data_parallel_size
+from mindrl.dock.schema import RL_FIELDS
 from mindrl.planner.memory import MemoryPlan, plan_memory
 from mindrl.planner.params import model_params
 from mindrl.planner.sample_flow import sample_flow
+from mindrl.run_plan import RunPlan
 
 GB = 1e9
 
 
-@dataclass(frozen=True)
-class TrainerShape:
-    """What the planner needs to know about the chosen algorithm."""
+def planned_roles(plan: RunPlan) -> tuple[str, ...]:
+    """Roles that hold device memory: the model roles plus the generation engine."""
+    return (plan.model_roles[0], "rollout", *plan.model_roles[1:])
 
-    name: str
-    stages: tuple[str, ...]
-    response_fields: int
-    roles: tuple[str, ...]
+
+def response_fields(plan: RunPlan) -> int:
+    """Per-token fields the dock stores for each response in this run."""
+    return sum(1 for name in plan.written_fields() if RL_FIELDS[name].variable)
 
 
 def layout_dict(parallel: ParallelConfig, world: int) -> dict:
@@ -38,7 +38,7 @@ def layout_dict(parallel: ParallelConfig, world: int) -> dict:
     }
 
 
-def placement(config: MindRLConfig, trainer: TrainerShape) -> list[dict]:
+def placement(config: MindRLConfig, plan: RunPlan) -> list[dict]:
     """Per node: global ranks, collocated roles, and the dock pieces it hosts."""
     per_node = config.resources.devices_per_node
     warehouses = config.dock.warehouses or config.resources.nodes
@@ -48,9 +48,9 @@ def placement(config: MindRLConfig, trainer: TrainerShape) -> list[dict]:
             {
                 "node": node,
                 "ranks": [node * per_node, (node + 1) * per_node - 1],
-                "roles": list(trainer.roles),
+                "roles": list(planned_roles(plan)),
                 "td_warehouse": node < warehouses,
-                "td_controllers": list(trainer.stages) if node == 0 else [],
+                "td_controllers": list(plan.stage_names) if node == 0 else [],
             }
         )
     return nodes
@@ -93,7 +93,7 @@ def fit_problems(memory: MemoryPlan, config: MindRLConfig, host_bytes: int) -> l
 
 def build_plan(
     config: MindRLConfig,
-    trainer: TrainerShape,
+    plan: RunPlan,
     device_name: str,
     device_bytes: int,
     host_bytes: int,
@@ -101,24 +101,24 @@ def build_plan(
     """The whole plan as a JSON-serialisable dict."""
     world = config.world_size
     data = config.data
-    memory = plan_memory(config, device_bytes, trainer.roles)
+    memory = plan_memory(config, device_bytes, planned_roles(plan))
     flow = sample_flow(
         data.global_batch_size,
         data.n_samples_per_prompt,
         config.rollout.max_prompt_length,
         config.rollout.max_response_length,
-        trainer.response_fields,
+        response_fields(plan),
         config.dock.warehouses or config.resources.nodes,
-        len(trainer.stages),
+        len(plan.stages),
     )
     params = model_params(config.model)
     return {
-        "trainer": trainer.name,
+        "trainer": plan.trainer,
         "device": device_name,
         "world_size": world,
         "nodes": config.resources.nodes,
         "devices_per_node": config.resources.devices_per_node,
-        "placement": placement(config, trainer),
+        "placement": placement(config, plan),
         "model": {
             "family": config.model.family,
             "params": params.total,
@@ -128,9 +128,7 @@ def build_plan(
             "dtype": config.model.dtype,
         },
         "training_layouts": {
-            role: layout_dict(getattr(config, role).parallel, world)
-            for role in trainer.roles
-            if role != "rollout"
+            role: layout_dict(getattr(config, role).parallel, world) for role in plan.model_roles
         },
         "generation_layout": {
             "tp": config.rollout.tp,

@@ -15,7 +15,8 @@ import numpy as np
 import ray
 import torch
 
-from mindrl.config.schema import MindRLConfig
+from mindrl.algorithm import Algorithm
+from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 from mindrl.data import load_tokenizer
 from mindrl.data.run_prompts import prompt_records
 from mindrl.dock import DockHandle
@@ -32,8 +33,8 @@ class RewardWorker:
         rank: int,
         size: int,
         config: MindRLConfig,
-        algorithm: Any,
-        options: Any,
+        algorithm: Algorithm,
+        options: AlgorithmConfig,
     ) -> None:
         self.rank, self.config = rank, config
         self.algorithm, self.options = algorithm, options

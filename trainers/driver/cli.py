@@ -17,8 +17,10 @@ from pathlib import Path
 
 from backends.device import DeviceUnavailableError
 from backends.device.registry import DEVICE_CLASSES, resolve_device
+from mindrl.algorithm import Algorithm
 from mindrl.config import ConfigError, MindRLConfig, load_config
-from mindrl.planner.report import TrainerShape, build_plan
+from mindrl.planner.report import build_plan
+from mindrl.run_plan import build_run_plan
 from trainers.registry import ALGORITHMS, get_algorithm
 
 TRAINERS = tuple(ALGORITHMS)
@@ -72,20 +74,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def trainer_shape(name: str, config: MindRLConfig) -> TrainerShape:
-    """Stages, response-length fields and roles of an algorithm, for the planner."""
-    algo = get_algorithm(name)
-    needs_reference = algo.uses_reference(algo.resolve(config.algorithm))
-    stages = ["rollout", "reward"]
-    stages += ["ref_logp"] if needs_reference else []
-    stages += ["old_logp"] + (["values"] if algo.needs_critic else []) + ["advantage", "update"]
-    # responses, mask, old log-probs, advantages (+ ref log-probs, + values and returns)
-    fields = 4 + int(needs_reference) + 2 * int(algo.needs_critic)
-    roles = ["actor", "rollout"] + (["reference"] if needs_reference else [])
-    roles += ["critic"] if algo.needs_critic else []
-    return TrainerShape(name, tuple(stages), fields, tuple(roles))
-
-
 def device_bytes_for_plan(config: MindRLConfig, device_name: str) -> int:
     if config.resources.device_memory_gib is not None:
         return int(config.resources.device_memory_gib * 2**30)
@@ -107,13 +95,15 @@ def host_bytes_for_plan(config: MindRLConfig) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def dry_run(config: MindRLConfig, trainer: str, requested_device: str | None, as_json: bool) -> int:
+def dry_run(
+    config: MindRLConfig, algorithm: Algorithm, requested_device: str | None, as_json: bool
+) -> int:
     device_name = (
         requested_device if requested_device not in (None, "auto") else resolve_device(None)
     )
     plan = build_plan(
         config,
-        trainer_shape(trainer, config),
+        build_run_plan(algorithm, config),
         device_name,
         device_bytes_for_plan(config, device_name),
         host_bytes_for_plan(config),
@@ -128,10 +118,11 @@ def dry_run(config: MindRLConfig, trainer: str, requested_device: str | None, as
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config, [*args.sets, *args.overrides], trainer=args.trainer)
+    algorithm = get_algorithm(args.trainer)
+    config = load_config(args.config, [*args.sets, *args.overrides], algorithm=algorithm)
     requested = args.device or (None if config.device == "auto" else config.device)
     if args.dry_run:
-        return dry_run(config, args.trainer, requested, args.json)
+        return dry_run(config, algorithm, requested, args.json)
     resolve_device(requested)  # fail fast, before any process starts
     print("start-up: loading torch, Ray and Megatron-core", file=sys.stderr)
     from trainers.driver.train import train  # Ray, torch, Megatron: only when training

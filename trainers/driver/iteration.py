@@ -22,7 +22,8 @@ import numpy as np
 from backends.generation import SamplingParams
 from mindrl.data import PromptBatch
 from mindrl.metrics import generation_progress, mean_by_key, print_progress_line, tokens_per_second
-from trainers.driver.setup import SEQUENCE, RunState, needs_old_logprob
+from mindrl.run_plan import SEQUENCE
+from trainers.driver.setup import RunState
 
 #: With no batch limit (``algorithm.max_sample_batches: 0``) say how sampling goes this often.
 DRAWS_BETWEEN_NOTES = 8
@@ -67,6 +68,9 @@ class Sampled:
     prompt_tokens: float = 0.0
 
 
+#: Stages that score the sampled sequences with a model, in the order they run.
+SCORE_STAGES = ("ref_logp", "old_logp", "values")
+
 #: Report keys that are timing, booked by the ledger, not metrics of the iteration.
 TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"})
 
@@ -78,9 +82,9 @@ class IterationRunner:
         self.run, self.config = run, run.config
         self.G = self.config.data.global_batch_size
         self.N = self.config.data.n_samples_per_prompt
-        self.timeout = self.config.dock.timeout_s * 5
+        self.plan = run.plan
+        self.timeout = self.plan.stage_deadline_s
         self.record_of = {r.uid: i for i, r in enumerate(run.dataset.records)}
-        self.needs_old = needs_old_logprob(self.config)
 
     # ---- the iteration -------------------------------------------------------------------
     def run_iteration(self, iteration: int) -> dict[str, Any]:
@@ -96,7 +100,7 @@ class IterationRunner:
             metrics |= mean_by_key(
                 self._stage(ledger, "update", self._update, indexes), skip=TIMING_KEYS
             )
-            if self.run.needs_critic:
+            if self.plan.needs_critic:
                 critic = self._stage(ledger, "critic_update", self._critic_update, indexes)
                 metrics |= mean_by_key(critic, skip=TIMING_KEYS)
             self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
@@ -119,7 +123,7 @@ class IterationRunner:
     # ---- sampling: prompts -> responses -> rewards (-> DAPO filter) -------------------------
     def _sample(self, iteration: int, ledger: Ledger) -> Sampled:
         sampled = Sampled()
-        free = list(range(self.G * self.run.sample_batches))
+        free = list(range(self.G * self.plan.sample_batches))
         limit = self.run.options.max_sample_batches
         while True:
             slots, free = free[: self.G], free[self.G :]
@@ -233,11 +237,11 @@ class IterationRunner:
 
     # ---- scoring, advantages, updates --------------------------------------------------------
     def _score_stages(self, indexes: np.ndarray, ledger: Ledger) -> None:
-        jobs = [("ref_logp", "reference", "ref_logprob")] if self.run.needs_reference else []
-        jobs += [("old_logp", "actor", "old_logprob")] if self.needs_old else []
-        jobs += [("values", "critic", "values")] if self.run.needs_critic else []
-        for stage, role, out_field in jobs:
-            self._stage(ledger, stage, self._score_with, stage, role, out_field, indexes)
+        for name in SCORE_STAGES:
+            if name in self.plan.stage_names:
+                stage = self.plan.stage(name)
+                (out_field,) = stage.writes
+                self._stage(ledger, name, self._score_with, name, stage.role, out_field, indexes)
 
     def _by_dp_rank(self, stage: str, role: str, fields: list[str], n: int) -> list:
         ranks = self.run.dp_ranks[role]
@@ -247,24 +251,28 @@ class IterationRunner:
         return [parts[r] for r in ranks]
 
     def _score_with(self, stage: str, role: str, out_field: str, indexes: np.ndarray) -> list:
-        parts = self._by_dp_rank(stage, role, SEQUENCE, len(indexes))
+        parts = self._by_dp_rank(stage, role, list(SEQUENCE), len(indexes))
         return self.run.groups[role].call_each(
             "score", [(p, out_field) for p in parts], stage=stage, timeout_s=self.timeout
         )
 
     def _advantages(self, indexes: np.ndarray) -> list[dict]:
-        fields = ["reward", "response_ids"] + (["values"] if self.run.needs_critic else [])
+        fields = list(self.plan.stage("advantage").reads)
         (part,) = self.run.dock.claim(
             "advantage", fields, len(indexes), whole_groups=True, timeout_s=self.timeout
         )
         return self.run.groups["reward"].call(
             "advantages",
             part,
-            self.run.needs_critic,
+            self.plan.needs_critic,
             stage="advantage",
             timeout_s=self.timeout,
             ranks=[0],
         )
+
+    def _extra_reads(self, stage: str) -> list[str]:
+        """What an update reads beyond the sequence (the worker packs the sequence itself)."""
+        return [f for f in self.plan.stage(stage).reads if f not in SEQUENCE]
 
     def _minibatches(self, indexes: np.ndarray, role: str) -> int:
         prompts = len(indexes) // self.N
@@ -272,8 +280,7 @@ class IterationRunner:
         return max(-(-prompts // per_step), 1)
 
     def _update(self, indexes: np.ndarray) -> list[dict]:
-        extra = ["advantages", "rollout_logprob"] + (["old_logprob"] if self.needs_old else [])
-        extra += ["ref_logprob"] if self.run.needs_reference else []
+        extra = self._extra_reads("update")
         parts = self._by_dp_rank("update", "actor", [*SEQUENCE, *extra], len(indexes))
         options = replace(self.run.options, kl_coef=self.run.kl.value)
         steps = self._minibatches(indexes, "actor")
@@ -283,7 +290,7 @@ class IterationRunner:
         )  # fmt: skip
 
     def _critic_update(self, indexes: np.ndarray) -> list[dict]:
-        extra = ["values", "returns"]
+        extra = self._extra_reads("critic_update")
         parts = self._by_dp_rank("critic_update", "critic", [*SEQUENCE, *extra], len(indexes))
         steps = self._minibatches(indexes, "critic")
         return self.run.groups["critic"].call_each(

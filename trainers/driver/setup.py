@@ -19,11 +19,13 @@ import ray
 
 from backends.device import get_device
 from backends.generation.registry import available_engines
-from mindrl.config.schema import MindRLConfig
+from mindrl.algorithm import Algorithm
+from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
 from mindrl.data.run_prompts import prompt_dataset
 from mindrl.dock import RL_FIELDS, DockClient, FieldSpec, create_dock, shutdown_dock
 from mindrl.rewards.registry import get_verifier
+from mindrl.run_plan import RunPlan, build_run_plan
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
@@ -33,7 +35,6 @@ from trainers.registry import get_algorithm
 
 #: The dock's fields: the RL fields plus the prompt's record (for the ground truth).
 FIELDS: dict[str, FieldSpec] = {**RL_FIELDS, "record_id": FieldSpec("int64")}
-SEQUENCE = ["prompt_ids", "response_ids"]
 
 
 class RunSetupError(ValueError):
@@ -46,8 +47,9 @@ class RunState:
 
     config: MindRLConfig
     trainer: str
-    algorithm: Any
-    options: Any
+    algorithm: Algorithm
+    options: AlgorithmConfig
+    plan: RunPlan
     kl: Any
     run_dir: Path
     checkpoint_dir: Path
@@ -64,19 +66,6 @@ class RunState:
     finished_iteration: int = -1
     resumed: bool = False
     dataset_eos: int = 0
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.algorithm.uses_reference(self.options)
-
-    @property
-    def needs_critic(self) -> bool:
-        return self.algorithm.needs_critic
-
-    @property
-    def sample_batches(self) -> int:
-        """Prompt batches the dock holds per iteration (DAPO refills dropped groups)."""
-        return 2 if self.options.dynamic_sampling else 1
 
     def trained_groups(self) -> list[WorkerGroup]:
         return [self.groups[name] for name in ("actor", "critic") if name in self.groups]
@@ -107,6 +96,7 @@ def prepare_run(config: MindRLConfig, trainer: str, resume: bool) -> RunState:
         trainer=trainer,
         algorithm=algorithm,
         options=options,
+        plan=build_run_plan(algorithm, config),
         kl=make_kl_controller(
             options.kl_coef, options.adaptive_kl, options.kl_target, options.kl_horizon
         ),
@@ -131,7 +121,7 @@ def launch_run(run: RunState, device_name: str, resume: bool) -> None:
 
     phase(f"connecting to Ray ({_ray_address(run.config) or 'local'})")
     run.ray_started_here = _connect_ray(run.config, device_name)
-    roles = _model_roles(run)
+    roles = run.plan.model_roles
     phase(f"starting worker processes: {' + '.join(roles)} x {run.config.world_size}, reward")
     _place_workers(run, device_name)
     phase("starting the transfer dock")
@@ -226,74 +216,22 @@ def _cpu_slots(config: MindRLConfig) -> int:
     return config.world_size * roles + config.reward.workers
 
 
-def needs_old_logprob(config: MindRLConfig) -> bool:
-    """Whether old log-probs must be computed: more than one optimizer step per iteration.
-
-    With exactly one step, the policy that generated the samples is the policy being
-    trained, so ``old_logprob`` equals the (detached) training forward's log-probs.
-    """
-    actor = config.actor
-    one_minibatch = (actor.mini_batch_size or config.data.global_batch_size) >= (
-        config.data.global_batch_size
-    )
-    return actor.ppo_epochs > 1 or not one_minibatch
-
-
-def _dock_stages(run: RunState) -> dict[str, list[str]]:
-    update = [*SEQUENCE, "advantages", "rollout_logprob"]
-    update += ["old_logprob"] if needs_old_logprob(run.config) else []
-    update += ["ref_logprob"] if run.needs_reference else []
-    stages = {
-        "rollout": ["prompt_ids"],
-        "reward": ["response_ids", "record_id"],
-        "advantage": ["reward", "response_ids"] + (["values"] if run.needs_critic else []),
-        "update": update,
-    }
-    if needs_old_logprob(run.config):
-        stages["old_logp"] = SEQUENCE
-    if run.needs_reference:
-        stages["ref_logp"] = SEQUENCE
-    if run.needs_critic:
-        stages["values"] = SEQUENCE
-        stages["critic_update"] = [*SEQUENCE, "values", "returns"]
-    return stages
-
-
-#: Which worker group serves each dock stage (its controller goes to that group's node).
-STAGE_SERVERS = {
-    "rollout": "actor",
-    "reward": "reward",
-    "ref_logp": "reference",
-    "old_logp": "actor",
-    "values": "critic",
-    "advantage": "reward",
-    "update": "actor",
-    "critic_update": "critic",
-}
-
-
 def _controller_nodes(run: RunState) -> dict[str, str]:
     """Stage -> node of the first worker serving it (paper: controllers sit with workers)."""
-    return {
-        stage: run.worker_nodes[group]
-        for stage, group in STAGE_SERVERS.items()
-        if group in run.worker_nodes
-    }
+    return {stage: run.worker_nodes[group] for stage, group in run.plan.stage_roles().items()}
 
 
 def _start_dock(run: RunState, controller_nodes: dict[str, str]) -> None:
-    data = run.config.data
-    group = data.n_samples_per_prompt
-    stages = _dock_stages(run)
+    plan = run.plan
     run.dock_handle = create_dock(
         FIELDS,
-        stages,
-        n_samples=data.global_batch_size * group * run.sample_batches,
-        group_size=group,
+        plan.dock_stages(),
+        n_samples=run.config.data.global_batch_size * plan.group_size * plan.sample_batches,
+        group_size=plan.group_size,
         warehouses=run.config.dock.warehouses,
         kind=run.config.dock.kind,
         timeout_s=run.config.dock.timeout_s,
-        controller_nodes={s: n for s, n in controller_nodes.items() if s in stages},
+        controller_nodes=controller_nodes,
     )
     run.dock = DockClient(run.dock_handle)
 
@@ -301,8 +239,8 @@ def _start_dock(run: RunState, controller_nodes: dict[str, str]) -> None:
 def _place_workers(run: RunState, device_name: str) -> None:
     """Start every worker group (placement groups, processes); engines come later."""
     config, device = run.config, get_device(device_name)
-    timeout = config.dock.timeout_s * 5
-    for role in _model_roles(run):
+    timeout = run.plan.stage_deadline_s
+    for role in run.plan.model_roles:
         per_iteration = _updates_per_iteration(config, role)
         group = WorkerGroup(
             role,
@@ -329,20 +267,15 @@ def _place_workers(run: RunState, device_name: str) -> None:
     )
 
 
-def _model_roles(run: RunState) -> list[str]:
-    roles = ["actor"] + (["reference"] if run.needs_reference else [])
-    return roles + (["critic"] if run.needs_critic else [])
-
-
 def _setup_workers(run: RunState) -> None:
     """Every model group joins its own process group and builds its engines, together."""
-    timeout = run.config.dock.timeout_s * 5
+    timeout = run.plan.stage_deadline_s
     pending = {
         role: [
             w.setup.remote(*run.rendezvous[role], run.dock_handle, run.algorithm, run.options)
             for w in run.groups[role].workers
         ]
-        for role in _model_roles(run)
+        for role in run.plan.model_roles
     }
     for role, refs in pending.items():
         names = [f"{role}[{r}]" for r in range(len(refs))]
@@ -363,7 +296,7 @@ def _updates_per_iteration(config: MindRLConfig, role: str) -> int:
 
 
 def _resume(run: RunState) -> None:
-    timeout = run.config.dock.timeout_s * 5
+    timeout = run.plan.stage_deadline_s
     positions = []
     for group in run.trained_groups():
         positions += group.call(

@@ -83,7 +83,7 @@ def _loop(run: RunState, runner: IterationRunner) -> int:
 def save_checkpoint(run: RunState, timeout_s: float | None = None) -> None:
     """Every trained role saves; the driver's position (next iteration, data, KL) rides along."""
     position = run.position()
-    timeout = timeout_s or run.config.dock.timeout_s * 5
+    timeout = timeout_s or run.plan.stage_deadline_s
     start = time.perf_counter()
     for group in run.trained_groups():
         root = str(run.checkpoint_dir)

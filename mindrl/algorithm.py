@@ -1,0 +1,167 @@
+"""The algorithm contract: what every ``trainers/<name>.py`` fills in and the workers call.
+
+An algorithm is stateless maths over plain tensors plus a few facts the run is built
+from (does it need a critic, a reference policy, groups of responses per prompt). Its
+options are the config's ``algorithm`` section, :class:`AlgorithmConfig`, the one list
+of options: :meth:`Algorithm.resolve` fills the fields a recipe leaves unset (``None``)
+with the algorithm's ``defaults``, and refuses options only another algorithm reads.
+
+The shared maths an implementation uses (policy loss, KL estimators, aggregation) lives
+with the algorithms in ``trainers/core.py``; this module holds only the contract, so the
+workers in ``mindrl/workers`` and the config checks can type it without importing
+``trainers`` (imports flow trainers -> mindrl -> backends; docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+
+from mindrl.config.schema import AlgorithmConfig
+
+#: Fields whose ``None`` is a setting (dual clip off), not "the algorithm's default".
+NULLABLE_OPTIONS = frozenset({"clip_c"})
+#: Where neither the recipe nor the algorithm sets a field that defaults to ``None``.
+BASE_DEFAULTS: Mapping[str, object] = {
+    "kl_coef": 0.0,
+    "clip_high": 0.2,
+    "loss_agg_mode": "token-mean",
+    "dynamic_sampling": False,
+}
+
+Number = int | float | torch.Tensor
+Batch = Mapping[str, torch.Tensor]
+LossAndMetrics = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+class Algorithm(ABC):
+    """One RL algorithm, as the run driver and the workers see it.
+
+    Class attributes: ``name`` (the ``--trainer`` name); ``needs_critic`` (a value model
+    and its update); ``needs_reference`` (a reference policy with the default options;
+    :meth:`uses_reference` decides for resolved ones); ``uses_groups`` (advantages compare
+    the responses of one prompt, so a prompt needs at least two); ``defaults`` (values for
+    :class:`AlgorithmConfig` fields a recipe leaves unset, by field name); ``own_options``
+    (options only this algorithm reads; switched on elsewhere they are refused).
+    """
+
+    name: ClassVar[str]
+    needs_critic: ClassVar[bool] = False
+    needs_reference: ClassVar[bool] = True
+    uses_groups: ClassVar[bool] = False
+    defaults: ClassVar[Mapping[str, object]] = {}
+    own_options: ClassVar[frozenset[str]] = frozenset()
+    #: Options that belong to one algorithm each: switched on, they name their owner.
+    OPTION_OWNERS: ClassVar[Mapping[str, str]] = {
+        "dynamic_sampling": "dapo",
+        "overlong_buffer": "dapo",
+    }
+
+    def resolve(self, section: object = None) -> AlgorithmConfig:
+        """The options of a run: ``section`` (a config section, a mapping or nothing) with
+        unset fields taken from ``defaults``, then :data:`BASE_DEFAULTS`.
+
+        Raises:
+            ValueError: a mapping has unknown keys, or it switches on an option that only
+                another algorithm implements (e.g. dynamic sampling outside dapo).
+        """
+        values = _section_values(section)
+        for key, value in values.items():
+            if value is None and key not in NULLABLE_OPTIONS:
+                values[key] = self.defaults.get(key, BASE_DEFAULTS.get(key))
+        options = AlgorithmConfig(**values)
+        self._refuse_foreign_options(options)
+        return options
+
+    def _refuse_foreign_options(self, options: AlgorithmConfig) -> None:
+        for key, owner in self.OPTION_OWNERS.items():
+            value = getattr(options, key)
+            switched_on = value if isinstance(value, bool) else bool(value and value > 0)
+            if switched_on and key not in self.own_options:
+                raise ValueError(
+                    f"algorithm.{key} is a {owner} feature; {self.name} does not use it "
+                    f"(leave it unset or run --trainer {owner})"
+                )
+
+    def uses_reference(self, options: AlgorithmConfig) -> bool:
+        """Whether a reference model is needed: only when KL is penalised."""
+        return options.kl_coef > 0 or options.adaptive_kl
+
+    def keep_mask(
+        self, seq_rewards: torch.Tensor, group_ids: object, options: AlgorithmConfig
+    ) -> torch.Tensor:
+        """Samples to train on, ``[batch]`` bool; all of them unless an algorithm filters."""
+        return torch.ones(len(seq_rewards), dtype=torch.bool, device=seq_rewards.device)
+
+    def shape_rewards(
+        self,
+        token_rewards: torch.Tensor,
+        mask: torch.Tensor,
+        max_response_len: int,
+        options: AlgorithmConfig,
+    ) -> torch.Tensor:
+        """Reward shaping before advantages, ``[batch, T]``; none unless overridden."""
+        return token_rewards
+
+    @abstractmethod
+    def compute_advantages(self, batch: Batch, options: AlgorithmConfig) -> dict[str, torch.Tensor]:
+        """``advantages`` ``[batch, T]`` (plus ``returns`` for critics) from a batch.
+
+        ``batch`` holds ``token_rewards`` and ``response_mask`` ``[batch, T]``, and
+        ``group_ids`` ``[batch]`` (group algorithms) or ``values`` ``[batch, T]`` (critics).
+        """
+
+    @abstractmethod
+    def actor_loss(
+        self,
+        logprob: torch.Tensor,
+        batch: Batch,
+        options: AlgorithmConfig,
+        num_tokens: Number | None = None,
+        entropy: torch.Tensor | None = None,
+        num_seqs: Number | None = None,
+    ) -> LossAndMetrics:
+        """The policy's loss on one micro-batch and detached scalar metrics.
+
+        Args:
+            logprob: ``[batch, T]`` log-probs of the policy being trained.
+            batch: ``advantages``, ``response_mask``, ``old_logprob`` (absent: on-policy)
+                and ``ref_logprob`` when KL is used.
+            options: resolved options (see :meth:`resolve`).
+            num_tokens: global-batch token count (token-mean aggregation).
+            entropy: ``[batch, T]`` per-token entropy, for a bonus and the metric.
+            num_seqs: global-batch sequence count (the seq-mean aggregations).
+        """
+
+    def critic_loss(
+        self,
+        values: torch.Tensor,
+        batch: Batch,
+        options: AlgorithmConfig,
+        num_tokens: Number | None = None,
+        num_seqs: Number | None = None,
+    ) -> LossAndMetrics:
+        """The value model's loss on one micro-batch (algorithms with ``needs_critic``)."""
+        raise NotImplementedError(f"{self.name} trains no critic")
+
+
+def option_names() -> tuple[str, ...]:
+    """Every algorithm option, in the config section's order."""
+    return tuple(field.name for field in dataclasses.fields(AlgorithmConfig))
+
+
+def _section_values(section: object) -> dict[str, object]:
+    """Field -> value of a config section, or of a mapping laid over the section's defaults
+    (unknown keys refused); nothing gives the section's defaults."""
+    names = option_names()
+    if section is None or isinstance(section, Mapping):
+        given = section or {}
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ValueError(f"unknown algorithm options {unknown}; known: {sorted(names)}")
+        section = AlgorithmConfig(**given)
+    return {key: getattr(section, key) for key in names}

@@ -1,0 +1,153 @@
+"""The run plan: one description of an iteration, built from the algorithm and the config.
+
+Everything that needs to know the stages reads it: the dock (one TD controller per stage,
+the fields each stage claims), the iteration loop (which stages run, in what order, what
+they claim and with which deadline), the planner (``--dry-run``: stages, roles, dock
+fields), start-up (which model roles to place) and the CLI. Before it existed the same
+stage -> fields table was written in three places and had drifted
+(docs/architecture.md §3 draws one iteration's data flow).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindrl.algorithm import Algorithm
+from mindrl.config.schema import AlgorithmConfig, MindRLConfig
+
+#: Fields every model stage reads: the packed sequence is prompt + response.
+SEQUENCE = ("prompt_ids", "response_ids")
+#: A stage's deadline is this many dock timeouts: a stage waits for the dock several
+#: times (claims, fetches) and a slow worker must not be declared dead too early.
+STAGE_DEADLINE_DOCK_TIMEOUTS = 5
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage: the worker group that serves it, the dock fields it reads and writes."""
+
+    name: str
+    role: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """An iteration's stages in order and the facts derived from the algorithm + config.
+
+    Attributes:
+        trainer: the algorithm's name.
+        stages: in the order an iteration runs them.
+        needs_reference / needs_critic / needs_old_logprob: which optional stages run.
+        model_roles: the model worker groups to place (``actor`` first).
+        group_size: responses per prompt (the dock hands out whole groups).
+        uses_groups: advantages compare the responses of one prompt.
+        sample_batches: prompt batches the dock holds (DAPO refills dropped groups).
+        stage_deadline_s: how long a stage's workers may take before the run ends.
+    """
+
+    trainer: str
+    stages: tuple[StagePlan, ...]
+    needs_reference: bool
+    needs_critic: bool
+    needs_old_logprob: bool
+    model_roles: tuple[str, ...]
+    group_size: int
+    uses_groups: bool
+    sample_batches: int
+    stage_deadline_s: float
+
+    def stage(self, name: str) -> StagePlan:
+        """The stage called ``name``.
+
+        Raises:
+            KeyError: the plan has no such stage (it is switched off for this run).
+        """
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"stage '{name}' is not part of this {self.trainer} run")
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(stage.name for stage in self.stages)
+
+    def dock_stages(self) -> dict[str, list[str]]:
+        """Stage -> the fields its claims read, as the dock's controllers are built."""
+        return {stage.name: list(stage.reads) for stage in self.stages}
+
+    def stage_roles(self) -> dict[str, str]:
+        """Stage -> the worker group serving it (its TD controller sits on that node)."""
+        return {stage.name: stage.role for stage in self.stages}
+
+    def written_fields(self) -> tuple[str, ...]:
+        """Every field a stage of this run writes, in stage order."""
+        return tuple(field for stage in self.stages for field in stage.writes)
+
+
+def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
+    """The plan of ``algorithm`` (its options resolved from ``config``) on ``config``."""
+    options = algorithm.resolve(config.algorithm)
+    needs_reference = algorithm.uses_reference(options)
+    needs_critic = algorithm.needs_critic
+    needs_old = needs_old_logprob(config)
+    return RunPlan(
+        trainer=algorithm.name,
+        stages=_stages(needs_reference, needs_critic, needs_old),
+        needs_reference=needs_reference,
+        needs_critic=needs_critic,
+        needs_old_logprob=needs_old,
+        model_roles=("actor",)
+        + (("reference",) if needs_reference else ())
+        + (("critic",) if needs_critic else ()),
+        group_size=config.data.n_samples_per_prompt,
+        uses_groups=algorithm.uses_groups,
+        sample_batches=sample_batches(options),
+        stage_deadline_s=stage_deadline_s(config),
+    )
+
+
+def stage_deadline_s(config: MindRLConfig) -> float:
+    """Seconds a stage (or a start-up phase) may take; see STAGE_DEADLINE_DOCK_TIMEOUTS."""
+    return config.dock.timeout_s * STAGE_DEADLINE_DOCK_TIMEOUTS
+
+
+def sample_batches(options: AlgorithmConfig) -> int:
+    """Prompt batches the dock holds per iteration (dynamic sampling refills dropped groups)."""
+    return 2 if options.dynamic_sampling else 1
+
+
+def needs_old_logprob(config: MindRLConfig) -> bool:
+    """Whether old log-probs must be computed: more than one optimizer step per iteration.
+
+    With exactly one step, the policy that generated the samples is the policy being
+    trained, so ``old_logprob`` equals the (detached) training forward's log-probs.
+    """
+    actor = config.actor
+    prompts = config.data.global_batch_size
+    one_minibatch = (actor.mini_batch_size or prompts) >= prompts
+    return actor.ppo_epochs > 1 or not one_minibatch
+
+
+def _stages(needs_reference: bool, needs_critic: bool, needs_old: bool) -> tuple[StagePlan, ...]:
+    update_reads = (*SEQUENCE, "advantages", "rollout_logprob")
+    update_reads += ("old_logprob",) if needs_old else ()
+    update_reads += ("ref_logprob",) if needs_reference else ()
+    advantage_reads = ("reward", "response_ids") + (("values",) if needs_critic else ())
+    advantage_writes = ("advantages",) + (("returns",) if needs_critic else ())
+    stages = [
+        StagePlan("rollout", "actor", ("prompt_ids",), ("response_ids", "rollout_logprob")),
+        StagePlan("reward", "reward", ("response_ids", "record_id"), ("reward",)),
+    ]
+    if needs_reference:
+        stages.append(StagePlan("ref_logp", "reference", SEQUENCE, ("ref_logprob",)))
+    if needs_old:
+        stages.append(StagePlan("old_logp", "actor", SEQUENCE, ("old_logprob",)))
+    if needs_critic:
+        stages.append(StagePlan("values", "critic", SEQUENCE, ("values",)))
+    stages.append(StagePlan("advantage", "reward", advantage_reads, advantage_writes))
+    stages.append(StagePlan("update", "actor", update_reads, ()))
+    if needs_critic:
+        stages.append(StagePlan("critic_update", "critic", (*SEQUENCE, "values", "returns"), ()))
+    return tuple(stages)

@@ -1,0 +1,71 @@
+"""The run plan: one table of stages that the dock, the loop, the planner and start-up read."""
+
+from __future__ import annotations
+
+import pytest
+
+from mindrl.config import load_config
+from mindrl.planner.report import build_plan, response_fields
+from mindrl.run_plan import SEQUENCE, build_run_plan
+from trainers.registry import get_algorithm
+
+GIB = 2**30
+
+
+def plan_for(trainer: str, *overrides: str):
+    algorithm = get_algorithm(trainer)
+    return build_run_plan(algorithm, load_config(None, list(overrides), algorithm=algorithm))
+
+
+def test_grpo_with_one_step_per_iteration_runs_no_old_logprob_stage():
+    plan = plan_for("grpo")
+    assert plan.stage_names == ("rollout", "reward", "ref_logp", "advantage", "update")
+    assert plan.model_roles == ("actor", "reference")
+    assert plan.stage("update").reads == (*SEQUENCE, "advantages", "rollout_logprob", "ref_logprob")
+
+
+def test_two_minibatches_add_the_old_logprob_stage_and_the_update_reads_it():
+    plan = plan_for("grpo", "data.global_batch_size=4", "actor.mini_batch_size=2")
+    assert plan.needs_old_logprob
+    assert plan.stage("old_logp").role == "actor"
+    assert "old_logprob" in plan.stage("update").reads
+
+
+def test_ppo_adds_the_critic_stages_and_its_advantages_read_values_and_write_returns():
+    plan = plan_for("ppo")
+    assert plan.stage_names == (
+        "rollout", "reward", "ref_logp", "values", "advantage", "update", "critic_update",
+    )  # fmt: skip
+    assert plan.stage("advantage").reads == ("reward", "response_ids", "values")
+    assert plan.stage("advantage").writes == ("advantages", "returns")
+    assert plan.model_roles == ("actor", "reference", "critic")
+
+
+def test_dapo_has_no_reference_and_holds_two_prompt_batches_for_dynamic_sampling():
+    plan = plan_for("dapo")
+    assert "ref_logp" not in plan.stage_names and plan.model_roles == ("actor",)
+    assert plan.sample_batches == 2 and plan.uses_groups
+
+
+def test_the_stage_deadline_is_five_dock_timeouts():
+    assert plan_for("grpo", "dock.timeout_s=7").stage_deadline_s == 35
+
+
+def test_a_stage_switched_off_is_named_when_asked_for():
+    with pytest.raises(KeyError, match="stage 'values' is not part of this grpo run"):
+        plan_for("grpo").stage("values")
+
+
+@pytest.mark.parametrize("trainer", ["grpo", "ppo", "dapo"])
+def test_the_dry_run_lists_exactly_the_stages_the_run_gives_the_dock(trainer):
+    plan = plan_for(trainer)
+    config = load_config(None, [], algorithm=get_algorithm(trainer))
+    report = build_plan(config, plan, "cpu", 16 * GIB, 64 * GIB)
+    assert report["placement"][0]["td_controllers"] == list(plan.dock_stages())
+
+
+def test_the_planner_counts_the_per_token_fields_this_run_stores():
+    # grpo: response_ids, rollout_logprob, ref_logprob, advantages (no old log-probs)
+    assert response_fields(plan_for("grpo")) == 4
+    # ppo adds values and returns
+    assert response_fields(plan_for("ppo")) == 6
