@@ -1,0 +1,128 @@
+"""scripts/accelerator_checks.sh: on a machine without an accelerator it says so in one
+line, writes the JSON summary with every check skipped and exits 0; a check whose
+packages are missing is skipped naming them; a failing command is reported as failed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.devices import missing_reason
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "accelerator_checks.sh"
+ACCELERATOR_MODULES = {
+    "tests/foundation/test_device_layer.py",
+    "tests/megatron/test_engine_on_devices.py",
+    "tests/reshard/test_measure_on_devices.py",
+}
+
+
+def load_checks_module():
+    spec = importlib.util.spec_from_file_location("accelerator_checks", SCRIPT.with_suffix(".py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+checks = load_checks_module()
+no_accelerator = all(missing_reason(name) is not None for name in ("cuda", "npu"))
+
+
+@pytest.mark.skipif(not no_accelerator, reason="this machine has an accelerator")
+def test_without_an_accelerator_every_check_is_skipped_in_one_line_and_json(tmp_path):
+    out = tmp_path / "summary.json"
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--out", str(out)],
+        env=os.environ | {"PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("accelerator checks: no accelerator (")
+
+    summary = json.loads(out.read_text())
+    assert summary["accelerator"]["device"] is None
+    assert "cuda:" in summary["accelerator"]["absent_because"]
+    names = [c["name"] for c in summary["checks"]]
+    assert {
+        n.removeprefix("tests ") for n in names if n.startswith("tests ")
+    } >= ACCELERATOR_MODULES
+    assert {"train_step dense-1b MFU", "reshard --measure swap bandwidth"} <= set(names)
+    assert {"rollout weight hand-over", "grpo tiny run"} <= set(names)
+    for check in summary["checks"]:
+        assert (check["status"], check["rc"], check["seconds"]) == (
+            "skipped: no accelerator",
+            None,
+            0,
+        )
+    commands = {c["name"]: c["command"] for c in summary["checks"]}
+    assert (
+        "-m 'cuda or npu or multi_device'"
+        in commands["tests tests/megatron/test_engine_on_devices.py"]
+    )
+    assert "benchmarks/train_step.py" in commands["train_step dense-1b MFU"]
+    assert "--models dense-1b" in commands["train_step dense-1b MFU"]
+    assert "benchmarks/reshard.py --measure" in commands["reshard --measure swap bandwidth"]
+    assert summary["counts"] == {"passed": 0, "failed": 0, "skipped": len(names)}
+
+
+def machine_with(**modules: bool):
+    return checks.Machine("cpu", 1, torch="any", modules=modules)
+
+
+def test_a_check_whose_package_is_missing_is_skipped_naming_it_without_running():
+    check = checks.Check("needs ray", [sys.executable, "-c", "raise SystemExit(1)"], ("ray",))
+    checks.execute(check, machine_with(ray=False), timeout_s=60)
+    assert check.result == {
+        "status": "skipped: needs ray (not installed)",
+        "rc": None,
+        "seconds": 0.0,
+    }
+
+
+def test_an_import_of_a_missing_third_party_module_is_a_skip_and_any_other_failure_a_failure():
+    missing = checks.Check("imports", [sys.executable, "-c", "import no_such_module_xyz"])
+    checks.execute(missing, machine_with(), timeout_s=60)
+    assert missing.result["status"] == "skipped: needs no_such_module_xyz (import failed)"
+    assert missing.result["rc"] == 1
+
+    broken = checks.Check("fails", [sys.executable, "-c", "import mindrl.no_such_part"])
+    checks.execute(broken, machine_with(), timeout_s=60)
+    assert (broken.result["status"], broken.result["rc"]) == ("failed", 1)
+    assert "No module named 'mindrl.no_such_part'" in broken.result["output_tail"]
+
+
+def test_a_passing_check_carries_the_figures_of_its_json_output():
+    code = "import json, warnings; print('warming up'); print(json.dumps({'mfu': 0.41}, indent=2))"
+    check = checks.Check(
+        "bench", [sys.executable, "-c", code], parse=lambda out, _w: checks.last_json_document(out)
+    )
+    checks.execute(check, machine_with(), timeout_s=60)
+    assert (check.result["status"], check.result["rc"]) == ("passed", 0)
+    assert check.result["figures"] == {"mfu": 0.41}
+
+
+def test_the_accelerator_test_modules_are_found_by_their_markers():
+    found = {str(p.relative_to(ROOT)) for p in checks.accelerator_test_files()}
+    assert found >= ACCELERATOR_MODULES
+    assert "tests/foundation/test_layering.py" not in found
+
+
+def test_the_peak_for_mfu_comes_from_the_product_name_or_the_environment(monkeypatch):
+    monkeypatch.delenv("MINDRL_PEAK_TFLOPS", raising=False)
+    assert checks.peak_tflops(checks.Machine("cuda", 1, product="NVIDIA H100 80GB HBM3")) == 989.0
+    assert checks.peak_tflops(checks.Machine("cuda", 1, product="NVIDIA H100 PCIe")) == 756.0
+    assert checks.peak_tflops(checks.Machine("npu", 1, product=None)) is None
+    monkeypatch.setenv("MINDRL_PEAK_TFLOPS", "313")
+    assert checks.peak_tflops(checks.Machine("npu", 1)) == 313.0
