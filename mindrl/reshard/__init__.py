@@ -9,8 +9,8 @@ Public API:
 * :class:`AllgatherSwapResharder`: ``reshard()`` all-gathers the training shards
   bucket by bucket, copies this rank's generation shards out, swaps the training
   weights (+ grads / optimizer state via ``swap_extra``) to pinned host buffers
-  allocated once, frees the gather buffer; ``swap_in(overlap=...)`` /
-  ``wait_swap_in()`` bring the training state back before the update.
+  allocated once, frees the gather buffer; ``swap_in()`` brings the training state
+  back before the update.
 * :class:`NaiveResharder`: the baseline (new generation buffers, training weights stay).
 * ``Resharder.simulated(full, layouts, stage_of, train, gen, rank)``: one process plays
   one rank of a whole world (peers' shards cut from full host weights).
@@ -22,8 +22,8 @@ Per iteration the actor worker does::
 
     gen_weights = resharder.reshard(gen_weights)   # after the update: gather, copy, swap out
     engine.load_weights(to_hf(gen_weights)); rollouts = engine.generate(...)
-    resharder.swap_in(overlap=True)                 # early, while inference stages run
-    resharder.wait_swap_in(); trainer.update(...)   # training state is back in place
+    resharder.swap_in()                             # before the rollout stage returns
+    trainer.update(...)                             # training state is back in place
 """
 
 from mindrl.reshard.allgather_swap import (

@@ -10,7 +10,7 @@ Per iteration (paper, "Allgather–Swap Technique"):
 4. free the temporary buffer (per bucket, right after step 2).
 
 Before the next update :meth:`AllgatherSwapResharder.swap_in` restores the training
-state host -> device, optionally early on a side stream to overlap inference.
+state host -> device.
 """
 
 from __future__ import annotations
@@ -73,26 +73,17 @@ class AllgatherSwapResharder(BaseResharder):
         extra = list(self.swap_extra()) if self.swap_extra is not None else []
         return [*self.params.values(), *extra]
 
-    def swap_in(self, overlap: bool = False) -> int:
-        """Restore the training state host -> device (side stream when ``overlap``).
-
-        With ``overlap`` the copies run on a side stream while the caller keeps
-        generating; call :meth:`wait_swap_in` before the update uses the tensors.
+    def swap_in(self) -> int:
+        """Restore the training state host -> device (synchronously).
 
         Returns:
             Bytes restored.
         """
         start = time.perf_counter()
-        restored = self.host.swap_in(overlap=overlap)
+        restored = self.host.swap_in()
         self.seconds["swap_in"] = time.perf_counter() - start
-        if not overlap:
-            self.timeline.record("swap_in")
-        return restored
-
-    def wait_swap_in(self) -> None:
-        """Block until a pending overlapped :meth:`swap_in` is complete."""
-        self.host.wait()
         self.timeline.record("swap_in")
+        return restored
 
 
 def grad_tensors(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:

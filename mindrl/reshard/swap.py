@@ -9,7 +9,6 @@ resizing it back and copying in restores them in place.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 
@@ -35,8 +34,6 @@ class HostSwap:
         self.swapped_bytes = 0
         self._host: dict[int, torch.Tensor] = {}  # storage id -> pinned uint8 [nbytes]
         self._out: list[tuple[torch.UntypedStorage, int]] = []
-        self._stream: Any = None
-        self._done: Any = None
 
     def _device_storages(self, tensors: Iterable[torch.Tensor]) -> list[torch.UntypedStorage]:
         seen: dict[int, torch.UntypedStorage] = {}
@@ -60,7 +57,6 @@ class HostSwap:
         Returns:
             Bytes moved to the host by this call.
         """
-        self.wait()
         storages = self._device_storages(tensors)
         self._forget_stale_buffers(storages)
         for storage in storages:
@@ -81,42 +77,22 @@ class HostSwap:
         for key in [k for k in self._host if k not in live]:
             del self._host[key]
 
-    def swap_in(self, overlap: bool = False) -> int:
+    def swap_in(self) -> int:
         """Reallocate every swapped storage and copy it back from its pinned buffer.
 
-        Args:
-            overlap: issue the copies on a side stream and return at once; call
-                :meth:`wait` before the tensors are used (no-op on CPU).
+        Synchronous: the copies are complete when it returns (an overlapped variant on a
+        side stream would need a GPU to show it pays; none was measured).
 
         Returns:
             Bytes restored.
         """
         for storage, nbytes in self._out:
-            storage.resize_(nbytes)  # allocated on the current stream: safe to use after wait
-        ready = self.device.new_event()
-        ready.record()
-        if overlap and self._stream is None:
-            self._stream = self.device.new_stream()
-        stream = self._stream if overlap else None
-        with self.device.stream(stream):
-            if stream is not None:
-                ready.wait(stream)
-            for storage, _ in self._out:
-                _byte_view(storage).copy_(self._host[storage._cdata], non_blocking=True)
-            self._done = self.device.new_event()
-            self._done.record()
+            storage.resize_(nbytes)
+            _byte_view(storage).copy_(self._host[storage._cdata], non_blocking=True)
+        self.device.synchronize()  # pinned buffers are overwritten by the next swap_out
         restored = sum(nbytes for _, nbytes in self._out)
         self._out, self.swapped_bytes = [], 0
-        if not overlap:
-            self.wait()
         return restored
-
-    def wait(self) -> None:
-        """Make the current stream wait for a pending :meth:`swap_in` (host too)."""
-        if self._done is not None:
-            self._done.wait()
-            self._done.synchronize()  # host buffers may be overwritten by the next swap_out
-            self._done = None
 
     @property
     def host_bytes(self) -> int:

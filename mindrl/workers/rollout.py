@@ -139,5 +139,5 @@ class Rollout:
             return
         start = time.perf_counter()
         self.generator.sleep(level=1)
-        self.resharder.swap_in(overlap=False)
+        self.resharder.swap_in()
         self.seconds["swap_in"] = time.perf_counter() - start

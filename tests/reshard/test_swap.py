@@ -56,8 +56,7 @@ def test_optimizer_step_after_swap_in_equals_step_without_swap():
     resharder.reshard()
     state = optimizer_state_tensors(optimizer)
     assert storage_bytes(params + grad_tensors(params) + state) == 0
-    resharder.swap_in(overlap=True)
-    resharder.wait_swap_in()
+    resharder.swap_in()
     optimizer.step()
     twin.step()
     for p, t in zip(params, twin_params, strict=True):
