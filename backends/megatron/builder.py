@@ -86,6 +86,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
             "moe_router_load_balancing_type": "aux_loss" if spec.moe_aux_loss_coeff else "none",
             "moe_aux_loss_coeff": spec.moe_aux_loss_coeff,
             "moe_router_pre_softmax": spec.moe_router_pre_softmax,
+            **deepseek_routing(spec),
         }
     recompute = {}
     if parallel.activation_checkpointing:
@@ -96,12 +97,17 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
             "recompute_method": "uniform",
             "recompute_num_layers": 1,
         }
-    return TransformerConfig(
+    config_class = TransformerConfig
+    if spec.uses_mla:
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        config_class = MLATransformerConfig
+    return config_class(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
         num_attention_heads=spec.num_attention_heads,
         num_query_groups=spec.num_query_groups,
-        kv_channels=spec.head_dim,
+        kv_channels=spec.v_head_dim if spec.uses_mla else spec.head_dim,  # MLA: output width
         ffn_hidden_size=spec.ffn_hidden_size,
         tensor_model_parallel_size=parallel.tp,
         sequence_parallel=parallel.sequence_parallel,
@@ -116,7 +122,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
         add_qkv_bias=spec.add_qkv_bias,
-        qk_layernorm=spec.qk_layernorm,
+        qk_layernorm=spec.qk_layernorm or spec.uses_mla,  # MLA: the q / kv latent norms
         hidden_dropout=0.0,
         attention_dropout=0.0,
         use_cpu_initialization=on_cpu,
@@ -131,7 +137,60 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
         persist_layer_norm=False,
         **moe,
         **recompute,
+        **multi_latent_attention(spec),
     )
+
+
+def deepseek_routing(spec: GPTSpec) -> dict:
+    """Megatron's own router options for DeepSeek-V3 routing (empty for softmax routers).
+
+    The expert bias steers which experts are chosen, not their weights. RL does not
+    update it (update rate 0; the engine never calls Megatron's bias update either): the
+    aux-loss-free update is a load-balancing controller fitted over pre-training's token
+    stream, while RL batches are small and reward-filtered, so updating it would move the
+    routing, i.e. the policy, by batch noise outside the clipped objective, and the
+    generation engine would route differently from the trainer until the next sync. Kept
+    fixed, the checkpoint's bias is the one both engines use.
+    """
+    if spec.moe_router_score_function == "softmax":
+        return {}
+    return {
+        "moe_router_score_function": spec.moe_router_score_function,
+        "moe_router_enable_expert_bias": spec.moe_router_expert_bias,
+        "moe_router_bias_update_rate": 0.0,
+        "moe_router_num_groups": spec.moe_router_num_groups,
+        "moe_router_group_topk": spec.moe_router_group_topk,
+        "moe_router_topk_scaling_factor": spec.moe_router_topk_scaling_factor,
+        # HF scores DeepSeek routers in float32 whatever the model dtype.
+        "moe_router_dtype": "fp32",
+    }
+
+
+def multi_latent_attention(spec: GPTSpec) -> dict:
+    """``MLATransformerConfig`` fields of ``spec`` (empty without MLA)."""
+    if not spec.uses_mla:
+        return {}
+    fields = {
+        "q_lora_rank": spec.q_lora_rank,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "qk_head_dim": spec.qk_nope_head_dim,
+        "qk_pos_emb_head_dim": spec.qk_rope_head_dim,
+        "v_head_dim": spec.v_head_dim,
+        "rotary_base": spec.rope_theta,
+        "rope_type": "rope",
+    }
+    if spec.yarn is not None:
+        factor, original, beta_fast, beta_slow, mscale, mscale_all_dim = spec.yarn
+        fields |= {
+            "rope_type": "yarn",
+            "rotary_scaling_factor": factor,
+            "original_max_position_embeddings": original,
+            "beta_fast": beta_fast,
+            "beta_slow": beta_slow,
+            "mscale": mscale,
+            "mscale_all_dim": mscale_all_dim,
+        }
+    return fields
 
 
 class ValueHead(nn.Module):
@@ -197,9 +256,29 @@ def _replace_module(node: Any, old: type, new: type) -> Any:
     return node
 
 
+def local_mla_core_attention() -> type:
+    """Megatron's local ``DotProductAttention``, callable the way MLA calls it.
+
+    megatron-core 0.16.1's ``MultiLatentAttention`` passes ``k_channels`` / ``v_channels``
+    to its core attention, which only TE's accepts: the local spec cannot build MLA as
+    shipped. The local kernel works on any q/k width (MLA passes ``softmax_scale``) and
+    sizes its output by ``kv_channels``, which the engine sets to ``v_head_dim`` for MLA.
+    """
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class MLADotProductAttention(DotProductAttention):
+        def __init__(self, config, *args, k_channels=None, v_channels=None, **kwargs) -> None:
+            if v_channels not in (None, config.kv_channels):
+                raise ValueError(f"MLA v_channels={v_channels} != kv_channels={config.kv_channels}")
+            super().__init__(config, *args, **kwargs)
+
+    return MLADotProductAttention
+
+
 def decoder_block_spec(config, use_te: bool):
     """Megatron's GPT block spec; local-spec norms made sequence-parallel capable."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     block = get_gpt_decoder_block_spec(
@@ -207,6 +286,8 @@ def decoder_block_spec(config, use_te: bool):
     )
     if config.sequence_parallel and not use_te:  # TE's norms handle SP themselves
         block = _replace_module(block, WrappedTorchNorm, SequenceParallelNorm)
+    if config.multi_latent_attention and not use_te:
+        block = _replace_module(block, DotProductAttention, local_mla_core_attention())
     return block
 
 

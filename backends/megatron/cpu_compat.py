@@ -16,6 +16,9 @@ fail, so inside :func:`megatron_on_cpu`:
   move the shared weight with ``weight.data.cuda()`` before their all-reduce;
 * the MoE router's ``te_general_gemm`` is defined as ``None`` when TransformerEngine is
   absent (Megatron 0.16 only binds the name when TE imports, then reads it anyway);
+* multi-latent attention's ``HAVE_TE`` is ``False`` when TransformerEngine is absent
+  (Megatron 0.16's TE extension module imports without TE, binding ``TELinear`` to a
+  ``MagicMock`` instance, so MLA believes TE is there and calls ``isinstance`` on it);
 * for the distributed optimizer (``DistributedDataParallel`` + ``get_megatron_optimizer``):
   the optimizer modules see a ``torch`` whose tensor factories turn ``device="cuda"``
   into the CPU, and ``Tensor.type()`` names CPU tensors ``torch.cuda.*`` (see
@@ -139,6 +142,7 @@ def megatron_on_cpu() -> Iterator[None]:
     from megatron.core.optimizer import clip_grads
     from megatron.core.optimizer import optimizer as mp_optimizer
     from megatron.core.tensor_parallel import random as mp_random
+    from megatron.core.transformer import multi_latent_attention
     from megatron.core.transformer.moe import moe_utils
 
     patches = _Patches()
@@ -155,6 +159,8 @@ def megatron_on_cpu() -> Iterator[None]:
         patches.set(torch.Tensor, "cuda", _tensor_stays_on_cpu)
         if not hasattr(moe_utils, "te_general_gemm"):
             patches.set(moe_utils, "te_general_gemm", None)
+        if not isinstance(multi_latent_attention.TELinear, type):
+            patches.set(multi_latent_attention, "HAVE_TE", False)
         patches.set(mp_optimizer, "torch", _TORCH_ON_CPU)
         patches.set(clip_grads, "torch", _TORCH_ON_CPU)
         patches.set(mp_utils, "torch", _TORCH_ON_CPU)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 
+import torch
 from torch import nn
 
 from backends.layout import ParamLayout
@@ -40,6 +41,15 @@ _TE_FUSED_NORMS = (
     (
         re.compile(r"(layers\.\d+\.)mlp\.linear_fc1\.layer_norm_(weight|bias)$"),
         r"\1pre_mlp_layernorm.\2",
+    ),
+    # MLA (TE spec): the q / kv latent norms live in the up projections.
+    (
+        re.compile(r"(self_attention\.)linear_q_up_proj\.layer_norm_(weight|bias)$"),
+        r"\1q_layernorm.\2",
+    ),
+    (
+        re.compile(r"(self_attention\.)linear_kv_up_proj\.layer_norm_(weight|bias)$"),
+        r"\1kv_layernorm.\2",
     ),
 )
 EXTRA_STATE = "_extra_state"
@@ -104,6 +114,25 @@ def canonical_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {
         canonical_name(name, layer_offset, expert_offset): param
         for name, param in model.named_parameters()
+    }
+
+
+ROUTER_BIAS = "mlp.router.expert_bias"
+
+
+def canonical_router_biases(model: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's DeepSeek router expert biases (buffers, not parameters) by canonical name.
+
+    They are full (every rank routes over all experts) and not trained in RL (see
+    ``builder.deepseek_routing``), so they travel with the weights in and out of the
+    engine but not through the optimizer or the resharder: generation engines get them
+    once, with the initial weights.
+    """
+    layer_offset = _layer_offset(model)
+    return {
+        canonical_name(name, layer_offset, 0): buffer
+        for name, buffer in model.named_buffers()
+        if name.endswith(ROUTER_BIAS) and buffer is not None
     }
 
 

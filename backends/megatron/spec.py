@@ -15,11 +15,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(frozen=True)
 class GPTSpec:
-    """Architecture of a Llama / Qwen2 / Qwen3 style decoder, dense or MoE.
+    """Architecture of a Llama / Qwen2 / Qwen3 / DeepSeek-V3 style decoder, dense or MoE.
 
     Attributes:
         family: model family file in ``backends/megatron/families`` (``llama``, ``qwen2``,
-            ``qwen3``, ``qwen3_moe``).
+            ``qwen3``, ``qwen3_moe``, ``deepseek_v3``).
         num_layers: transformer layers.
         hidden_size: model width.
         num_attention_heads: query heads.
@@ -43,6 +43,21 @@ class GPTSpec:
         moe_router_pre_softmax: softmax over all experts, then the top-k probabilities
             as they are (HF ``norm_topk_prob=False``); ``False``: top-k logits, then a
             softmax over those k, i.e. renormalised (HF ``norm_topk_prob=True``).
+        moe_router_score_function: ``softmax`` or ``sigmoid`` (DeepSeek-V3; Megatron then
+            always renormalises the top-k scores, i.e. HF ``norm_topk_prob=True``).
+        moe_router_expert_bias: a per-expert bias (HF ``e_score_correction_bias``) added to
+            the scores for choosing experts only, never to the weights.
+        moe_router_num_groups: expert groups for group-limited top-k (HF ``n_group``).
+        moe_router_group_topk: groups each token may use (HF ``topk_group``).
+        moe_router_topk_scaling_factor: factor on the routing weights
+            (HF ``routed_scaling_factor``).
+        q_lora_rank: multi-latent attention query rank; ``None``: full-rank query.
+        kv_lora_rank: multi-latent attention key/value rank; ``None``: no MLA (GQA).
+        qk_nope_head_dim: MLA q/k head part without rotary embedding.
+        qk_rope_head_dim: MLA q/k head part with rotary embedding.
+        v_head_dim: MLA value head width.
+        yarn: YaRN rope scaling as ``(factor, original_max_position_embeddings, beta_fast,
+            beta_slow, mscale, mscale_all_dim)``; ``None``: plain RoPE (MLA only).
         dtype: parameter dtype name (``float32``, ``bfloat16``, ``float16``).
     """
 
@@ -67,6 +82,17 @@ class GPTSpec:
     moe_layers: tuple[int, ...] | None = None
     moe_aux_loss_coeff: float = 0.0
     moe_router_pre_softmax: bool = False
+    moe_router_score_function: str = "softmax"
+    moe_router_expert_bias: bool = False
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    moe_router_topk_scaling_factor: float | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    yarn: tuple[float, int, float, float, float, float] | None = None
     dtype: str = "float32"
 
     @property
@@ -76,6 +102,11 @@ class GPTSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def uses_mla(self) -> bool:
+        """Multi-latent attention (DeepSeek): low-rank key/value (and query) projections."""
+        return self.kv_lora_rank is not None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -142,6 +173,7 @@ def validate(spec: GPTSpec, parallel: ParallelSpec, world_size: int) -> None:
         raise ValueError(
             f"world size {world_size} is not divisible by tp*cp*pp={dense}; change the layout"
         )
+    _validate_mla(spec, parallel.tp)
     if spec.num_attention_heads % parallel.tp or spec.num_query_groups % parallel.tp:
         raise ValueError(
             f"tp={parallel.tp} must divide num_attention_heads={spec.num_attention_heads} "
@@ -179,3 +211,16 @@ def validate(spec: GPTSpec, parallel: ParallelSpec, world_size: int) -> None:
             f"world size {world_size} is not divisible by ep*etp*pp="
             f"{parallel.ep * parallel.etp * parallel.pp}; change ep/etp"
         )
+
+
+def _validate_mla(spec: GPTSpec, tp: int) -> None:
+    # The local spec builds MLA's down projections column-parallel (split over TP, then
+    # gathered), so their output widths must split evenly too.
+    if not spec.uses_mla:
+        return
+    widths = {"kv_lora_rank + qk_rope_head_dim": spec.kv_lora_rank + spec.qk_rope_head_dim}
+    if spec.q_lora_rank is not None:
+        widths["q_lora_rank"] = spec.q_lora_rank
+    for field, width in widths.items():
+        if width % tp:
+            raise ValueError(f"tp={tp} must divide {field}={width} (MLA down projection)")

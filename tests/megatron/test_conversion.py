@@ -85,3 +85,67 @@ def test_fused_gate_up_pieces_are_split_one_by_one():
     assert torch.equal(shard, torch.cat([gate[4:], up[4:]]))
     shards = [shard_tensor(torch.cat([gate, up]), layout, r, 2) for r in range(2)]
     assert torch.equal(unshard_tensors(shards, layout), torch.cat([gate, up]))
+
+
+def test_deepseek_v3_hf_to_megatron_to_hf_is_exact_for_low_rank_and_full_queries():
+    from tests.megatron import deepseek_cases as ds
+
+    for q_lora_rank in ds.Q_LORA.values():
+        model = ds.tiny_model(q_lora_rank)
+        hf = ds.hf_state(model)
+        spec = ds.FAMILY.spec_from_hf_config(model.config.to_dict())
+        full = ds.FAMILY.hf_to_megatron(hf, spec, tp=4)
+        assert full["decoder.layers.1.mlp.router.expert_bias"].abs().sum() > 0
+        assert "decoder.layers.0.mlp.router.weight" not in full  # the first layer is dense
+        back = ds.FAMILY.megatron_to_hf(full, spec)
+        assert back.keys() == hf.keys()
+        for name, tensor in hf.items():
+            assert torch.equal(back[name], tensor), name
+
+
+def test_deepseek_v3_reads_mla_routing_and_yarn_from_the_hf_config():
+    from tests.megatron import deepseek_cases as ds
+
+    spec = ds.FAMILY.spec_from_hf_config(ds.tiny_config().to_dict())
+    assert (spec.q_lora_rank, spec.kv_lora_rank, spec.qk_rope_head_dim) == (32, 30, 8)
+    assert (spec.num_experts, spec.moe_router_topk, spec.moe_layers) == (8, 4, (1, 2))
+    assert (spec.moe_router_num_groups, spec.moe_router_group_topk) == (4, 2)
+    assert spec.moe_router_score_function == "sigmoid" and spec.moe_router_expert_bias
+    assert spec.moe_router_topk_scaling_factor == 2.5 and spec.moe_shared_expert_size == 32
+    assert spec.yarn == (4.0, 64, 32.0, 1.0, 1.0, 1.0)
+
+
+def test_deepseek_v3_multi_token_prediction_weights_skip_the_engine_and_return_on_export():
+    from tests.megatron import deepseek_cases as ds
+
+    model = ds.tiny_model()
+    hf = ds.hf_state(model)
+    spec = ds.FAMILY.spec_from_hf_config(model.config.to_dict())
+    mtp = {"model.layers.3.eh_proj.weight": torch.randn(64, 128)}  # a checkpoint's MTP layer
+    full = ds.FAMILY.hf_to_megatron(hf | mtp, spec)
+    assert not any(name.startswith("decoder.layers.3.") for name in full)
+    exported = ds.FAMILY.megatron_to_hf(full, spec) | ds.FAMILY.untrained_hf_tensors(hf | mtp, spec)
+    assert exported.keys() == (hf | mtp).keys()
+    assert torch.equal(
+        exported["model.layers.3.eh_proj.weight"], mtp["model.layers.3.eh_proj.weight"]
+    )
+
+
+def test_a_deepseek_v3_checkpoint_the_engine_cannot_build_is_refused_naming_the_field():
+    import pytest
+
+    from tests.megatron import deepseek_cases as ds
+
+    cases = {
+        "rope_parameters.rope_type='llama3'": {
+            "rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}
+        },
+        "norm_topk_prob=false": {"norm_topk_prob": False},
+        "rope_interleave=false": {"rope_interleave": False},
+        "num_experts_per_tok / topk_group": {"num_experts_per_tok": 6},
+    }
+    for field, change in cases.items():
+        config = ds.tiny_config().to_dict() | change
+        with pytest.raises(ValueError, match=field.replace("(", r"\(").replace(".", r"\.")) as err:
+            ds.FAMILY.spec_from_hf_config(config)
+        assert "\n" not in str(err.value)

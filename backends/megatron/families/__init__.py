@@ -6,17 +6,24 @@
 from __future__ import annotations
 
 from backends.megatron.families.base import LlamaLikeFamily
+from backends.megatron.families.deepseek_v3 import DeepseekV3Family
 from backends.megatron.families.llama import LlamaFamily, Qwen2Family
 from backends.megatron.families.qwen3 import Qwen3Family, Qwen3MoeFamily
 
 FAMILIES: dict[str, LlamaLikeFamily] = {
     family.name: family
-    for family in (LlamaFamily(), Qwen2Family(), Qwen3Family(), Qwen3MoeFamily())
+    for family in (
+        LlamaFamily(),
+        Qwen2Family(),
+        Qwen3Family(),
+        Qwen3MoeFamily(),
+        DeepseekV3Family(),
+    )
 }
 
 
 def get_family(name: str) -> LlamaLikeFamily:
-    """The family called ``name`` (``llama``, ``qwen2``, ``qwen3``, ``qwen3_moe``)."""
+    """The family called ``name`` (``llama``, ``qwen2``, ``qwen3``, ``qwen3_moe``, ...)."""
     if name not in FAMILIES:
         raise ValueError(f"unknown model family '{name}'; known: {', '.join(FAMILIES)}")
     return FAMILIES[name]

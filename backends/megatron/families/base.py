@@ -84,19 +84,24 @@ class LlamaLikeFamily:
 
     def _layer_to_megatron(self, hf: Tensors, spec: GPTSpec, layer: int) -> Tensors:
         src, dst = f"model.layers.{layer}.", f"decoder.layers.{layer}."
-        attn = src + "self_attn."
         out = {
             dst + "input_layernorm.weight": hf[src + "input_layernorm.weight"],
             dst + "pre_mlp_layernorm.weight": hf[src + "post_attention_layernorm.weight"],
-            dst + "self_attention.linear_proj.weight": hf[attn + "o_proj.weight"],
+            dst + "self_attention.linear_proj.weight": hf[src + "self_attn.o_proj.weight"],
         }
+        out.update(self._attention_to_megatron(hf, spec, src + "self_attn.", dst))
+        out.update(self._mlp_to_megatron(hf, spec, layer))
+        return out
+
+    def _attention_to_megatron(self, hf: Tensors, spec: GPTSpec, attn: str, dst: str) -> Tensors:
+        """Everything of one attention block but its output projection (GQA: fused qkv)."""
+        out = {}
         for kind in ("weight", "bias") if spec.add_qkv_bias else ("weight",):
             q, k, v = (hf[f"{attn}{p}_proj.{kind}"] for p in "qkv")
             out[f"{dst}self_attention.linear_qkv.{kind}"] = interleave_qkv(q, k, v, spec)
         if spec.qk_layernorm:
             out[dst + "self_attention.q_layernorm.weight"] = hf[attn + "q_norm.weight"]
             out[dst + "self_attention.k_layernorm.weight"] = hf[attn + "k_norm.weight"]
-        out.update(self._mlp_to_megatron(hf, spec, layer))
         return out
 
     def _mlp_to_megatron(self, hf: Tensors, spec: GPTSpec, layer: int) -> Tensors:
@@ -140,6 +145,13 @@ class LlamaLikeFamily:
         yield dst + "input_layernorm.weight", full[src + "input_layernorm.weight"]
         yield dst + "post_attention_layernorm.weight", full[src + "pre_mlp_layernorm.weight"]
         yield attn + "o_proj.weight", full[src + "self_attention.linear_proj.weight"]
+        yield from self._attention_to_hf(full, spec, src, attn)
+        yield from self._mlp_to_hf(full, spec, layer)
+
+    def _attention_to_hf(
+        self, full: Tensors, spec: GPTSpec, src: str, attn: str
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Inverse of :meth:`_attention_to_megatron`."""
         for kind in ("weight", "bias") if spec.add_qkv_bias else ("weight",):
             q, k, v = split_qkv(full[f"{src}self_attention.linear_qkv.{kind}"], spec)
             yield from (
@@ -148,7 +160,6 @@ class LlamaLikeFamily:
         if spec.qk_layernorm:
             yield attn + "q_norm.weight", full[src + "self_attention.q_layernorm.weight"]
             yield attn + "k_norm.weight", full[src + "self_attention.k_layernorm.weight"]
-        yield from self._mlp_to_hf(full, spec, layer)
 
     def _mlp_to_hf(
         self, full: Tensors, spec: GPTSpec, layer: int
@@ -172,7 +183,7 @@ class LlamaLikeFamily:
     def spec_from_hf_config(self, hf_config: dict, dtype: str = "float32") -> GPTSpec:
         """A :class:`GPTSpec` from an HF ``config.json`` dictionary of this family."""
         heads = hf_config["num_attention_heads"]
-        return GPTSpec(
+        fields = dict(
             family=self.name,
             num_layers=hf_config["num_hidden_layers"],
             hidden_size=hf_config["hidden_size"],
@@ -185,11 +196,12 @@ class LlamaLikeFamily:
             rope_theta=float(hf_config.get("rope_theta") or _rope_theta(hf_config)),
             norm_eps=hf_config.get("rms_norm_eps", 1e-6),
             tie_word_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
-            **self._extra_spec_fields(hf_config),
             dtype=dtype,
         )
+        return GPTSpec(**(fields | self._extra_spec_fields(hf_config)))
 
     def _extra_spec_fields(self, hf_config: dict) -> dict:
+        """Spec fields this family reads from its HF config (they override the common ones)."""
         return {}
 
 
