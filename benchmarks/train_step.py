@@ -85,7 +85,7 @@ def measure(rank: int, world: int, spec: GPTSpec, tp: int, args: dict) -> dict:
     """Inside each rank: build at TP=tp, run warm-up + timed steps, report the mean."""
     import torch
 
-    from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec
+    from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec, ResponseBatch
     from backends.megatron.builder import destroy_parallel
 
     device = get_device()
@@ -93,20 +93,19 @@ def measure(rank: int, world: int, spec: GPTSpec, tp: int, args: dict) -> dict:
         torch.set_num_threads(args["threads"])
     engine = MegatronEngine(spec, ParallelSpec(tp=tp), OptimSpec(lr=1e-5))
     gen = torch.Generator().manual_seed(0)
-    shape = (args["micro_batch"], args["seq"])
-    batches = [
-        {"input_ids": torch.randint(0, spec.vocab_size, shape, generator=gen),
-         "loss_mask": torch.ones(shape), "advantages": torch.randn(shape, generator=gen)}
-        for _ in range(args["micro_batches"])
-    ]  # fmt: skip
+    rows = args["micro_batch"] * args["micro_batches"]
+    ids = torch.randint(0, spec.vocab_size, (rows, args["seq"]), generator=gen)
+    advantages = torch.randn(rows, args["seq"] - 1, generator=gen)
+    # Every token after the first is scored: the logits of the whole sequence.
+    batch = ResponseBatch.continuation(ids, start=1, fields={"advantages": advantages})
 
-    def loss_fn(out, batch):
-        return -out["logprobs"] * batch["advantages"] - 1e-3 * out["entropy"]
+    def loss_fn(out, micro, counts):
+        return -out["logprobs"] * micro.fields["advantages"] - 1e-3 * out["entropy"]
 
     times = []
     for step in range(args["warmup"] + args["steps"]):
         start = time.perf_counter()
-        engine.train_step(batches, loss_fn, with_entropy=True)
+        engine.train_step(batch, loss_fn, args["micro_batch"], with_entropy=True)
         device.synchronize()
         if step >= args["warmup"]:
             times.append(time.perf_counter() - start)

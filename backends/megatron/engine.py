@@ -1,24 +1,23 @@
 """The Megatron-core training engine: build, score (log-probs / entropy / values), train.
 
-Algorithm-agnostic: a trainer hands :meth:`MegatronEngine.train_step` a ``loss_fn``
-that maps the model outputs of a micro-batch to a per-token loss matrix; the engine
-masks it with ``batch["loss_mask"]``, divides by the token count of the *whole global
-batch* (all micro-batches, all DP ranks) and accumulates gradients, so micro-batching
-and DP never change the result (DESIGN.md §5).
+Algorithm-agnostic: a trainer hands :meth:`MegatronEngine.train_step` a
+:class:`~backends.megatron.batch.ResponseBatch` and a ``loss_fn`` that maps the model
+outputs of a micro-batch to a scalar or a per-token loss matrix; a matrix is masked with
+the batch's ``response_mask`` and divided by the token count of the *whole global
+batch* (all micro-batches, all DP ranks), so micro-batching and DP never change the
+result (DESIGN.md §5).
 
-Batches are dicts of ``[b, s]`` tensors: ``input_ids`` (right-padded, starting at
-position 0) and ``loss_mask`` (1 where a token's loss counts), plus whatever the loss
-function reads. ``logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`` and
-``entropy[:, t]`` is the entropy of that same distribution (the one token ``t`` was
-drawn from), both 0 at ``t = 0``; ``values[:, t]`` is the critic's value at position
-``t``. With a ``loss_mask`` the vocabulary logits are computed only for each row's
-span of masked tokens (``logit_window.py``), and log-probs / entropy outside that span
-read 0; without one, at every position.
+Inputs and outputs are response-aligned ``[B, R]`` (``batch.py``):
+``logprobs[:, j] = log p(response token j | everything before it)``, ``entropy[:, j]``
+the entropy of that same distribution and ``values[:, j]`` the critic's value of the
+state token ``j`` was drawn in; 0 past each row's response. The vocabulary logits are
+computed only at the positions that score response tokens (``logit_window.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,12 @@ import torch.distributed as dist
 from backends.device import get_device
 from backends.layout import ParamLayout
 from backends.megatron import checkpoint
+from backends.megatron.batch import GlobalCounts, ResponseBatch
 from backends.megatron.builder import build_gpt, initialize_parallel
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
 from backends.megatron.layouts import canonical_parameters, param_layouts
-from backends.megatron.logit_window import logit_positions, place_at_tokens
 from backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_logprobs
 from backends.megatron.optim import (
     OptimSpec,
@@ -43,18 +42,13 @@ from backends.megatron.optim import (
     optimizer_state_tensors,
     reduce_gradients,
 )
-from backends.megatron.pipeline import (
-    LOGIT_POSITIONS,
-    LOGIT_VALID,
-    megatron_schedule,
-    run_micro_batches,
-)
+from backends.megatron.pipeline import MicroBatch, megatron_schedule, run_micro_batches
 from backends.megatron.sharding import gather_full_state_dict, load_full_state_dict
 from backends.megatron.spec import GPTSpec, ParallelSpec
 
-Batch = dict[str, torch.Tensor]
-#: loss_fn(outputs, batch) -> per-token loss [b, s]; outputs has logprobs / entropy / values.
-LossFn = Callable[[dict[str, torch.Tensor], Batch], torch.Tensor]
+#: loss_fn(outputs, micro-batch, global counts) -> scalar or per-token loss [b, R];
+#: outputs holds logprobs / entropy or values, [b, R] each.
+LossFn = Callable[[dict[str, torch.Tensor], ResponseBatch, GlobalCounts], torch.Tensor]
 
 
 class MegatronEngine:
@@ -149,38 +143,24 @@ class MegatronEngine:
         return get_family(self.spec.family).megatron_to_hf(self.full_state_dict(), self.spec)
 
     # ---- forward passes ----------------------------------------------------------------
-    def _outputs(self, output: torch.Tensor, batch: Batch, with_entropy: bool) -> dict:
-        """Per-token results ``[b, s]``; token ``t``'s come from the logits at ``t - 1``."""
-        if self.value_head:
-            return {"values": output.squeeze(-1).float()}  # [b, s]
-        ids, vocab = batch["input_ids"], self.spec.vocab_size
-        if LOGIT_POSITIONS in batch:  # output: [b, W, v] at the window's positions only
-            positions, valid = batch[LOGIT_POSITIONS], batch[LOGIT_VALID]
-            targets = ids.gather(1, (positions + 1).clamp(max=ids.shape[1] - 1))
-            per_window = {"logprobs": vocab_parallel_logprobs(output, targets, vocab)}
+    def _outputs(self, output: torch.Tensor, micro: _Scored, with_entropy: bool) -> dict:
+        """Per response token, ``[b, R]``, from the last stage's output."""
+        if self.value_head:  # output: [b, s, 1], a value at every position (a cheap head)
+            per_window = {"values": output.squeeze(-1).float().gather(1, micro.positions)}
+        else:  # output: [b, W, v], logits at the window's positions only
+            vocab = self.spec.vocab_size
+            per_window = {"logprobs": vocab_parallel_logprobs(output, micro.tokens, vocab)}
             if with_entropy:
                 per_window["entropy"] = vocab_parallel_entropy(output, vocab)
-            return {
-                k: place_at_tokens(v, positions, valid, ids.shape[1]) for k, v in per_window.items()
-            }
-        predicting = output[:, :-1]  # [b, s - 1, v]: position t predicts token t + 1
-        outputs = {"logprobs": vocab_parallel_logprobs(predicting, ids[:, 1:], vocab)}
-        if with_entropy:
-            outputs["entropy"] = vocab_parallel_entropy(predicting, vocab)
-        return {k: torch.nn.functional.pad(v, (1, 0)) for k, v in outputs.items()}
+        return {k: micro.batch.spread(v) for k, v in per_window.items()}
 
-    def _with_logit_window(self, batch: Batch) -> Batch:
-        """``batch`` plus the positions whose logits a loss on ``loss_mask`` reads."""
-        if self.value_head or "loss_mask" not in batch:
-            return batch
-        positions, valid = logit_positions(batch["loss_mask"])
-        return {**batch, LOGIT_POSITIONS: positions, LOGIT_VALID: valid}
-
-    def _run(self, micro_batches: list[Batch], head, train: bool) -> list[Any]:
+    def _run(
+        self, batch: ResponseBatch, micro_batch_size: int | None, head, train: bool
+    ) -> list[Any]:
         on_cpu = self.device.torch_device_type == "cpu"
         micro_batches = [
-            {k: v.to(self.device.device()) for k, v in self._with_logit_window(b).items()}
-            for b in micro_batches
+            _Scored.of(micro.to(self.device.device()), self.value_head)
+            for micro in batch.split(micro_batch_size)
         ]
         with megatron_compat(self.device):
             if self.parallel.pp > 1 and not on_cpu:
@@ -189,32 +169,33 @@ class MegatronEngine:
 
     @torch.no_grad()
     def forward(
-        self, micro_batches: list[Batch], with_entropy: bool = False
+        self,
+        batch: ResponseBatch,
+        micro_batch_size: int | None = None,
+        with_entropy: bool = False,
     ) -> dict[str, torch.Tensor]:
-        """Log-probs (and entropy) or values of every micro-batch, ``[B, s]`` on every rank."""
+        """Log-probs (and entropy) or values of the response tokens, ``[B, R]`` on every
+        rank, computed ``micro_batch_size`` rows at a time (``None``: all at once)."""
         self.model.eval()
 
-        def head(output, batch):
+        def head(output, micro):
             return None, {
-                k: v.detach() for k, v in self._outputs(output, batch, with_entropy).items()
+                k: v.detach() for k, v in self._outputs(output, micro, with_entropy).items()
             }
 
-        results = self._run(micro_batches, head, train=False)
-        return self._share_from_last_stage(results, micro_batches, with_entropy)
+        results = self._run(batch, micro_batch_size, head, train=False)
+        return self._share_from_last_stage(results, batch, with_entropy)
 
-    def _share_from_last_stage(self, results, micro_batches, with_entropy) -> dict:
+    def _share_from_last_stage(self, results, batch: ResponseBatch, with_entropy) -> dict:
         from megatron.core import parallel_state as ps
 
         keys = (
             ["values"] if self.value_head else ["logprobs"] + (["entropy"] if with_entropy else [])
         )
-        shape = (
-            sum(b["input_ids"].shape[0] for b in micro_batches),
-            micro_batches[0]["input_ids"].shape[1],
-        )
         out = {}
         for key in keys:
-            tensor = torch.cat([r[key] for r in results]) if results else torch.empty(shape)
+            empty = torch.empty(len(batch), batch.width)  # filled by the broadcast below
+            tensor = torch.cat([r[key] for r in results]) if results else empty
             tensor = tensor.to(self.device.device()).float()
             if ps.get_pipeline_model_parallel_world_size() > 1:
                 src = ps.get_pipeline_model_parallel_last_rank()
@@ -223,30 +204,34 @@ class MegatronEngine:
         return out
 
     # ---- training ----------------------------------------------------------------------
-    def global_token_count(self, micro_batches: list[Batch]) -> float:
-        """Sum of ``loss_mask`` over all micro-batches of all DP ranks (collective)."""
+    def global_counts(self, batch: ResponseBatch) -> GlobalCounts:
+        """Response tokens and rows of this DP rank's ``batch`` summed over all DP ranks
+        (collective; one all-reduce for both)."""
         from megatron.core import parallel_state as ps
 
-        count = sum(b["loss_mask"].double().sum() for b in micro_batches).to(self.device.device())
-        dist.all_reduce(count, group=ps.get_data_parallel_group(with_context_parallel=True))
-        return float(count)
+        counts = torch.stack(
+            [batch.response_mask.double().sum(), torch.tensor(len(batch), dtype=torch.double)]
+        ).to(self.device.device())
+        dist.all_reduce(counts, group=ps.get_data_parallel_group(with_context_parallel=True))
+        tokens, sequences = counts.tolist()
+        return GlobalCounts(tokens=tokens, sequences=int(sequences))
 
     def train_step(
         self,
-        micro_batches: list[Batch],
+        batch: ResponseBatch,
         loss_fn: LossFn,
-        normalizer: float | None = None,
+        micro_batch_size: int | None = None,
         with_entropy: bool = False,
     ) -> dict[str, float]:
-        """One optimizer step over this DP rank's micro-batches.
+        """One optimizer step over this DP rank's share of the global batch.
 
         Args:
-            micro_batches: this DP rank's share of the global batch.
-            loss_fn: ``(outputs, batch) -> [b, s]`` per-token loss (e.g. the PPO clip loss),
-                or a scalar: the micro-batch's share of the global loss, already
-                aggregated and normalised by the caller (then ``normalizer`` is unused).
-            normalizer: divide the masked loss sum by this; ``None``: the global token count
-                (token-mean). Pass the global sequence count for seq-mean aggregations.
+            batch: this DP rank's share of the global batch.
+            loss_fn: ``(outputs, micro_batch, counts) -> [b, R]`` per-token loss (e.g. the
+                PPO clip loss), token-meaned here over ``counts.tokens``; or a scalar: the
+                micro-batch's share of the global loss, already aggregated and normalised
+                with ``counts`` by ``loss_fn``.
+            micro_batch_size: rows per forward/backward (``None``: all at once).
             with_entropy: also compute ``outputs["entropy"]`` for ``loss_fn``.
 
         Returns:
@@ -254,21 +239,21 @@ class MegatronEngine:
         """
         if self.optimizer is None:
             raise RuntimeError("this engine was built without OptimSpec; it cannot train")
-        norm = normalizer if normalizer is not None else self.global_token_count(micro_batches)
-        norm = max(norm, 1.0)
+        counts = self.global_counts(batch)
+        norm = max(counts.tokens, 1.0)
         self.model.train()
         if self.distributed is not None:
             self.distributed.zero_grad()
         else:
             self.optimizer.zero_grad(set_to_none=True)
 
-        def head(output, batch):
-            loss = loss_fn(self._outputs(output, batch, with_entropy), batch)
-            if loss.dim() > 0:  # per-token [b, s]: masked and normalised here
-                loss = (loss * batch["loss_mask"]).sum() / norm
+        def head(output, micro):
+            loss = loss_fn(self._outputs(output, micro, with_entropy), micro.batch, counts)
+            if loss.dim() > 0:  # per-token [b, R]: masked and normalised here
+                loss = (loss * micro.batch.response_mask).sum() / norm
             return loss, loss.detach()
 
-        losses = self._run(micro_batches, head, train=True)
+        losses = self._run(batch, micro_batch_size, head, train=True)
         grad_norm, lr = self._optimizer_step()
         self.step += 1
         return {"loss": self._global_loss(losses), "grad_norm": grad_norm, "lr": lr}
@@ -353,6 +338,22 @@ class MegatronEngine:
             "rng": checkpoint.capture_rng(),
             "step": self.step,
         }
+
+
+@dataclass(frozen=True)
+class _Scored(MicroBatch):
+    """One micro-batch as the pipeline runs it: the batch and its response window."""
+
+    batch: ResponseBatch
+    positions: torch.Tensor  # [b, W] the outputs that score the response tokens
+    tokens: torch.Tensor  # [b, W] those tokens
+
+    @classmethod
+    def of(cls, batch: ResponseBatch, value_head: bool) -> _Scored:
+        positions, tokens = batch.response_window()
+        # A critic's value head is one hidden -> 1 product: it runs at every position.
+        logit_positions = None if value_head else positions
+        return cls(batch.input_ids, logit_positions, batch, positions, tokens)
 
 
 def _check_optimizer_kind(optimizer_state: Any, distributed: bool, root: str | Path) -> None:

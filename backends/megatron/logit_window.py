@@ -3,13 +3,9 @@
 An RL batch is mostly prompt: with SmolLM2's maths prompts ~160 tokens precede ~16
 response tokens, yet the output layer (a ``hidden x vocab`` matmul, a fifth of a small
 model's FLOPs) and the log-softmax / entropy after it ran over every position. Here
-the output layer sees only the positions whose logits predict a loss-masked token:
-for each row, from the first to the last masked token, shifted back by one.
-
-:func:`logit_positions` picks them from ``loss_mask``; :func:`logits_at` makes the
-model's output layer compute ``[b, W, vocab / tp]`` logits at those positions only;
-:func:`place_at_tokens` puts per-window values back at their tokens' positions
-``[b, s]`` (zeros elsewhere).
+the output layer sees only the positions whose logits score a response token
+(``ResponseBatch.response_window`` picks them): :func:`logits_at` makes the model's
+output layer compute ``[b, W, vocab / tp]`` logits at those positions only.
 """
 
 from __future__ import annotations
@@ -19,39 +15,6 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
-
-
-def logit_positions(loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logit positions predicting each row's masked tokens, ``[b, W]`` each.
-
-    Row ``i`` gets positions ``first_i - 1 .. last_i - 1`` (its first and last masked
-    tokens; position 0 has no logit predicting it), left-aligned; ``valid`` marks the
-    real entries, the others point at position 0 and are dropped by the caller.
-    """
-    b, s = loss_mask.shape
-    masked = loss_mask > 0
-    columns = torch.arange(s, device=loss_mask.device).expand(b, s)
-    first = torch.where(masked, columns, s).amin(dim=1).clamp(min=1)
-    last = torch.where(masked, columns, -1).amax(dim=1)
-    length = (last - first + 1).clamp(min=0)
-    width = max(int(length.max()) if b else 0, 1)
-    offsets = torch.arange(width, device=loss_mask.device).unsqueeze(0)
-    valid = offsets < length.unsqueeze(1)
-    positions = torch.where(valid, first.unsqueeze(1) - 1 + offsets, 0)
-    return positions, valid
-
-
-def place_at_tokens(
-    values: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, seq_len: int
-) -> torch.Tensor:
-    """``[b, W]`` values of the logits at ``positions`` -> ``[b, seq_len]`` at the tokens
-    they predict (``position + 1``); zeros elsewhere. Differentiable."""
-    b = values.shape[0]
-    # Invalid entries go to an extra column that is cut off, so no real position is
-    # written twice (which would also double its gradient).
-    targets = torch.where(valid, positions + 1, seq_len)
-    placed = values.new_zeros(b, seq_len + 1).scatter(1, targets, values)
-    return placed[:, :seq_len]
 
 
 def output_layer_of(model: nn.Module) -> nn.Module | None:

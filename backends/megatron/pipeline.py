@@ -16,6 +16,7 @@ callers and heads always see the original ``[b, s]``; stages exchange ``[s / tp,
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,11 +25,18 @@ from torch import nn
 
 from backends.megatron.logit_window import logits_at
 
-Batch = dict[str, torch.Tensor]
-#: Batch keys (set by the engine) restricting the last stage's logits to a window.
-LOGIT_POSITIONS, LOGIT_VALID = "logit_positions", "logit_valid"
-#: head(output of the last stage, batch) -> (scalar loss or None, results to keep)
-Head = Callable[[torch.Tensor, Batch], tuple[torch.Tensor | None, Any]]
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """What a stage needs of a micro-batch (the engine's subclass adds what ``head`` reads)."""
+
+    input_ids: torch.Tensor  # [b, s]
+    #: [b, W]: the last stage computes logits at these positions only (None: everywhere).
+    logit_positions: torch.Tensor | None
+
+
+#: head(output of the last stage, micro-batch) -> (scalar loss or None, results to keep)
+Head = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor | None, Any]]
 
 
 def positions_for(input_ids: torch.Tensor) -> torch.Tensor:
@@ -65,7 +73,7 @@ def _stage_ranks() -> tuple[bool, bool, int | None, int | None]:
 
 
 def _stage_forward(
-    model: nn.Module, ids: torch.Tensor, batch: Batch, recv_shape, dtype, prev, train: bool
+    model: nn.Module, ids: torch.Tensor, batch: MicroBatch, recv_shape, dtype, prev, train: bool
 ):
     received = None
     if prev is not None:
@@ -78,20 +86,20 @@ def _stage_forward(
     return received, output
 
 
-def _forward(model: nn.Module, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
+def _forward(model: nn.Module, ids: torch.Tensor, batch: MicroBatch) -> torch.Tensor:
     """The stage's forward; on the last stage, logits only in the batch's window."""
-    with logits_at(model, batch.get(LOGIT_POSITIONS)):
+    with logits_at(model, batch.logit_positions):
         return model(ids, positions_for(ids), None)
 
 
 def run_micro_batches(
-    model: nn.Module, micro_batches: list[Batch], head: Head, hidden_size: int, train: bool
+    model: nn.Module, micro_batches: list[MicroBatch], head: Head, hidden_size: int, train: bool
 ) -> list[Any]:
     """Forward (and backward when ``train``) every micro-batch; the last stage's results.
 
     Args:
         model: this rank's ``GPTModel`` stage.
-        micro_batches: dicts with ``input_ids [b, s]`` and whatever ``head`` reads.
+        micro_batches: ``input_ids [b, s]`` and the logit window, plus what ``head`` reads.
         head: on the last stage, turns the model output into (loss, results).
         hidden_size: width of the hidden states passed between stages.
         train: run backward and accumulate gradients into ``param.grad``.
@@ -104,8 +112,8 @@ def run_micro_batches(
     multiple = sequence_multiple(model)
     results = []
     for batch in micro_batches:
-        s = batch["input_ids"].shape[1]
-        ids = pad_to_multiple(batch["input_ids"], multiple)  # [b, s_pad]
+        s = batch.input_ids.shape[1]
+        ids = pad_to_multiple(batch.input_ids, multiple)  # [b, s_pad]
         recv_shape = (ids.shape[1] // multiple, ids.shape[0], hidden_size)
         received, output = _stage_forward(model, ids, batch, recv_shape, dtype, prev, train)
         if last:
@@ -125,7 +133,7 @@ def run_micro_batches(
 
 
 def megatron_schedule(
-    model: nn.Module, micro_batches: list[Batch], head: Head, train: bool
+    model: nn.Module, micro_batches: list[MicroBatch], head: Head, train: bool
 ) -> list[Any]:
     """Megatron's own pipeline schedule (1F1B) for accelerators; same contract as above."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -133,15 +141,15 @@ def megatron_schedule(
     results: list[Any] = []
     iterator = iter(micro_batches)
     multiple = sequence_multiple(model)
-    b, s = pad_to_multiple(micro_batches[0]["input_ids"], multiple).shape
+    b, s = pad_to_multiple(micro_batches[0].input_ids, multiple).shape
 
     def forward_step(data_iterator, stage):
         batch = next(data_iterator)
-        ids = pad_to_multiple(batch["input_ids"], multiple)
+        ids = pad_to_multiple(batch.input_ids, multiple)
         output = _forward(stage, ids, batch)
 
         def loss_func(output_tensor):
-            loss, result = head(output_tensor[:, : batch["input_ids"].shape[1]], batch)
+            loss, result = head(output_tensor[:, : batch.input_ids.shape[1]], batch)
             results.append(result)
             # The engine already divides by the global normaliser: a 3-tuple with
             # calculate_per_token_loss stops Megatron dividing again.

@@ -1,22 +1,24 @@
 """Optimizer steps of the actor and the critic over one iteration's samples.
 
 The loss maths comes from the ``Algorithm`` object the trainer handed to the worker
-(``actor_loss`` / ``critic_loss``); this module only slices the samples into epochs,
-mini-batches and micro-batches and reads the policy's outputs at the response tokens.
-Each micro-batch loss is already normalised by the *global* mini-batch token and
-sequence counts (DESIGN.md §5), so micro-batching and DP never change the step.
+(``actor_loss`` / ``critic_loss``); this module only slices the samples into epochs and
+mini-batches and hands each mini-batch to ``engine.train_step``, which cuts it into
+micro-batches and gives the loss the response-aligned outputs. Each micro-batch loss is
+normalised by the *global* mini-batch token and sequence counts the engine counted once
+per step (DESIGN.md §5), so micro-batching and DP never change the step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from backends.megatron import GlobalCounts, ResponseBatch
 from mindrl.metrics.reduce import mean_by_key
-from mindrl.workers.sequences import to_response_aligned
 
 Rows = dict[str, torch.Tensor]
 
@@ -32,33 +34,31 @@ def minibatch_slices(total: int, parts: int) -> list[slice]:
 ADDITIVE = frozenset({"pg_loss"})
 
 
-def _run_steps(worker: Any, rows: Rows, num_minibatches: int, make_loss: Callable) -> dict:
+def _run_steps(worker: Any, rows: ResponseBatch, num_minibatches: int, make_loss: Callable) -> dict:
     """Epochs x mini-batches of ``engine.train_step``; metrics averaged over all steps."""
-    engine = worker.engine
     steps = []
     for _ in range(worker.section.ppo_epochs):
-        for part in minibatch_slices(rows["input_ids"].shape[0], num_minibatches):
-            micro = worker._micro_batches({k: v[part] for k, v in rows.items()})
-            num_tokens = engine.global_token_count(micro)
-            num_seqs = (part.stop - part.start) * engine.data_parallel_size()
+        for part in minibatch_slices(len(rows), num_minibatches):
             collected: list[dict[str, torch.Tensor]] = []
-            loss_fn = make_loss(num_tokens, num_seqs, collected)
-            stats = engine.train_step(micro, loss_fn, with_entropy=worker.role == "actor")
+            stats = worker.engine.train_step(
+                rows.rows(part),
+                make_loss(collected),
+                worker.section.micro_batch_size,
+                with_entropy=worker.role == "actor",
+            )
             steps.append({**stats, **mean_by_key(collected, ADDITIVE)})
     return mean_by_key(steps)
 
 
-def actor_update(worker: Any, rows: Rows, num_minibatches: int) -> dict[str, float]:
+def actor_update(worker: Any, rows: ResponseBatch, num_minibatches: int) -> dict[str, float]:
     """Clipped policy-gradient steps with ``worker.algorithm.actor_loss``."""
 
-    def make_loss(num_tokens: float, num_seqs: int, collected: list) -> Callable:
-        def loss_fn(outputs: Rows, batch: Rows) -> torch.Tensor:
-            width, start = batch["response_mask"].shape[1], batch["response_start"]
-            logprob = to_response_aligned(outputs["logprobs"], start, width)
-            entropy = to_response_aligned(outputs["entropy"], start, width)
+    def make_loss(collected: list) -> Callable:
+        def loss_fn(outputs: Rows, micro: ResponseBatch, counts: GlobalCounts) -> torch.Tensor:
+            batch, logprob = micro.loss_inputs(), outputs["logprobs"]
             loss, metrics = worker.algorithm.actor_loss(
-                logprob, batch, worker.options, num_tokens=num_tokens, entropy=entropy,
-                num_seqs=num_seqs,
+                logprob, batch, worker.options, num_tokens=counts.tokens,
+                entropy=outputs["entropy"], num_seqs=counts.sequences,
             )  # fmt: skip
             if "rollout_logprob" in batch:
                 metrics["rollout_logprob_diff"] = rollout_mismatch(logprob, batch)
@@ -81,18 +81,16 @@ def rollout_mismatch(logprob: torch.Tensor, batch: Rows) -> torch.Tensor:
     return diff.sum() / mask.sum().clamp(min=1)
 
 
-def critic_update(worker: Any, rows: Rows, num_minibatches: int) -> dict[str, float]:
+def critic_update(worker: Any, rows: ResponseBatch, num_minibatches: int) -> dict[str, float]:
     """Clipped value-regression steps with ``worker.algorithm.critic_loss``."""
-    rows = {**rows, "old_values": rows["values"]}
+    rows = dataclasses.replace(rows, fields={**rows.fields, "old_values": rows.fields["values"]})
 
-    def make_loss(num_tokens: float, num_seqs: int, collected: list) -> Callable:
-        def loss_fn(outputs: Rows, batch: Rows) -> torch.Tensor:
-            width = batch["response_mask"].shape[1]
-            # Value of the state before response token j: position start + j - 1.
-            values = to_response_aligned(outputs["values"], batch["response_start"] - 1, width)
+    def make_loss(collected: list) -> Callable:
+        def loss_fn(outputs: Rows, micro: ResponseBatch, counts: GlobalCounts) -> torch.Tensor:
             loss, metrics = worker.algorithm.critic_loss(
-                values, batch, worker.options, num_tokens=num_tokens, num_seqs=num_seqs
-            )
+                outputs["values"], micro.loss_inputs(), worker.options,
+                num_tokens=counts.tokens, num_seqs=counts.sequences,
+            )  # fmt: skip
             collected.append(metrics)
             return loss
 

@@ -9,6 +9,7 @@ import torch
 from transformers import Qwen3MoeConfig
 
 from backends.generation import EngineConfig, SamplingParams, get_engine_class
+from backends.megatron import ResponseBatch
 from tests.generation.conftest import (
     ENGINE_PARAMS,
     MAX_MODEL_LEN,
@@ -28,7 +29,8 @@ def megatron_greedy(engine, prompt: list[int], steps: int) -> list[int]:
     for _ in range(steps):
         prefix = torch.tensor(tokens).expand(vocab, len(tokens))
         batch = torch.cat([prefix, torch.arange(vocab).unsqueeze(1)], dim=1)
-        logprobs = engine.forward([{"input_ids": batch}])["logprobs"][:, -1]  # [vocab]
+        last = ResponseBatch.continuation(batch, start=len(tokens))  # the candidate token
+        logprobs = engine.forward(last)["logprobs"][:, 0]  # [vocab]
         tokens.append(int(logprobs.argmax()))
     return tokens[len(prompt) :]
 
@@ -103,7 +105,9 @@ def decode_both(generator, trainer) -> dict:
         out["engine"].append(list(result.token_ids))
         out["megatron"].append(megatron_greedy(trainer, prompt, MAX_TOKENS))
         full = torch.tensor([prompt + list(result.token_ids)])
-        recomputed = trainer.forward([{"input_ids": full}])["logprobs"][0, len(prompt) :]
+        recomputed = trainer.forward(ResponseBatch.continuation(full, start=len(prompt)))[
+            "logprobs"
+        ][0]
         out["engine_logprobs"].append(torch.tensor(result.logprobs, dtype=torch.float32))
         out["megatron_logprobs"].append(recomputed.float())
     return out

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from backends.generation import SamplingParams
+from backends.megatron import ResponseBatch
 from tests.generation.conftest import HAS_VLLM, NO_VLLM_REASON
 from tests.support.spawn import run_ranks
 
@@ -31,7 +32,8 @@ def megatron_greedy(engine, prompt: list[int], steps: int, vocab: int) -> list[i
     for _ in range(steps):
         prefix = torch.tensor(tokens).expand(vocab, len(tokens))
         batch = torch.cat([prefix, torch.arange(vocab).unsqueeze(1)], dim=1)
-        logprobs = engine.forward([{"input_ids": batch}])["logprobs"][:, -1]
+        last = ResponseBatch.continuation(batch, start=len(tokens))  # the candidate token
+        logprobs = engine.forward(last)["logprobs"][:, 0]
         tokens.append(int(logprobs.argmax()))
     return tokens[len(prompt) :]
 
@@ -48,7 +50,9 @@ def decode_and_compare(rollout, trainer, vocab: int) -> dict:
         out["engine"].append(list(result.token_ids))
         out["megatron"].append(megatron_greedy(trainer, prompt, STEPS, vocab))
         full = torch.tensor([prompt + list(result.token_ids)])
-        recomputed = trainer.forward([{"input_ids": full}])["logprobs"][0, len(prompt) :]
+        recomputed = trainer.forward(ResponseBatch.continuation(full, start=len(prompt)))[
+            "logprobs"
+        ][0]
         diff = (torch.tensor(result.logprobs) - recomputed.float()).abs().max().item()
         out["max_logprob_diff"] = max(out["max_logprob_diff"], diff)
     return out

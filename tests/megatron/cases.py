@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec
+from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec, ResponseBatch
 from backends.megatron.builder import destroy_parallel
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.sharding import gather_full_state_dict
@@ -46,6 +46,7 @@ DENSE3 = replace(DENSE, num_layers=3)  # PP2 with one layer on the first stage, 
 #: Layout vs one rank on the same device: only summation order differs.
 SAME_DEVICE_TOL = {"rtol": 1e-4, "atol": 2e-5}
 NO_CLIP = OptimSpec(lr=1e-3, clip_grad=0.0)
+MICRO = 2  # rows per micro-batch of :func:`batches`
 
 
 def named_weights(layouts: dict) -> dict[str, torch.Tensor]:
@@ -65,30 +66,35 @@ def full_weights_for(spec: GPTSpec) -> dict[str, torch.Tensor]:
     return named_weights(engine.param_layouts())
 
 
-def batches(spec: GPTSpec, count: int = 2, b: int = 2, s: int = 12, seed: int = 7) -> list[dict]:
-    """Micro-batches of random tokens; the loss mask covers the second half of each row."""
+def batches(spec: GPTSpec, count: int = 2, b: int = 2, s: int = 12, seed: int = 7) -> ResponseBatch:
+    """``count`` micro-batches of ``b`` rows of random tokens (pass ``micro_batch_size=b``);
+    the response is the second half of each row."""
     gen = torch.Generator().manual_seed(seed)
-    out = []
+    ids, advantages = [], []
     for _ in range(count):
-        ids = torch.randint(0, spec.vocab_size, (b, s), generator=gen)
-        mask = torch.zeros(b, s)
-        mask[:, s // 2 :] = 1.0
-        mask[0, -2:] = 0.0  # uneven token counts per row
-        out.append(
-            {"input_ids": ids, "loss_mask": mask, "advantages": torch.randn(b, s, generator=gen)}
-        )
-    return out
+        ids.append(torch.randint(0, spec.vocab_size, (b, s), generator=gen))
+        advantages.append(torch.randn(b, s, generator=gen)[:, s // 2 :])
+    rows, width = count * b, s - s // 2
+    mask = torch.ones(rows, width)
+    mask[::b, -2:] = 0.0  # uneven response lengths in every micro-batch
+    start = torch.full((rows,), s // 2)
+    return ResponseBatch(torch.cat(ids), start, mask, {"advantages": torch.cat(advantages)})
 
 
-def policy_loss(outputs: dict, batch: dict) -> torch.Tensor:
+def micro_batch(batch: ResponseBatch, index: int, b: int = 2) -> ResponseBatch:
+    """Micro-batch ``index`` of :func:`batches` (a DP rank's share)."""
+    return batch.rows(slice(index * b, (index + 1) * b))
+
+
+def policy_loss(outputs: dict, batch: ResponseBatch, counts=None) -> torch.Tensor:
     """A REINFORCE-style per-token loss with an entropy bonus: touches both heads."""
-    return -outputs["logprobs"] * batch["advantages"] - 0.01 * outputs["entropy"]
+    return -outputs["logprobs"] * batch.fields["advantages"] - 0.01 * outputs["entropy"]
 
 
-def train_and_gather(engine: MegatronEngine, micro_batches: list[dict]) -> dict:
+def train_and_gather(engine: MegatronEngine, batch: ResponseBatch) -> dict:
     """One train step; the loss, the full gradients and the post-step full weights."""
-    before = engine.forward(micro_batches, with_entropy=True)
-    metrics = engine.train_step(micro_batches, policy_loss, with_entropy=True)
+    before = engine.forward(batch, MICRO, with_entropy=True)
+    metrics = engine.train_step(batch, policy_loss, MICRO, with_entropy=True)
     return {
         "logprobs": before["logprobs"],
         "entropy": before["entropy"],
@@ -112,11 +118,10 @@ def run_layout(
     full = full_weights_for(spec)
     engine = MegatronEngine(spec, parallel, NO_CLIP)
     engine.load_full_state_dict(full)
-    micro = batches(spec, s=seq_len)
-    if dp_split:
-        dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-        micro = micro[dp_rank::dp]
-    result = {**train_and_gather(engine, micro), "initial": full}
+    batch = batches(spec, s=seq_len)
+    if dp_split:  # two micro-batches, one per DP rank
+        batch = micro_batch(batch, ps.get_data_parallel_rank())
+    result = {**train_and_gather(engine, batch), "initial": full}
     result["layouts"] = engine.param_layouts()
     result["sequence_parallel"] = engine.model.config.sequence_parallel
     destroy_parallel()
@@ -155,14 +160,16 @@ def tp2_pp2_on_four_ranks(rank: int, world: int) -> dict:
     return {"moe_tp2_pp2": run_layout(MOE, ParallelSpec(tp=2, pp=2))}
 
 
-def data_stream(spec: GPTSpec, position: int) -> list[dict]:
-    """The micro-batches of step ``position`` of a deterministic data stream."""
+def data_stream(spec: GPTSpec, position: int) -> ResponseBatch:
+    """The batch of step ``position`` of a deterministic data stream (two micro-batches)."""
     return batches(spec, seed=100 + position)
 
 
 def train_steps(engine: MegatronEngine, start: int, stop: int) -> list[float]:
     return [
-        engine.train_step(data_stream(engine.spec, pos), policy_loss, with_entropy=True)["loss"]
+        engine.train_step(data_stream(engine.spec, pos), policy_loss, MICRO, with_entropy=True)[
+            "loss"
+        ]
         for pos in range(start, stop)
     ]
 
@@ -225,7 +232,7 @@ def forward_activation_bytes(spec: GPTSpec, parallel: ParallelSpec) -> int:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        engine.train_step(batches(spec, count=1, s=32), policy_loss, with_entropy=True)
+        engine.train_step(batches(spec, count=1, s=32), policy_loss, MICRO, with_entropy=True)
     destroy_parallel()
     return kept["bytes"]
 
@@ -240,13 +247,13 @@ def critic_scenario(parallel: ParallelSpec | None = None) -> dict:
     weights = named_weights(critic.param_layouts())
     weights["output_layer.weight"] = torch.zeros_like(weights["output_layer.weight"])
     critic.load_full_state_dict(weights)
-    micro = batches(DENSE)
-    values = critic.forward(micro)["values"]
+    batch = batches(DENSE)
+    values = critic.forward(batch, MICRO)["values"]
 
-    def value_loss(outputs: dict, batch: dict) -> torch.Tensor:
+    def value_loss(outputs: dict, batch: ResponseBatch, counts) -> torch.Tensor:
         return 0.5 * (outputs["values"] - 1.0) ** 2
 
-    losses = [critic.train_step(micro, value_loss)["loss"] for _ in range(4)]
+    losses = [critic.train_step(batch, value_loss, MICRO)["loss"] for _ in range(4)]
     sequence_parallel = critic.model.config.sequence_parallel
     destroy_parallel()
     return {"values": values, "losses": losses, "sequence_parallel": sequence_parallel}
@@ -271,7 +278,7 @@ def smollm2_logits(rank: int, world: int, token_ids: list[int]) -> dict:
     engine.load_hf_state_dict(state)
     with torch.no_grad(), megatron_compat(get_device()):
         mg_logits = engine.model(ids, positions_for(ids), None)
-    logprobs = engine.forward([{"input_ids": ids}])["logprobs"]
+    logprobs = engine.forward(ResponseBatch.continuation(ids, start=1))["logprobs"]
     destroy_parallel()
     return {"hf": hf_logits, "megatron": mg_logits, "logprobs": logprobs, "spec": spec}
 

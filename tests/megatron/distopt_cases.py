@@ -12,9 +12,16 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec
+from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec, ResponseBatch
 from backends.megatron.builder import destroy_parallel
-from tests.megatron.cases import DENSE, MOE, data_stream, full_weights_for, policy_loss
+from tests.megatron.cases import (
+    DENSE,
+    MICRO,
+    MOE,
+    data_stream,
+    full_weights_for,
+    policy_loss,
+)
 
 STEPS = 3
 #: Warm-up + cosine (the lr changes every step), weight decay on, and a clip that some
@@ -37,8 +44,10 @@ DISTRIBUTED = dataclasses.replace(ADAMW, distributed_optimizer=True)
 QK_NORM = dataclasses.replace(DENSE, family="qwen3", qk_layernorm=True, add_qkv_bias=False)
 
 
-def _dp_share(engine: MegatronEngine, micro_batches: list[dict]) -> list[dict]:
-    return micro_batches[engine.data_parallel_rank() :: engine.data_parallel_size()]
+def _dp_share(engine: MegatronEngine, batch: ResponseBatch) -> ResponseBatch:
+    rows = len(batch) // engine.data_parallel_size()
+    first = engine.data_parallel_rank() * rows
+    return batch.rows(slice(first, first + rows))
 
 
 def train_from_shared_weights(
@@ -52,7 +61,7 @@ def train_from_shared_weights(
     records = []
     for position in range(steps):
         micro = _dp_share(engine, data_stream(spec, position))
-        metrics = engine.train_step(micro, policy_loss, with_entropy=True)
+        metrics = engine.train_step(micro, policy_loss, MICRO, with_entropy=True)
         records.append({**metrics, "weights": engine.full_state_dict()})
     # Chained Megatron optimizers expose (index, param) -> state; torch AdamW param -> state.
     moments = sum(state["exp_avg"].numel() for _, state in engine.optimizer.state.items())
@@ -66,7 +75,7 @@ def train_from_shared_weights(
 def _losses(engine: MegatronEngine, start: int, stop: int) -> list[float]:
     return [
         engine.train_step(
-            _dp_share(engine, data_stream(engine.spec, pos)), policy_loss, with_entropy=True
+            _dp_share(engine, data_stream(engine.spec, pos)), policy_loss, MICRO, with_entropy=True
         )["loss"]
         for pos in range(start, stop)
     ]
@@ -115,7 +124,9 @@ def bf16_keeps_loaded_weights() -> bool:
     engine = MegatronEngine(spec, ParallelSpec(), optim, seed=5)
     loaded = {k: v.to(torch.bfloat16) for k, v in full_weights_for(spec).items()}
     engine.load_full_state_dict(loaded)
-    engine.train_step(_dp_share(engine, data_stream(spec, 0)), policy_loss, with_entropy=True)
+    engine.train_step(
+        _dp_share(engine, data_stream(spec, 0)), policy_loss, MICRO, with_entropy=True
+    )
     after = engine.full_state_dict()
     destroy_parallel()
     dist.barrier()

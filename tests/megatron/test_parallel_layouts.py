@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from backends.megatron import ParallelSpec
+from backends.megatron import ParallelSpec, ResponseBatch
 from backends.megatron.families import get_family
 from backends.megatron.spec import validate
 from tests.megatron import cases
@@ -62,22 +62,19 @@ def test_expert_parallel_moe_trains_exactly_like_one_rank(runs):
     cases.assert_same_step(two[1]["ep2"], reference["moe"])
 
 
-def per_token_reference(hf_state: dict, micro_batches: list[dict], grad: bool = False):
+def per_token_reference(hf_state: dict, batch: ResponseBatch, grad: bool = False):
     """Independent reference from an HF model with these weights: log p and entropy of
-    the distribution each token was drawn from (token t: logits at t - 1), ``[B, s]``
-    with 0 at t = 0, computed over the full logits at every position."""
+    the distribution each response token was drawn from (token t: logits at t - 1),
+    ``[B, R]``, computed over the full logits at every position."""
     model = hf_model(hf_state)
-    ids = torch.cat([b["input_ids"] for b in micro_batches])
+    ids = batch.input_ids
     with torch.set_grad_enabled(grad):
         logp_all = torch.log_softmax(model(ids).logits[:, :-1], -1)  # predicts tokens 1..s-1
         logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
-    pad = torch.nn.functional.pad
-    return model, pad(logp, (1, 0)), pad(entropy, (1, 0))
-
-
-def loss_mask_of(micro_batches: list[dict]) -> torch.Tensor:
-    return torch.cat([b["loss_mask"] for b in micro_batches])
+    start = int(batch.response_start[0])  # cases.batches: the same start in every row
+    response = slice(start - 1, start - 1 + batch.width)  # column t - 1 scores token t
+    return model, logp[:, response], entropy[:, response]
 
 
 def test_tensor_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_logits(runs):
@@ -85,10 +82,10 @@ def test_tensor_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_log
     assert two[0]["tp2"]["sequence_parallel"]
     hf = get_family("qwen2").megatron_to_hf(reference["dense"]["initial"], cases.DENSE)
     torch.testing.assert_close(two[0]["tp2"]["logprobs"], reference["dense"]["logprobs"], **TOL)
-    micro = cases.batches(cases.DENSE)
-    _, logp, entropy = per_token_reference(hf, micro)
-    # The logits are computed for the masked tokens only; the rest read 0.
-    mask = loss_mask_of(micro)
+    batch = cases.batches(cases.DENSE)
+    _, logp, entropy = per_token_reference(hf, batch)
+    # The logits are computed for the response tokens only; padding reads 0.
+    mask = batch.response_mask
     torch.testing.assert_close(two[0]["tp2"]["logprobs"], logp * mask, **TOL)
     torch.testing.assert_close(two[1]["tp2"]["entropy"], entropy * mask, **TOL)
 
@@ -101,12 +98,11 @@ def test_one_training_step_has_the_loss_and_gradients_of_an_hf_model_on_full_log
     reference, _ = runs
     dense = reference["dense"]
     family = get_family("qwen2")
-    micro = cases.batches(cases.DENSE)
+    batch = cases.batches(cases.DENSE)
     model, logp, entropy = per_token_reference(
-        family.megatron_to_hf(dense["initial"], cases.DENSE), micro, grad=True
+        family.megatron_to_hf(dense["initial"], cases.DENSE), batch, grad=True
     )
-    mask = loss_mask_of(micro)
-    advantages = torch.cat([b["advantages"] for b in micro])
+    mask, advantages = batch.response_mask, batch.fields["advantages"]
     loss = ((-logp * advantages - 0.01 * entropy) * mask).sum() / mask.sum()
     loss.backward()
 
@@ -144,7 +140,8 @@ def test_a_sequence_not_divisible_by_tp_is_padded_and_trains_exactly_like_one_ra
     reference, _ = runs
     for rank in range(2):
         odd = sp_runs[rank]["dense_tp2_odd"]
-        assert odd["sequence_parallel"] and odd["logprobs"].shape == (4, cases.ODD_LEN)
+        response_width = cases.ODD_LEN - cases.ODD_LEN // 2
+        assert odd["sequence_parallel"] and odd["logprobs"].shape == (4, response_width)
         cases.assert_same_step(odd, reference["dense_odd"])
 
 
@@ -153,9 +150,9 @@ def test_sequence_parallel_log_probs_and_entropy_match_log_softmax_of_the_full_l
 ):
     reference, _ = runs
     hf = get_family("qwen2").megatron_to_hf(reference["dense_odd"]["initial"], cases.DENSE)
-    micro = cases.batches(cases.DENSE, s=cases.ODD_LEN)
-    _, logp, entropy = per_token_reference(hf, micro)
-    mask = loss_mask_of(micro)
+    batch = cases.batches(cases.DENSE, s=cases.ODD_LEN)
+    _, logp, entropy = per_token_reference(hf, batch)
+    mask = batch.response_mask
     for rank in range(2):
         odd = sp_runs[rank]["dense_tp2_odd"]
         torch.testing.assert_close(odd["logprobs"], logp * mask, **TOL)
@@ -243,9 +240,9 @@ def test_every_parameter_reports_its_layout_for_the_resharder(runs):
     assert experts["decoder.layers.1.mlp.router.weight"].expert_index is None
 
 
-def test_a_critic_with_a_value_head_scores_every_position_and_learns(runs):
+def test_a_critic_with_a_value_head_scores_every_response_token_and_learns(runs):
     reference, _ = runs
     critic = reference["critic"]
-    assert critic["values"].shape == (4, 12)  # 2 micro-batches of [2, 12]
+    assert critic["values"].shape == (4, 6)  # 2 micro-batches of [2, 12], responses of 6
     losses = critic["losses"]
     assert all(later < earlier for earlier, later in itertools.pairwise(losses))

@@ -20,7 +20,14 @@ import torch.distributed as dist
 from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec
 from backends.megatron.builder import destroy_parallel
 from mindrl.reshard import AllgatherSwapResharder, GenLayout, ModelShape, TrainLayout, grad_tensors
-from tests.megatron.cases import DENSE, data_stream, full_weights_for, policy_loss
+from tests.megatron.cases import (
+    DENSE,
+    MICRO,
+    data_stream,
+    full_weights_for,
+    micro_batch,
+    policy_loss,
+)
 from tests.reshard.helpers import storage_bytes
 from tests.support.spawn import run_ranks
 
@@ -35,8 +42,8 @@ def _optimizer_tensors(engine: MegatronEngine) -> list[torch.Tensor]:
 
 
 def _step(engine: MegatronEngine, position: int) -> float:
-    micro = data_stream(DENSE, position)[engine.data_parallel_rank() :: 2]
-    return engine.train_step(micro, policy_loss, with_entropy=True)["loss"]
+    micro = micro_batch(data_stream(DENSE, position), engine.data_parallel_rank())
+    return engine.train_step(micro, policy_loss, MICRO, with_entropy=True)["loss"]
 
 
 def _train(optim: OptimSpec, swap: bool) -> dict:
