@@ -1,4 +1,4 @@
-"""Shared RL maths (DESIGN.md §5): masked reductions, KL estimators, loss aggregation,
+"""Shared RL maths (docs/architecture.md §6): masked reductions, KL estimators, loss aggregation,
 the clipped policy loss and the clipped value loss.
 
 Shapes: token matrices are ``[batch, T]`` (``T`` = padded response length); ``mask`` is

@@ -5,7 +5,7 @@ Algorithm-agnostic: a trainer hands :meth:`MegatronEngine.train_step` a
 outputs of a micro-batch to a scalar or a per-token loss matrix; a matrix is masked with
 the batch's ``response_mask`` and divided by the token count of the *whole global
 batch* (all micro-batches, all DP ranks), so micro-batching and DP never change the
-result (DESIGN.md §5).
+result (docs/architecture.md §6).
 
 Inputs and outputs are response-aligned ``[B, R]`` (``batch.py``):
 ``logprobs[:, j] = log p(response token j | everything before it)``, ``entropy[:, j]``

@@ -1,4 +1,4 @@
-"""Distributed transfer dock (DESIGN.md §3; paper "Distributed Transfer Dock Strategy").
+"""Distributed transfer dock (docs/architecture.md §4; paper "Distributed Transfer Dock Strategy").
 
 Sample flow between RL stages without a central bottleneck:
 

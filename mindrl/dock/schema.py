@@ -39,7 +39,7 @@ class FieldSpec:
         return np.dtype(self.dtype)
 
 
-#: The fields of a GRPO/PPO iteration (DESIGN.md §3); trainers may pass their own.
+#: The fields of a GRPO/PPO iteration (docs/architecture.md §3); trainers may pass their own.
 RL_FIELDS: dict[str, FieldSpec] = {
     "prompt_ids": FieldSpec("int64", variable=True),
     "response_ids": FieldSpec("int64", variable=True),

@@ -1,8 +1,8 @@
 """Wire format: one flat numpy buffer per field plus per-sample lengths (numpy only).
 
 Ray hands numpy arrays from the same-node object store to readers without copying, while
-torch tensors are copied (DESIGN.md §6: 3 ms vs 120-520 ms for 100 MB), so payloads cross
-process boundaries as :class:`Columns` (puts) or padded ``(values, lengths)`` pairs
+torch tensors are copied (3 ms vs 120-520 ms for 100 MB, docs/architecture.md §4), so
+payloads cross process boundaries as :class:`Columns` (puts) or padded ``(values, lengths)`` pairs
 (gets). This module imports no torch, so the dock's actors start as light processes;
 the torch side lives in :mod:`mindrl.dock.tensors`.
 """

@@ -1,5 +1,5 @@
-"""Throughput (DESIGN.md Eq. 5), the one-line-per-iteration progress report, and the
-progress bar shown while responses are generated."""
+"""Throughput (docs/architecture.md §7), the one-line-per-iteration progress report,
+and the progress bar shown while responses are generated."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def tokens_per_second(
     num_devices: int,
     iteration_time_s: float,
 ) -> float:
-    """TPS = G*N*(mean L_p + mean L_r) / (n_devices * T_iter), DESIGN.md Eq. 5.
+    """TPS = G*N*(mean L_p + mean L_r) / (n_devices * T_iter), docs/architecture.md §7.
 
     Args:
         num_prompts: G, prompts per iteration.

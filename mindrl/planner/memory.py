@@ -17,12 +17,13 @@ Bytes are decimal (``GB`` = 1e9 B) as in the paper's memory figures. The model:
   training state stays resident. Naive resharding keeps all training state; with
   allgather–swap weights (and grads + optimizer state when ``actor.swap_optimizer``)
   go to host, so nothing of it stays.
-* redundant bytes (DESIGN.md Eq. 3, generalised): training weight bytes resident in the
-  generation stage that the generation engine cannot reuse. Dense TP shards are never
-  reused (generation gathers into new buffers): ``S_tp / T_u``. Experts are reused
-  when each generation device's experts are a subset of its training experts
-  (``E_g`` a multiple of ``EP_u`` and ``ETP_u`` = 1): ``S_ep / (EP_u*ETP_u) - S_ep / E_g``;
-  otherwise all of ``S_ep / (EP_u*ETP_u)``. For the paper's case this is exactly
+* redundant bytes (paper Eq. 3 generalised, docs/architecture.md §5): training weight
+  bytes resident in the generation stage that the generation engine cannot reuse. Dense
+  TP shards are never reused (generation gathers into new buffers): ``S_tp / T_u``.
+  Experts are reused when each generation device's experts are a subset of its training
+  experts (``E_g`` a multiple of ``EP_u`` and ``ETP_u`` = 1):
+  ``S_ep / (EP_u*ETP_u) - S_ep / E_g``; otherwise all of ``S_ep / (EP_u*ETP_u)``. For the
+  paper's case this is exactly
   ``S_tp/T_u + S_ep*(T_u/D_g - 1/E_g)``.
 """
 

@@ -1,6 +1,6 @@
 """Sample-flow volume of one iteration: centralized buffer vs the transfer dock.
 
-Paper Eq. 1-2 as decoded in DESIGN.md §3 (Table 1 of the paper, all six rows fitted):
+Paper Eq. 1-2 as decoded in docs/architecture.md §4 (Table 1's six rows fitted):
 ``V_central = G * N * (8 * L_p + 12 * n_l * L_r)`` bytes per iteration through the one
 buffer endpoint, dispatched at 100 MB/s between hosts: ``T = V / 2^30 * 1024 / 100`` s.
 With ``n_w`` warehouses each endpoint carries ``V / n_w`` plus metadata: a few 8-byte

@@ -1,6 +1,6 @@
 """The model workers: one Ray actor per device for the actor, reference and critic roles.
 
-Thin shells (DESIGN.md §2): each rank joins its role's process group, builds a
+Thin shells (docs/architecture.md §1): each rank joins its role's process group, builds a
 :class:`~backends.megatron.MegatronEngine` (the actor also a :class:`Rollout`), and
 serves stages. Every stage method takes sample indexes the driver claimed from the
 dock, fetches its own payloads from the warehouses, and puts its results back; the

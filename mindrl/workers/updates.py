@@ -5,7 +5,7 @@ The loss maths comes from the ``Algorithm`` object the trainer handed to the wor
 mini-batches and hands each mini-batch to ``engine.train_step``, which cuts it into
 micro-batches and gives the loss the response-aligned outputs. Each micro-batch loss is
 normalised by the *global* mini-batch token and sequence counts the engine counted once
-per step (DESIGN.md §5), so micro-batching and DP never change the step.
+per step (docs/architecture.md §6), so micro-batching and DP never change the step.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""DESIGN.md §2: imports flow trainers -> mindrl -> backends; only backends/ names a device."""
+"""Imports flow trainers -> mindrl -> backends; only backends/ names a device
+(docs/architecture.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The analytic planner pinned to the paper (DESIGN.md §3, §4)."""
+"""The analytic planner pinned to the paper (docs/architecture.md §4, §5)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_generalised_eq3_matches_the_paper_form_for_the_figure3_layouts():
     assert redundant_bytes(config.model, config.actor.parallel, 4) == pytest.approx(paper, abs=8)
 
 
-# (G, N, L_p, n_l, L_r) -> volume GiB, seconds at 100 MB/s: DESIGN.md §3
+# (G, N, L_p, n_l, L_r) -> volume GiB, seconds at 100 MB/s: docs/architecture.md §4
 TABLE1_ROWS = [
     ((256, 8, 2048, 5, 8192), 0.96875, 9.92),
     ((8192, 64, 4096, 8, 65536), 3088.0, 31621.12),

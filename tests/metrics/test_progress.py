@@ -1,4 +1,4 @@
-"""TPS by DESIGN.md Eq. 5 and the one-line progress report."""
+"""TPS by the paper's Eq. 5 (docs/architecture.md §7) and the one-line progress report."""
 
 from __future__ import annotations
 

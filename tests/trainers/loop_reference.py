@@ -1,5 +1,5 @@
 """Independent float64 references for the algorithm maths: plain Python loops over
-samples and tokens on nested lists (no torch), written from DESIGN.md §5."""
+samples and tokens on nested lists (no torch), written from docs/architecture.md §6."""
 
 from __future__ import annotations
 

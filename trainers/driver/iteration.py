@@ -1,4 +1,4 @@
-"""One RL iteration through the dock (DESIGN.md §3, paper Table 1's stages).
+"""One RL iteration through the dock (docs/architecture.md §3).
 
 prompts -> ``rollout`` (actor ranks: reshard, generate) -> ``reward`` -> [DAPO: keep
 groups whose rewards differ, refill the rest] -> ``ref_logp`` -> ``old_logp`` (skipped
