@@ -13,6 +13,8 @@ each token gets the log-ratio ``sg[log s_i] + logp_it - sg[logp_it]``, whose *va
 ``log s_i`` on every token of the sequence (so clipping is decided per sequence) and
 whose gradient is ``grad logp_it``. With ``seq-mean-token-mean`` aggregation the
 gradient is ``1/G sum_i A_i s_i 1/|y_i| sum_t grad logp_it`` = Eq. 10, GSPO's own.
+The token loss computes ``logp - old``, so handing it the constant "old" log-probs
+``sg[logp_it] - sg[log s_i]`` gives exactly that log-ratio.
 """
 
 from __future__ import annotations
@@ -29,13 +31,10 @@ def sequence_log_ratio(
     return masked_mean(logprob - old_logprob, mask, dim=-1)
 
 
-def gspo_token_logprob(
+def sequence_level_old_logprob(
     logprob: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    """Log-probs ``[batch, T]`` that make the token-level clipped loss GSPO's (Eq. 13).
-
-    ``old + sg[log s_i] + logp - sg[logp]``: minus ``old`` it is the GSPO-token log-ratio,
-    ``log s_i`` in value on every token, ``grad logp_it`` in gradient.
-    """
-    seq = sequence_log_ratio(logprob, old_logprob, mask).detach().unsqueeze(-1)
-    return old_logprob + seq + (logprob - logprob.detach())
+    """Constant "old" log-probs ``[batch, T]`` that make the token-level clipped loss
+    GSPO's: ``sg[logp_it] - sg[log s_i]`` (module docstring), no gradient."""
+    seq = sequence_log_ratio(logprob, old_logprob, mask).unsqueeze(-1)
+    return (logprob - seq).detach()

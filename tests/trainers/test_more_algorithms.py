@@ -11,7 +11,7 @@ from tests.trainers import loop_reference as ref
 from tests.trainers.batches import random_inputs
 from trainers.core import policy_loss
 from trainers.dpo import preference_loss, sequence_logprob
-from trainers.gspo import gspo_token_logprob, sequence_log_ratio
+from trainers.gspo import sequence_level_old_logprob, sequence_log_ratio
 from trainers.pf_ppo import filter_by_reward, filtered_gae
 from trainers.reinforce_pp import kl_shaped_rewards, reinforce_pp_advantages
 from trainers.rloo import leave_one_out_advantages
@@ -51,13 +51,13 @@ def gspo_inputs(seed: int):
 @pytest.mark.parametrize(("clip_low", "clip_high"), [(0.2, 0.2), (0.05, 0.08), (3e-4, 4e-4)])
 def test_gspo_loss_clips_the_length_normalised_sequence_ratio(clip_low, clip_high):
     mask, old, logp, adv = gspo_inputs(11)
-    token_logp = gspo_token_logprob(logp, old, mask)
+    seq_old = sequence_level_old_logprob(logp, old, mask)
     loss, metrics = policy_loss(
-        old, token_logp, adv, mask, clip_low, clip_high, None, "seq-mean-token-mean"
+        seq_old, logp, adv, mask, clip_low, clip_high, None, "seq-mean-token-mean"
     )
     assert loss.item() == pytest.approx(ref.gspo_loss(old, logp, adv, mask, clip_low, clip_high))
     # Every token of a sequence carries its sequence's ratio, so clipping is per sequence.
-    flags = (token_logp - old).exp()
+    flags = (logp - seq_old).exp()
     for row, valid in zip(flags, mask.bool(), strict=True):
         assert torch.allclose(row[valid], row[valid][:1].expand(int(valid.sum())))
     assert 0.0 < metrics["clip_fraction"].item() < 1.0
@@ -67,7 +67,14 @@ def test_gspo_gradient_is_the_sequence_ratio_times_the_mean_token_score():
     mask, old, logp, adv = gspo_inputs(12)
     logp.requires_grad_()
     loss, _ = policy_loss(
-        old, gspo_token_logprob(logp, old, mask), adv, mask, 0.999, 1e3, None, "seq-mean-token-mean"
+        sequence_level_old_logprob(logp, old, mask),
+        logp,
+        adv,
+        mask,
+        0.999,
+        1e3,
+        None,
+        "seq-mean-token-mean",
     )
     loss.backward()
     # Unclipped (wide clip): d/dlogp_it of -1/G sum_i A_i s_i = -A_i s_i / (|y_i| G).
