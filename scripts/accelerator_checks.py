@@ -47,6 +47,7 @@ PEAK_TFLOPS = (
     ("L40S", 362.0),
 )
 TAIL_CHARS = 3000
+OWN_PACKAGES = frozenset({"mindrl", "backends", "trainers", "tests", "benchmarks"})
 
 
 @dataclass
@@ -214,65 +215,26 @@ def benchmark_checks(python: str, machine: Machine, work: Path) -> list[Check]:
     device = machine.device or "auto"
     two = machine.count >= 2
     tps = "1,2" if two else "1"
-    train = [
-        python,
-        "benchmarks/train_step.py",
-        "--device",
-        device,
-        "--models",
-        "dense-1b",
-        "--tp",
-        tps,
-        "--seq",
-        "2048",
-        "--micro-batch",
-        "4",
-        "--micro-batches",
-        "2",
-        "--steps",
-        "5",
-        "--warmup",
-        "2",
-        "--json",
-    ]
+    # ~1B dense model in bf16, 16K tokens per step in micro-batches of 2 x 2048 tokens.
+    train = [python, *shlex.split(
+        f"benchmarks/train_step.py --device {device} --models dense-1b --tp {tps} --seq 2048 "
+        "--micro-batch 2 --micro-batches 4 --steps 5 --warmup 2 --json"
+    )]  # fmt: skip
     peak = peak_tflops(machine)
     notes = []
     if peak is None:
         notes.append("MFU not computed: unknown peak TFLOPS (set MINDRL_PEAK_TFLOPS)")
     else:
         train += ["--peak-tflops", str(peak)]
-    world = ["--world", "2"] if two else ["--world", "1", "--layout-world", "2"]
+    world = "--world 2" if two else "--world 1 --layout-world 2"
     reshard_json = work / "reshard.json"
-    reshard = [
-        python,
-        "benchmarks/reshard.py",
-        "--measure",
-        *world,
-        "--train-tp",
-        "2",
-        "--gen-tp",
-        "1",
-        "--hidden",
-        "4096",
-        "--layers",
-        "4",
-        "--heads",
-        "32",
-        "--kv-heads",
-        "8",
-        "--ffn",
-        "11008",
-        "--vocab",
-        "32000",
-        "--dtype",
-        "bfloat16",
-        "--bucket-mib",
-        "256",
-        "--device",
-        device,
-        "--json",
-        str(reshard_json),
-    ]
+    # A 4-layer slice of a 7B-class model: about 1 GB of bf16 training shards per rank,
+    # enough for the swap to run at the link's bandwidth.
+    reshard = [python, *shlex.split(
+        f"benchmarks/reshard.py --measure {world} --train-tp 2 --gen-tp 1 --hidden 4096 "
+        "--layers 4 --heads 32 --kv-heads 8 --ffn 11008 --vocab 32000 --dtype bfloat16 "
+        f"--bucket-mib 256 --device {device} --json {reshard_json}"
+    )]  # fmt: skip
     rollout_json = work / "rollout.json"
     rollout = [python, "benchmarks/rollout.py", "--json", str(rollout_json)]
     rollout_notes = [] if machine.modules.get("vllm") else ["vllm not installed: hf engine only"]
@@ -303,25 +265,13 @@ def benchmark_checks(python: str, machine: Machine, work: Path) -> list[Check]:
 def run_check(python: str, machine: Machine, work: Path) -> Check:
     """A short GRPO run of configs/tiny.yaml on the accelerator (Ray places the workers)."""
     devices = min(max(machine.count, 1), 2)
+    device = machine.device or "auto"
     run_dir = work / "grpo-tiny"
-    command = [
-        python,
-        "-m",
-        "trainers.driver.cli",
-        "--trainer",
-        "grpo",
-        "--config",
-        "configs/tiny.yaml",
-        "--device",
-        machine.device or "auto",
-        "iterations=5",
-        f"resources.devices_per_node={devices}",
-        f"actor.parallel.tp={devices}",
-        f"reference.parallel.tp={devices}",
-        f"critic.parallel.tp={devices}",
-        "checkpoint.every=0",
-        f"logging.dir={run_dir}",
-    ]
+    command = [python, *shlex.split(
+        f"-m trainers.driver.cli --trainer grpo --config configs/tiny.yaml --device {device} "
+        f"iterations=5 resources.devices_per_node={devices} actor.parallel.tp={devices} "
+        f"reference.parallel.tp={devices} critic.parallel.tp={devices} logging.dir={run_dir}"
+    )]  # fmt: skip
     needs = ("ray", "megatron.core", "transformers")
     return Check("grpo tiny run", command, needs, lambda _o, _w: run_figures(run_dir))
 
@@ -340,16 +290,10 @@ def skip(check: Check, reason: str) -> None:
 
 
 def missing_module(output: str) -> str | None:
-    """A third-party module a failed import names (mindrl's own modules do not count)."""
-    found = re.search(r"No module named '([\w.]+)'", output)
-    if found and found.group(1).split(".")[0] not in {
-        "mindrl",
-        "backends",
-        "trainers",
-        "tests",
-        "benchmarks",
-    }:
-        return found.group(1)
+    """The third-party module whose import failed last (mindrl's own modules do not count)."""
+    names = re.findall(r"ModuleNotFoundError: No module named '([\w.]+)'", output)
+    if names and names[-1].split(".")[0] not in OWN_PACKAGES:
+        return names[-1]
     return None
 
 
