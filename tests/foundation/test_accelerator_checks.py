@@ -126,3 +126,30 @@ def test_the_peak_for_mfu_comes_from_the_product_name_or_the_environment(monkeyp
     assert checks.peak_tflops(checks.Machine("npu", 1, product=None)) is None
     monkeypatch.setenv("MINDRL_PEAK_TFLOPS", "313")
     assert checks.peak_tflops(checks.Machine("npu", 1)) == 313.0
+
+
+def test_on_a_gpu_box_without_ray_and_vllm_the_run_is_skipped_and_rollout_says_hf_only(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("MINDRL_PEAK_TFLOPS", raising=False)
+    machine = checks.Machine(
+        "cuda",
+        1,
+        product="NVIDIA H100 80GB HBM3",
+        torch="2.11",
+        modules={"ray": False, "vllm": False},
+    )
+    by_name = {c.name: c for c in checks.all_checks(sys.executable, machine, tmp_path)}
+    run = by_name["grpo tiny run"]
+    checks.execute(run, machine, timeout_s=60)
+    assert run.result["status"] == "skipped: needs ray (not installed)"
+    assert by_name["rollout weight hand-over"].notes == ["vllm not installed: hf engine only"]
+    train = by_name["train_step dense-1b MFU"].command
+    assert train[train.index("--peak-tflops") + 1] == "989.0"
+    assert train[train.index("--tp") + 1] == "1"  # one device: no TP=2 row
+    reshard = by_name["reshard --measure swap bandwidth"].command
+    assert reshard[reshard.index("--world") + 1 : reshard.index("--world") + 4] == [
+        "1",
+        "--layout-world",
+        "2",
+    ]
