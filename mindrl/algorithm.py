@@ -28,7 +28,9 @@ NULLABLE_OPTIONS = frozenset({"clip_c"})
 #: Where neither the recipe nor the algorithm sets a field that defaults to ``None``.
 BASE_DEFAULTS: Mapping[str, object] = {
     "kl_coef": 0.0,
+    "clip_low": 0.2,
     "clip_high": 0.2,
+    "norm_adv_by_std": True,
     "loss_agg_mode": "token-mean",
     "dynamic_sampling": False,
 }
@@ -59,6 +61,10 @@ class Algorithm(ABC):
     OPTION_OWNERS: ClassVar[Mapping[str, str]] = {
         "dynamic_sampling": "dapo",
         "overlong_buffer": "dapo",
+        "pf_filter_ratio": "pf_ppo",
+        "pf_filter_mode": "pf_ppo",
+        "dpo_beta": "dpo",
+        "dpo_loss": "dpo",
     }
 
     def resolve(self, section: object = None) -> AlgorithmConfig:
@@ -79,8 +85,8 @@ class Algorithm(ABC):
 
     def _refuse_foreign_options(self, options: AlgorithmConfig) -> None:
         for key, owner in self.OPTION_OWNERS.items():
-            value = getattr(options, key)
-            switched_on = value if isinstance(value, bool) else bool(value and value > 0)
+            # Off is None (unset), False or 0; anything else (a ratio, a mode) is switched on.
+            switched_on = getattr(options, key) not in (None, False, 0)
             if switched_on and key not in self.own_options:
                 raise ValueError(
                     f"algorithm.{key} is a {owner} feature; {self.name} does not use it "

@@ -15,13 +15,22 @@ whose gradient is ``grad logp_it``. With ``seq-mean-token-mean`` aggregation the
 gradient is ``1/G sum_i A_i s_i 1/|y_i| sum_t grad logp_it`` = Eq. 10, GSPO's own.
 The token loss computes ``logp - old``, so handing it the constant "old" log-probs
 ``sg[logp_it] - sg[log s_i]`` gives exactly that log-ratio.
+
+Defaults: the clip range of the paper's experiments, ``eps_low = 3e-4`` and
+``eps_high = 4e-4``; no KL; ``seq-mean-token-mean`` (the only aggregation that is Eq. 5;
+others are refused).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
-from trainers.core import masked_mean
+from mindrl.config.schema import AlgorithmConfig
+from trainers.core import Number, masked_mean
+from trainers.grpo import GRPO
 
 
 def sequence_log_ratio(
@@ -38,3 +47,50 @@ def sequence_level_old_logprob(
     GSPO's: ``sg[logp_it] - sg[log s_i]`` (module docstring), no gradient."""
     seq = sequence_log_ratio(logprob, old_logprob, mask).unsqueeze(-1)
     return (logprob - seq).detach()
+
+
+class GSPO(GRPO):
+    """GRPO advantages with GSPO's sequence-level ratio and clipping (module docstring)."""
+
+    name = "gspo"
+    needs_reference = False
+    # The paper's clip range: a sequence ratio (a mean of log-ratios) moves far less.
+    defaults: ClassVar[dict[str, object]] = {
+        "kl_coef": 0.0,
+        "clip_low": 3e-4,
+        "clip_high": 4e-4,
+        "loss_agg_mode": "seq-mean-token-mean",
+    }
+
+    def resolve(self, section: object = None) -> AlgorithmConfig:
+        """GRPO's resolution, refusing an aggregation that is not GSPO's objective.
+
+        Raises:
+            ValueError: ``loss_agg_mode`` is not ``seq-mean-token-mean`` (any other mode
+                weights a sequence's ratio by its length, which Eq. 5 does not).
+        """
+        options = super().resolve(section)
+        if options.loss_agg_mode != "seq-mean-token-mean":
+            raise ValueError(
+                f"algorithm.loss_agg_mode={options.loss_agg_mode}: gspo averages one clipped "
+                "sequence ratio per response (GSPO Eq. 5), which is seq-mean-token-mean; "
+                "leave it unset"
+            )
+        return options
+
+    def actor_loss(
+        self,
+        logprob: torch.Tensor,
+        batch: Mapping[str, torch.Tensor],
+        options: AlgorithmConfig,
+        num_tokens: Number | None = None,
+        entropy: torch.Tensor | None = None,
+        num_seqs: Number | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The shared loss with GSPO's sequence ratio: ``approx_kl`` is then the mean
+        sequence-level log-ratio; KL and entropy use the token log-probs."""
+        old = batch.get("old_logprob")
+        old = logprob.detach() if old is None else old
+        sequence_old = sequence_level_old_logprob(logprob, old, batch["response_mask"])
+        batch = {**batch, "old_logprob": sequence_old}
+        return super().actor_loss(logprob, batch, options, num_tokens, entropy, num_seqs)

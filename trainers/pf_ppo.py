@@ -16,15 +16,22 @@ The filtered-out responses get advantage 0, so they give no policy gradient (the
 surrogate is ``-A * ratio`` = 0), and the advantages are whitened over the kept tokens
 only. The critic still regresses on every response's GAE return (more data for the
 value, and the returns do not depend on the filter).
+
+Defaults: PPO's, plus ``pf_filter_ratio`` 0.5 and ``pf_filter_mode`` ``both`` (the
+paper's best-worst variant, keeping both trustworthy ends of each group).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
-from trainers.core import masked_whiten
+from mindrl.config.schema import AlgorithmConfig
+from trainers.core import masked_sum, masked_whiten
 from trainers.grpo import GroupIds, group_index
-from trainers.ppo import compute_gae
+from trainers.ppo import PPO, compute_gae
 
 FILTER_MODES = ("best", "worst", "both")
 
@@ -74,3 +81,31 @@ def filtered_gae(
     kept_mask = mask.bool() & keep.unsqueeze(-1)
     # GAE's raw advantage is returns - values (compute_gae defines returns = A + V).
     return masked_whiten(returns - values, kept_mask), returns
+
+
+class PFPPO(PPO):
+    """PPO trained on the responses the reward filter keeps (module docstring)."""
+
+    name = "pf_ppo"
+    uses_groups = True  # the filter ranks the responses of one prompt
+    defaults: ClassVar[dict[str, object]] = {
+        **PPO.defaults,
+        "pf_filter_ratio": 0.5,
+        "pf_filter_mode": "both",
+    }
+    own_options = frozenset({"pf_filter_ratio", "pf_filter_mode"})
+
+    def compute_advantages(
+        self, batch: Mapping[str, torch.Tensor], options: AlgorithmConfig
+    ) -> dict[str, torch.Tensor]:
+        """``advantages`` (0 on filtered responses) and ``returns`` from ``token_rewards``,
+        ``values``, ``response_mask`` and ``group_ids``."""
+        mask = batch["response_mask"]
+        scores = masked_sum(batch["token_rewards"], mask, dim=-1)
+        keep = filter_by_reward(
+            scores, batch["group_ids"], options.pf_filter_ratio, options.pf_filter_mode
+        )
+        advantages, returns = filtered_gae(
+            batch["token_rewards"], batch["values"], mask, keep, options.gamma, options.lam
+        )
+        return {"advantages": advantages, "returns": returns}

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from mindrl.algorithm import Algorithm
 from trainers.dapo import DAPO
+from trainers.dr_grpo import DrGRPO
 from trainers.grpo import GRPO
+from trainers.gspo import GSPO
+from trainers.pf_ppo import PFPPO
 from trainers.ppo import PPO
+from trainers.reinforce_pp import ReinforcePP
+from trainers.rloo import RLOO
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (GRPO, PPO, DAPO)}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (GRPO, PPO, DAPO, PFPPO, ReinforcePP, RLOO, GSPO, DrGRPO)
+}
 
 
 def get_algorithm(name: str) -> Algorithm:
-    """The algorithm called ``name`` (``grpo``, ``ppo`` or ``dapo``).
+    """The algorithm called ``name`` (one of :data:`ALGORITHMS`).
 
     Raises:
         ValueError: no algorithm has that name; the message lists the known ones.

@@ -13,13 +13,22 @@ reward, so it is not added to the loss again.
 The reward-to-go is GAE with ``V = 0`` and ``lambda = 1`` (``delta_t = r_t``), and GAE
 already whitens over the batch, so :func:`reinforce_pp_advantages` is
 :func:`trainers.ppo.compute_gae` on the shaped rewards with zero values.
+
+Defaults: ``kl_coef`` 0, token-mean loss, ``gamma`` 1. A KL coefficient is refused for
+now: the advantage stage, where the KL enters the reward, does not read reference
+log-probs yet (the maths, :func:`kl_shaped_rewards`, is here and tested).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
-from trainers.core import kl_penalty
+from mindrl.config.schema import AlgorithmConfig
+from trainers.core import Number, PolicyGradientAlgorithm, kl_penalty
 from trainers.ppo import compute_gae
 
 
@@ -42,3 +51,55 @@ def reinforce_pp_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(advantages, returns)`` ``[batch, T]``: reward-to-go, whitened over the batch."""
     return compute_gae(token_rewards, torch.zeros_like(token_rewards), mask, gamma, 1.0)
+
+
+class ReinforcePP(PolicyGradientAlgorithm):
+    """REINFORCE++: KL-shaped reward-to-go, whitened over the batch; the clipped loss."""
+
+    name = "reinforce_pp"
+    needs_reference = False
+    defaults: ClassVar[dict[str, object]] = {"kl_coef": 0.0, "loss_agg_mode": "token-mean"}
+
+    def resolve(self, section: object = None) -> AlgorithmConfig:
+        """The base resolution, refusing a KL this run could not put in the reward.
+
+        Raises:
+            ValueError: ``kl_coef`` > 0 or ``adaptive_kl``: REINFORCE++ puts the KL in the
+                reward, at the advantage stage, which does not read reference log-probs.
+        """
+        options = super().resolve(section)
+        if options.kl_coef > 0 or options.adaptive_kl:
+            raise ValueError(
+                "algorithm.kl_coef / adaptive_kl: reinforce_pp puts the KL penalty in the "
+                "reward (REINFORCE++ §3), but the advantage stage does not read reference "
+                "log-probs yet; leave them unset (kl_coef 0) or run --trainer grpo / rloo "
+                "for a KL in the loss"
+            )
+        return options
+
+    def compute_advantages(
+        self, batch: Mapping[str, torch.Tensor], options: AlgorithmConfig
+    ) -> dict[str, torch.Tensor]:
+        """``advantages`` from ``token_rewards`` and ``response_mask`` (no groups); with
+        ``old_logprob`` and ``ref_logprob`` in the batch the rewards are KL-shaped first."""
+        rewards, mask = batch["token_rewards"], batch["response_mask"]
+        if "ref_logprob" in batch:
+            rewards = kl_shaped_rewards(
+                rewards, batch["old_logprob"], batch["ref_logprob"], mask, options.kl_coef,
+                options.kl_kind,
+            )  # fmt: skip
+        advantages, _ = reinforce_pp_advantages(rewards, mask, options.gamma)
+        return {"advantages": advantages}
+
+    def actor_loss(
+        self,
+        logprob: torch.Tensor,
+        batch: Mapping[str, torch.Tensor],
+        options: AlgorithmConfig,
+        num_tokens: Number | None = None,
+        entropy: torch.Tensor | None = None,
+        num_seqs: Number | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The shared clipped loss without a KL term: the KL is already in the reward."""
+        no_kl = dataclasses.replace(options, kl_coef=0.0)
+        return super().actor_loss(logprob, batch, no_kl, num_tokens, entropy, num_seqs)

@@ -10,13 +10,20 @@ of its group, so the advantage is
 broadcast over its response tokens and zero on padding. No std normalisation: the
 baseline is unbiased because it never sees the sample it scores. A group of one has no
 other sample, so its baseline is 0 and its advantage its own score (as in GRPO).
+
+Defaults: no KL (the paper puts a KL penalty in the reward; here ``kl_coef`` adds it to
+the loss, as in GRPO), token-mean loss.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import torch
 
-from trainers.core import masked_sum
+from mindrl.config.schema import AlgorithmConfig
+from trainers.core import PolicyGradientAlgorithm, masked_sum
 from trainers.grpo import GroupIds, group_index
 
 
@@ -39,3 +46,22 @@ def leave_one_out_advantages(
     baseline = torch.where(count > 1, (group_sum - scores) / (count - 1).clamp(min=1), 0.0)
     advantages = torch.where(mask.bool(), (scores - baseline).unsqueeze(-1), 0.0)
     return advantages, scores
+
+
+class RLOO(PolicyGradientAlgorithm):
+    """REINFORCE with the leave-one-out baseline; the shared clipped loss (one step per
+    iteration makes it plain REINFORCE), KL to the reference in the loss when set."""
+
+    name = "rloo"
+    uses_groups = True
+    needs_reference = False
+    defaults: ClassVar[dict[str, object]] = {"kl_coef": 0.0, "loss_agg_mode": "token-mean"}
+
+    def compute_advantages(
+        self, batch: Mapping[str, torch.Tensor], options: AlgorithmConfig
+    ) -> dict[str, torch.Tensor]:
+        """``advantages``, ``scores`` from ``token_rewards``, ``response_mask``, ``group_ids``."""
+        advantages, scores = leave_one_out_advantages(
+            batch["token_rewards"], batch["response_mask"], batch["group_ids"]
+        )
+        return {"advantages": advantages, "scores": scores}

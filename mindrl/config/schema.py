@@ -204,7 +204,9 @@ class AlgorithmConfig:
     adaptive_kl: bool = option(False, "Adapt the KL coefficient towards kl_target.")
     kl_target: float = option(0.01, "Target KL for the adaptive controller.", gt=0)
     kl_horizon: int = option(10000, "Horizon of the adaptive controller.", ge=1)
-    clip_low: float = option(0.2, "Lower ratio clip epsilon.", ge=0, le=1)
+    clip_low: float | None = option(
+        None, "Lower ratio clip epsilon; None: trainer default (0.2; gspo 3e-4).", ge=0, le=1
+    )
     clip_high: float | None = option(None, "Upper ratio clip epsilon; None: trainer default.", ge=0)
     clip_c: float | None = option(
         3.0, "Dual-clip bound for negative advantages; None disables.", gt=1
@@ -215,7 +217,9 @@ class AlgorithmConfig:
         choices=(None, "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     )
     entropy_coef: float = option(0.0, "Entropy bonus coefficient.", ge=0)
-    norm_adv_by_std: bool = option(True, "GRPO: divide group advantages by the group std.")
+    norm_adv_by_std: bool | None = option(
+        None, "GRPO family: divide group advantages by the group std; None: trainer default."
+    )
     adv_eps: float = option(1e-6, "Added to the group std before dividing by it.", gt=0)
     gamma: float = option(1.0, "PPO discount.", ge=0, le=1)
     lam: float = option(0.95, "PPO GAE lambda.", ge=0, le=1)
@@ -226,6 +230,20 @@ class AlgorithmConfig:
     )
     overlong_buffer: int = option(0, "DAPO: soft overlong buffer in tokens; 0 disables.", ge=0)
     overlong_factor: float = option(1.0, "DAPO: overlong penalty at max length.", ge=0)
+    pf_filter_ratio: float | None = option(
+        None, "PF-PPO: share of each prompt's responses trained on; None: pf_ppo's 0.5.", gt=0, le=1
+    )
+    pf_filter_mode: str | None = option(
+        None,
+        "PF-PPO: which responses by reward: best, worst or both ends; None: pf_ppo's both.",
+        choices=(None, "best", "worst", "both"),
+    )
+    dpo_beta: float | None = option(
+        None, "DPO: strength of the KL to the reference (IPO: its tau); None: dpo's 0.1.", gt=0
+    )
+    dpo_loss: str | None = option(
+        None, "DPO: sigmoid (DPO) or ipo; None: dpo's sigmoid.", choices=(None, "sigmoid", "ipo")
+    )
 
 
 @dataclass

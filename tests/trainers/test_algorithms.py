@@ -17,6 +17,7 @@ from trainers.registry import ALGORITHMS, get_algorithm
 
 TRAINERS = Path(__file__).resolve().parents[2] / "trainers"
 MATHS = ["__init__.py", "core.py", "grpo.py", "ppo.py", "dapo.py", "registry.py", "kl_control.py"]
+MATHS += ["pf_ppo.py", "reinforce_pp.py", "rloo.py", "gspo.py", "dr_grpo.py", "dpo.py"]
 
 
 #: What the maths may import from mindrl: the algorithm contract and its options, nothing
@@ -33,8 +34,11 @@ def test_the_algorithm_maths_imports_only_the_contract_from_mindrl(module):
     assert [m for m in outside if m not in CONTRACT] == []
 
 
+NAMES = ["grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "rloo", "gspo", "dr_grpo"]
+
+
 def test_the_registry_finds_each_algorithm_and_lists_the_known_ones():
-    assert list(ALGORITHMS) == ["grpo", "ppo", "dapo"]
+    assert list(ALGORITHMS) == NAMES
     described = {
         name: (algo.name, algo.needs_critic, algo.needs_reference, algo.uses_groups)
         for name in ALGORITHMS
@@ -44,12 +48,17 @@ def test_the_registry_finds_each_algorithm_and_lists_the_known_ones():
         "grpo": ("grpo", False, True, True),
         "ppo": ("ppo", True, True, False),
         "dapo": ("dapo", False, False, True),
+        "pf_ppo": ("pf_ppo", True, True, True),
+        "reinforce_pp": ("reinforce_pp", False, False, False),
+        "rloo": ("rloo", False, False, True),
+        "gspo": ("gspo", False, False, True),
+        "dr_grpo": ("dr_grpo", False, False, True),
     }
-    with pytest.raises(ValueError, match="unknown algorithm 'sft'; known: grpo, ppo, dapo"):
+    with pytest.raises(ValueError, match=f"unknown algorithm 'sft'; known: {', '.join(NAMES)}"):
         get_algorithm("sft")
 
 
-@pytest.mark.parametrize("name", ["grpo", "ppo", "dapo"])
+@pytest.mark.parametrize("name", NAMES)
 def test_defaults_name_real_config_fields_and_agree_with_needs_reference(name):
     algo = get_algorithm(name)
     config_fields = {f.name for f in dataclasses.fields(AlgorithmConfig)}
@@ -58,12 +67,16 @@ def test_defaults_name_real_config_fields_and_agree_with_needs_reference(name):
     assert algo.uses_reference(options) == algo.needs_reference
 
 
-@pytest.mark.parametrize("name", ["grpo", "ppo", "dapo"])
+@pytest.mark.parametrize("name", NAMES)
 def test_resolved_options_are_the_config_section_with_no_field_left_unset(name):
-    options = get_algorithm(name).resolve(AlgorithmConfig())
+    algo = get_algorithm(name)
+    options = algo.resolve(AlgorithmConfig())
     assert isinstance(options, AlgorithmConfig)
     unset = [f.name for f in dataclasses.fields(options) if getattr(options, f.name) is None]
-    assert unset == []  # clip_c defaults to 3.0; None would switch dual clip off
+    # clip_c defaults to 3.0 (None would switch dual clip off); another algorithm's own
+    # options stay unset, which is how they are refused here when a recipe sets them.
+    others = {key for key in algo.OPTION_OWNERS if key not in algo.own_options}
+    assert sorted(set(unset) - others) == []
 
 
 def test_dapo_defaults_apply_where_the_config_is_unset_and_explicit_values_win():

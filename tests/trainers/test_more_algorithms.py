@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -13,11 +15,13 @@ from trainers.core import policy_loss
 from trainers.dpo import preference_loss, sequence_logprob
 from trainers.gspo import sequence_level_old_logprob, sequence_log_ratio
 from trainers.pf_ppo import filter_by_reward, filtered_gae
+from trainers.registry import get_algorithm
 from trainers.reinforce_pp import kl_shaped_rewards, reinforce_pp_advantages
 from trainers.rloo import leave_one_out_advantages
 
 # Interleaved groups, a group of one (id 9) and a group whose rewards are all equal (id 4).
 GROUP_IDS = [7, 3, 7, 3, 9, 7, 4, 3, 4, 7]
+NEW = ["pf_ppo", "reinforce_pp", "rloo", "gspo", "dr_grpo"]
 
 
 def as64(nested: list) -> torch.Tensor:
@@ -215,3 +219,98 @@ def test_pairs_load_from_jsonl_and_name_the_line_that_lacks_a_field(tmp_path):
     assert (pair.prompt, pair.chosen, pair.rejected) == ("p", "a", "b")
     with pytest.raises(PromptSourceError, match="no preference pairs for task 'math'"):
         load_preference_pairs("synthetic:math")
+
+
+# ---- The algorithm objects: defaults, refusals, advantages and losses --------------------
+def test_each_new_trainer_resolves_its_papers_defaults():
+    resolved = {name: get_algorithm(name).resolve() for name in NEW}
+    assert (resolved["gspo"].clip_low, resolved["gspo"].clip_high) == (3e-4, 4e-4)
+    assert resolved["gspo"].loss_agg_mode == "seq-mean-token-mean"
+    assert not resolved["dr_grpo"].norm_adv_by_std
+    assert resolved["dr_grpo"].loss_agg_mode == "seq-mean-token-sum-norm"
+    assert (resolved["pf_ppo"].pf_filter_ratio, resolved["pf_ppo"].pf_filter_mode) == (0.5, "both")
+    assert resolved["pf_ppo"].lam == get_algorithm("ppo").resolve().lam
+    assert all(options.kl_coef == 0.0 for name, options in resolved.items() if name != "pf_ppo")
+
+
+def test_options_only_another_trainer_reads_are_refused_naming_the_owner():
+    with pytest.raises(ValueError, match=r"algorithm\.pf_filter_ratio is a pf_ppo feature; ppo"):
+        get_algorithm("ppo").resolve({"pf_filter_ratio": 0.25})
+    with pytest.raises(ValueError, match=r"algorithm\.pf_filter_mode is a pf_ppo feature; grpo"):
+        get_algorithm("grpo").resolve({"pf_filter_mode": "best"})
+    with pytest.raises(ValueError, match=r"algorithm\.dpo_beta is a dpo feature; rloo"):
+        get_algorithm("rloo").resolve({"dpo_beta": 0.1})
+    with pytest.raises(ValueError, match=r"gspo averages one clipped sequence ratio"):
+        get_algorithm("gspo").resolve({"loss_agg_mode": "token-mean"})
+    with pytest.raises(ValueError, match=r"reinforce_pp puts the KL penalty in the reward"):
+        get_algorithm("reinforce_pp").resolve({"kl_coef": 0.01})
+    explicit = get_algorithm("pf_ppo").resolve({"pf_filter_ratio": 0.25, "pf_filter_mode": "best"})
+    assert (explicit.pf_filter_ratio, explicit.pf_filter_mode) == (0.25, "best")
+
+
+def test_the_trainers_advantages_are_their_loop_references():
+    mask, (rewards, values) = random_inputs(18, count=2)
+    batch = {"token_rewards": rewards, "response_mask": mask, "group_ids": GROUP_IDS}
+    batch["values"] = values
+
+    def advantages(name: str, **options) -> torch.Tensor:
+        algo = get_algorithm(name)
+        return algo.compute_advantages(batch, algo.resolve(options))["advantages"]
+
+    torch.testing.assert_close(advantages("rloo"), as64(ref.rloo(rewards, mask, GROUP_IDS)))
+    dr = ref.grpo(rewards, mask, GROUP_IDS, norm_by_std=False)
+    torch.testing.assert_close(advantages("dr_grpo"), as64(dr))
+    torch.testing.assert_close(advantages("gspo"), as64(ref.grpo(rewards, mask, GROUP_IDS)))
+    zeros = torch.zeros_like(rewards)
+    want = ref.reinforce_pp(rewards, zeros, zeros, mask, 0.0, "k1", 0.9)
+    torch.testing.assert_close(advantages("reinforce_pp", gamma=0.9), as64(want))
+    scores = (rewards * mask).sum(-1)
+    keep = torch.tensor(ref.pf_filter(scores, GROUP_IDS, 0.5, "best"))
+    want, _ = ref.gae(rewards, values, mask * keep[:, None], 1.0, 0.95)
+    got = advantages("pf_ppo", pf_filter_mode="best")
+    torch.testing.assert_close(got, as64(want))
+
+
+def test_dr_grpo_loss_sums_each_response_and_divides_by_one_constant():
+    mask, (old, logp, adv) = random_inputs(19, count=3)
+    old, logp = old * 0.2 - 1, logp * 0.2 - 1
+    dr = get_algorithm("dr_grpo")
+    batch = {"old_logprob": old, "advantages": adv, "response_mask": mask}
+    loss, _ = dr.actor_loss(logp, batch, dr.resolve())
+    want, *_ = ref.policy_loss(old, logp, adv, mask, 0.2, 0.2, 3.0, "seq-mean-token-sum-norm")
+    assert loss.item() == pytest.approx(want)
+    # A response twice as long with the same per-token loss weighs twice as much.
+    short = {
+        **batch,
+        "response_mask": torch.tensor([[1.0, 0, 0, 0]]),
+        "advantages": -torch.ones(1, 4),
+    }
+    long = {**short, "response_mask": torch.tensor([[1.0, 1, 0, 0]])}
+    zero = torch.zeros(1, 4, dtype=torch.float64)
+    ratio = (
+        dr.actor_loss(zero, {**long, "old_logprob": zero}, dr.resolve())[0]
+        / (dr.actor_loss(zero, {**short, "old_logprob": zero}, dr.resolve())[0])
+    )
+    assert ratio.item() == pytest.approx(2.0)
+
+
+def test_gspo_loss_is_the_sequence_objective_and_its_kl_reads_the_token_log_probs():
+    mask, old, logp, adv = gspo_inputs(20)
+    ref_logp = logp + 0.1
+    gspo = get_algorithm("gspo")
+    options = gspo.resolve({"kl_coef": 0.05, "kl_kind": "k1", "clip_c": None})
+    batch = {"old_logprob": old, "advantages": adv, "response_mask": mask, "ref_logprob": ref_logp}
+    loss, metrics = gspo.actor_loss(logp, batch, options, num_seqs=int(mask.any(-1).sum()))
+    pg = ref.gspo_loss(old, logp, adv, mask, 3e-4, 4e-4)
+    assert metrics["pg_loss"].item() == pytest.approx(pg)
+    assert metrics["kl"].item() == pytest.approx(-0.1)
+    assert loss.item() == pytest.approx(pg + 0.05 * -0.1)
+
+
+def test_reinforce_pp_adds_no_kl_to_the_loss_even_with_a_coefficient_handed_in():
+    mask, (logp, adv, ref_logp) = random_inputs(21, count=3)
+    rpp = get_algorithm("reinforce_pp")
+    options = dataclasses.replace(rpp.resolve(), kl_coef=0.5)  # e.g. a controller's value
+    batch = {"advantages": adv, "response_mask": mask, "ref_logprob": ref_logp}
+    loss, metrics = rpp.actor_loss(logp, batch, options)
+    assert loss.item() == pytest.approx(-ref.masked_mean(adv, mask)) and "kl" not in metrics
