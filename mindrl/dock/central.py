@@ -63,12 +63,13 @@ class CentralBuffer:
         prefer_warehouse: int | None,
         timeout_s: float,
         dp_parts: int = 1,
+        step: int | None = None,
     ) -> list[np.ndarray]:
         state = self.states.get(stage)
         if state is None:
             raise DockError(f"unknown stage '{stage}'; known: {sorted(self.states)}")
         request = (fields, batch_size, whole_groups, prefer_warehouse)
-        return await wait_and_claim(state, self.changed, request, timeout_s, dp_parts)
+        return await wait_and_claim(state, self.changed, request, timeout_s, dp_parts, step)
 
     def get(self, indexes: np.ndarray, fields: list[str]) -> dict[str, Padded]:
         return self.store.get(indexes, fields)

@@ -7,6 +7,7 @@ driver can claim and hand index lists to workers, which fetch their own payloads
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -140,10 +141,30 @@ class DockClient:
         timeout_s: float | None = None,
     ) -> list[np.ndarray]:
         """Indexes for ``stage`` (split in ``dp_parts`` balanced by length), marked consumed."""
+        return self.claim_async(
+            stage, fields, batch_size, whole_groups, dp_parts, timeout_s
+        ).result()
+
+    def claim_async(
+        self,
+        stage: str,
+        fields: list[str],
+        batch_size: int,
+        whole_groups: bool = False,
+        dp_parts: int = 1,
+        timeout_s: float | None = None,
+        step: int | None = None,
+    ) -> PendingClaim:
+        """Ask for a claim without waiting for it; ``ray.wait`` on ``.ref``, then ``.result()``.
+
+        With ``step`` it is a chunk: it is answered once ``step`` samples are ready and
+        takes the largest multiple of ``step`` ready by then, up to ``batch_size`` (a
+        streaming stage takes samples as the stage before it puts them).
+        """
         timeout_s = self.handle.timeout_s if timeout_s is None else timeout_s
         if self.handle.central is not None:
             ref = self.handle.central.claim.remote(
-                stage, fields, batch_size, whole_groups, None, timeout_s, dp_parts
+                stage, fields, batch_size, whole_groups, None, timeout_s, dp_parts, step
             )
             name = "centralized buffer"
         else:
@@ -154,11 +175,14 @@ class DockClient:
                     f"stages: {sorted(self.handle.controllers)}"
                 )
             ref = controller.claim.remote(
-                fields, batch_size, whole_groups, self._local, timeout_s, dp_parts
+                fields, batch_size, whole_groups, self._local, timeout_s, dp_parts, step
             )
             name = f"TD controller of stage '{stage}'"
+        return PendingClaim(self, ref, name, timeout_s)
+
+    def _claim_result(self, claim: PendingClaim) -> list[np.ndarray]:
         try:
-            (parts,) = self._get([ref], [name], timeout_s + CLAIM_GRACE_S)
+            (parts,) = self._get([claim.ref], [claim.name], claim.timeout_s + CLAIM_GRACE_S)
         except DockError as starved:
             self._raise_if_a_warehouse_died(starved)
             raise
@@ -290,6 +314,20 @@ class DockClient:
             if cause is not None:
                 raise DockError(str(cause)) from None
             raise
+
+
+@dataclass(frozen=True)
+class PendingClaim:
+    """A claim sent to a controller and not yet answered."""
+
+    client: DockClient
+    ref: Any  # the controller's answer (ray.ObjectRef)
+    name: str
+    timeout_s: float
+
+    def result(self) -> list[np.ndarray]:
+        """The claimed indexes per data-parallel part (waits if not answered yet)."""
+        return self.client._claim_result(self)
 
 
 def _is_dead(answered_ref: Any) -> bool:

@@ -81,6 +81,11 @@ class ControllerState:
         """How many samples a claim could take now."""
         return int(self.available(fields, whole_groups).sum())
 
+    def chunk_size(self, fields: list[str], whole_groups: bool, step: int, most: int) -> int:
+        """The largest multiple of ``step`` (at most ``most``) a chunked claim could take
+        now; 0 while fewer than ``step`` samples are ready."""
+        return min(self.claimable(fields, whole_groups), most) // step * step
+
     def claim(
         self,
         fields: list[str],
@@ -184,16 +189,25 @@ async def wait_and_claim(
     request: tuple[list[str], int, bool, int | None],
     timeout_s: float,
     dp_parts: int,
+    step: int | None = None,
 ) -> list[np.ndarray]:
     """Wait on ``changed`` until ``state`` can serve ``request``, then claim and split.
 
-    ``request`` is ``(fields, batch_size, whole_groups, prefer_warehouse)``.
+    ``request`` is ``(fields, batch_size, whole_groups, prefer_warehouse)``. With ``step``
+    the claim is a chunk (streaming): it waits for ``step`` ready samples only and takes
+    the largest multiple of ``step`` ready now, up to ``batch_size``.
     """
     fields, batch_size, whole_groups, prefer = request
+    if step is not None and (step < 1 or step % dp_parts):
+        raise DockError(
+            f"stage '{state.stage}': a chunk step of {step} must be a positive multiple "
+            f"of the {dp_parts} data-parallel parts it is split into"
+        )
+    need = batch_size if step is None else min(step, batch_size)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     async with changed:
-        while state.claimable(fields, whole_groups) < batch_size:
+        while state.claimable(fields, whole_groups) < need:
             remaining = deadline - loop.time()
             try:
                 if remaining <= 0:
@@ -201,8 +215,11 @@ async def wait_and_claim(
                 await asyncio.wait_for(changed.wait(), timeout=remaining)
             except TimeoutError:
                 have = state.claimable(fields, whole_groups)
-                raise starved(state.stage, timeout_s, batch_size, have, fields) from None
-        taken = state.claim(fields, batch_size, whole_groups, prefer)
+                raise starved(state.stage, timeout_s, need, have, fields) from None
+        size = (
+            batch_size if step is None else state.chunk_size(fields, whole_groups, step, batch_size)
+        )
+        taken = state.claim(fields, size, whole_groups, prefer)
     if dp_parts == 1:
         return [taken]
     return balance_by_length(taken, state.length[taken], dp_parts)
@@ -238,10 +255,12 @@ class TDController:
         prefer_warehouse: int | None,
         timeout_s: float,
         dp_parts: int = 1,
+        step: int | None = None,
     ) -> list[np.ndarray]:
-        """Wait until ``batch_size`` samples are ready (or the deadline), then take them."""
+        """Wait until ``batch_size`` samples are ready (or the deadline), then take them;
+        with ``step``, a chunk: whatever multiple of ``step`` is ready (see wait_and_claim)."""
         request = (fields, batch_size, whole_groups, prefer_warehouse)
-        return await wait_and_claim(self.state, self.changed, request, timeout_s, dp_parts)
+        return await wait_and_claim(self.state, self.changed, request, timeout_s, dp_parts, step)
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mindrl.dock.controller import ControllerState, balance_by_length
+from mindrl.dock.controller import ControllerState, balance_by_length, wait_and_claim
 from mindrl.dock.schema import RL_FIELDS, DockError
 from mindrl.dock.tensors import attention_mask, columns_from, to_tensordict
 from mindrl.dock.warehouse import WarehouseStore
@@ -205,3 +206,57 @@ def test_the_dock_actors_modules_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+async def _stream_through(n: int, pieces: list[int], step: int, dp_parts: int) -> list[list]:
+    """Put ``n`` samples in ``pieces`` while a streaming stage claims chunks of them."""
+    state = ControllerState("reward", n, 4, FIELDS)
+    changed = asyncio.Condition()
+
+    async def produce() -> None:
+        first = 0
+        for size in pieces:
+            await asyncio.sleep(0.001)
+            indexes = np.arange(first, first + size)
+            state.on_put(indexes, ["response_ids"], 0, (indexes % 5 + 1).astype(np.int64))
+            async with changed:
+                changed.notify_all()
+            first += size
+
+    async def consume() -> list[list]:
+        chunks, claimed = [], 0
+        while claimed < n:
+            request = (["response_ids"], n - claimed, False, None)
+            parts = await wait_and_claim(state, changed, request, 5.0, dp_parts, step)
+            chunks.append([p.tolist() for p in parts])
+            claimed += sum(len(p) for p in parts)
+        return chunks
+
+    _, chunks = await asyncio.gather(produce(), consume())
+    return chunks
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chunked_claims_hand_every_sample_exactly_once_as_it_becomes_ready(seed):
+    rng = np.random.default_rng(seed)
+    n, step = 48, 2
+    pieces = []
+    while sum(pieces) < n:  # uneven puts, as generation ranks finish their chunks
+        pieces.append(int(min(rng.integers(1, 9), n - sum(pieces))))
+    chunks = asyncio.run(_stream_through(n, pieces, step, dp_parts=2))
+    taken = [i for chunk in chunks for part in chunk for i in part]
+    assert sorted(taken) == list(range(n))  # all of them, none twice
+    assert len(chunks) > 1  # claims were answered before the last put
+    for left, right in chunks:  # every chunk splits evenly over the two DP ranks
+        assert len(left) == len(right) > 0
+
+
+def test_a_chunked_claim_waits_for_a_full_step_and_names_the_stage_when_starved():
+    state = ControllerState("reward", 8, 4, FIELDS)
+    state.on_put(np.array([0]), ["response_ids"], 0, np.array([3]))
+    request = (["response_ids"], 8, False, None)
+    with pytest.raises(DockError, match=r"stage 'reward' waited 0\.05 s for 2 samples"):
+        asyncio.run(wait_and_claim(state, asyncio.Condition(), request, 0.05, 2, step=2))
+    assert state.claimable(["response_ids"], False) == 1  # nothing was taken
+    with pytest.raises(DockError, match="multiple of the 2 data-parallel parts"):
+        asyncio.run(wait_and_claim(state, asyncio.Condition(), request, 0.05, 2, step=3))
