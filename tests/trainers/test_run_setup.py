@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mindrl.config import load_config
 from trainers.driver.cli import DEFAULT_CONFIG
 from trainers.driver.setup import _updates_per_iteration
@@ -17,3 +19,23 @@ def test_each_role_schedules_its_learning_rate_over_its_own_optimizer_steps():
     # 16 prompts per iteration: the actor steps 16 / 8 = 2 times, the critic 2 x 16 / 4 = 8.
     assert _updates_per_iteration(config, "actor") == 2
     assert _updates_per_iteration(config, "critic") == 8
+
+
+def test_a_local_ray_that_fails_to_start_ends_start_up_in_one_line(monkeypatch):
+    import ray
+
+    from trainers.driver import setup
+
+    def node_timed_out(**kwargs):
+        raise Exception("The current node timed out during startup. This could happen ...")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", node_timed_out)
+    config = load_config(DEFAULT_CONFIG, [], algorithm=get_algorithm("grpo"))
+    with pytest.raises(setup.RunSetupError) as err:
+        setup._connect_ray(config, "cpu")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("could not start a local Ray instance (The current node timed out")
+    assert "ray start --head" in message

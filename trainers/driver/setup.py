@@ -207,7 +207,14 @@ def _connect_ray(config: MindRLConfig, device_name: str) -> bool:
         # On a CPU a worker's "device" is a Ray CPU slot: the roles' ranks need that many
         # slots even where there are fewer cores (stages take turns on them).
         kwargs["num_cpus"] = max(os.cpu_count() or 1, _cpu_slots(config))
-    ray.init(**kwargs)
+    try:
+        ray.init(**kwargs)
+    except Exception as exc:  # Ray raises a bare Exception when its node does not start
+        raise RunSetupError(
+            f"could not start a local Ray instance ({first_line(exc)}); an overloaded machine "
+            "or a full /tmp delays its processes: retry, or start Ray yourself with "
+            "`ray start --head` and set RAY_ADDRESS=auto"
+        ) from None
     return True
 
 
