@@ -22,6 +22,7 @@ from mindrl.data.run_prompts import prompt_records
 from mindrl.dock import DockHandle
 from mindrl.rewards import decode_responses, score_batch
 from mindrl.workers.sequences import response_mask
+from mindrl.workers.stage_report import stage_report
 from mindrl.workers.timed_dock import TimedDockClient
 
 
@@ -82,7 +83,7 @@ class RewardWorker:
         return self.reward_model.score(prompts, texts)
 
     def _timing(self, start: float) -> dict[str, float]:
-        return {"busy_s": time.perf_counter() - start, "dock_s": self.dock.take_seconds()}
+        return stage_report(start, self.dock)
 
     def keep(self, indexes: np.ndarray) -> np.ndarray:
         """The subset of ``indexes`` the algorithm trains on (DAPO: groups whose rewards differ)."""

@@ -29,6 +29,7 @@ from mindrl.workers.model_setup import initial_model
 from mindrl.workers.rendezvous import host_store, join_store
 from mindrl.workers.rollout import Rollout
 from mindrl.workers.sequences import pack_rows, response_mask, unpadded
+from mindrl.workers.stage_report import memory_window, stage_report
 from mindrl.workers.timed_dock import TimedDockClient
 from mindrl.workers.updates import actor_update, critic_update
 
@@ -144,6 +145,8 @@ class ModelWorker:
             self.engine.load_hf_state_dict(initial.hf_state)
         if self.role == "actor":
             self.rollout = Rollout(self.engine, self.config, initial, self.size)
+        del initial
+        memory_window(self.device)  # the weight conversion's transients go back to the OS now
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
             "dp_rank": self.engine.data_parallel_rank(),
@@ -171,7 +174,7 @@ class ModelWorker:
         }
 
     def _timing(self, start: float) -> dict[str, float]:
-        return {"busy_s": time.perf_counter() - start, "dock_s": self.dock.take_seconds()}
+        return stage_report(start, self.dock, self.device)
 
     def _generate_chunk(self, indexes: np.ndarray, params: SamplingParams) -> int:
         batch = self.dock.fetch(indexes, ["prompt_ids"])
