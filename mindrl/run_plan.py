@@ -22,6 +22,13 @@ SEQUENCE = ("prompt_ids", "response_ids")
 STAGE_DEADLINE_DOCK_TIMEOUTS = 5
 
 
+#: Roles whose workers never run on the generating devices, so their stages can run while
+#: the actor generates: reward workers are CPU processes of their own. The model roles
+#: share the actor's devices (all-colocated placement, trainers/driver/setup.py) and take
+#: turns with generation; a role placed on devices of its own belongs here.
+ROLES_OFF_GENERATION_DEVICES = frozenset({"reward"})
+
+
 @dataclass(frozen=True)
 class StagePlan:
     """One stage: the worker group that serves it, the dock fields it reads and writes."""
@@ -80,6 +87,23 @@ class RunPlan:
     def stage_roles(self) -> dict[str, str]:
         """Stage -> the worker group serving it (its TD controller sits on that node)."""
         return {stage.name: stage.role for stage in self.stages}
+
+    def streaming_stages(self, until_filter: bool = False) -> tuple[str, ...]:
+        """Stages that take samples in chunks while the rollout generates (``dock.pipeline:
+        stream``), in plan order.
+
+        Those between ``rollout`` and ``advantage`` read only the prompt and the rollout's
+        writes, so each sample can go on as soon as it is generated; of them, the ones
+        whose role is off the generating devices overlap generation. ``advantage`` waits
+        for the whole batch (estimators may normalise over it), and with a group filter
+        (``until_filter``: DAPO) only ``reward`` streams: the filter needs every reward
+        before the model stages score the groups it keeps.
+        """
+        names = self.stage_names
+        between = self.stages[names.index("rollout") + 1 : names.index("advantage")]
+        if until_filter:
+            between = tuple(s for s in between if s.name == "reward")
+        return tuple(s.name for s in between if s.role in ROLES_OFF_GENERATION_DEVICES)
 
     def written_fields(self) -> tuple[str, ...]:
         """Every field a stage of this run writes, in stage order."""

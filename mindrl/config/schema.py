@@ -316,6 +316,13 @@ class CheckpointConfig:
 
 
 @dataclass
+    pipeline: str = option(
+        "sync",
+        "sync: each stage waits for the whole batch of the stage before it. stream: stages "
+        "off the generating devices (reward workers) claim samples in chunks as the rollout "
+        "puts them, overlapping generation; same samples and metrics as sync.",
+        choices=("sync", "stream"),
+    )
 class MindRLConfig:
     """A whole run."""
 

@@ -118,12 +118,20 @@ class WorkerGroup:
 
         ``on_poll`` runs about once a second while waiting (e.g. to move a progress bar).
         """
-        refs = [
+        refs = self.submit_each(method, args_per_rank)
+        return wait_all(refs, self.names(), stage, timeout_s, on_poll)
+
+    def submit_each(self, method: str, args_per_rank: Sequence[tuple]) -> list[Any]:
+        """Start ``method`` on rank ``r`` with ``args_per_rank[r]``; their object refs, in
+        rank order, for the caller to ``ray.wait`` on (read each with :func:`checked_get`)."""
+        return [
             getattr(worker, method).remote(*args)
             for worker, args in zip(self.workers, args_per_rank, strict=True)
         ]
-        names = [f"{self.name}[{r}]" for r in range(self.size)]
-        return wait_all(refs, names, stage, timeout_s, on_poll)
+
+    def names(self) -> list[str]:
+        """Each rank's name in errors, e.g. ``actor[1]``."""
+        return [f"{self.name}[{r}]" for r in range(self.size)]
 
     def shutdown(self) -> None:
         for worker in self.workers:
@@ -152,22 +160,27 @@ def wait_all(
         if on_poll is not None:
             on_poll()
         for ref in done:
-            name = pending.pop(ref)
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                raise WorkerDiedError(
-                    f"worker {name} died during stage '{stage}': {first_line(exc)}"
-                ) from None
-            except ray.exceptions.RayTaskError as exc:
-                raise StageFailedError(
-                    f"worker {name} failed during stage '{stage}': {last_line(exc)}", str(exc)
-                ) from None
-            except ray.exceptions.RayError as exc:  # e.g. OutOfMemoryError: the node killed it
-                raise WorkerDiedError(
-                    f"worker {name} was lost during stage '{stage}': {first_line(exc)}"
-                ) from None
+            checked_get(ref, pending.pop(ref), stage)
     return ray.get(refs)
+
+
+def checked_get(ref: Any, name: str, stage: str) -> Any:
+    """The result of a finished call of worker ``name``; its death or failure raises the
+    error that names the worker and the stage."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as exc:
+        raise WorkerDiedError(
+            f"worker {name} died during stage '{stage}': {first_line(exc)}"
+        ) from None
+    except ray.exceptions.RayTaskError as exc:
+        raise StageFailedError(
+            f"worker {name} failed during stage '{stage}': {last_line(exc)}", str(exc)
+        ) from None
+    except ray.exceptions.RayError as exc:  # e.g. OutOfMemoryError: the node killed it
+        raise WorkerDiedError(
+            f"worker {name} was lost during stage '{stage}': {first_line(exc)}"
+        ) from None
 
 
 def first_line(exc: BaseException) -> str:

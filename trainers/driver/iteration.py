@@ -14,6 +14,8 @@ scheduling and claims) is reported as the run's overhead.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,6 +26,7 @@ from mindrl.data import PromptBatch
 from mindrl.metrics import generation_progress, mean_by_key, print_progress_line, tokens_per_second
 from mindrl.run_plan import SEQUENCE
 from trainers.driver.setup import RunState
+from trainers.driver.streaming import StreamedStage, StreamScheduler, stage_call
 
 #: With no batch limit (``algorithm.max_sample_batches: 0``) say how sampling goes this often.
 DRAWS_BETWEEN_NOTES = 8
@@ -31,9 +34,16 @@ DRAWS_BETWEEN_NOTES = 8
 
 @dataclass
 class Ledger:
-    """Wall time per stage and the overhead inside it."""
+    """Wall time per stage, the busy time of its workers, and the overhead inside it.
+
+    ``stages`` is the wall time a stage added to the iteration (a streamed stage: only
+    its tail after generation ended); ``busy`` its slowest worker's compute; ``overlap``
+    the part of a streamed stage's busy time that ran during generation.
+    """
 
     stages: dict[str, float] = field(default_factory=dict)
+    busy: dict[str, float] = field(default_factory=dict)
+    overlap: dict[str, float] = field(default_factory=dict)
     dock_s: float = 0.0
     reshard_s: float = 0.0
     scheduling_s: float = 0.0
@@ -42,9 +52,19 @@ class Ledger:
         """Stage ``name`` took ``wall`` s on the driver; ``results`` are the workers' reports."""
         self.stages[name] = self.stages.get(name, 0.0) + wall
         busy = max((r.get("busy_s", 0.0) for r in results), default=0.0)
+        self.busy[name] = self.busy.get(name, 0.0) + busy
         self.dock_s += max((r.get("dock_s", 0.0) for r in results), default=0.0)
         self.reshard_s += max((r.get("reshard_s", 0.0) for r in results), default=0.0)
         self.scheduling_s += max(wall - busy, 0.0)
+
+    def add_streamed(self, name: str, stage: StreamedStage, generation_end: float) -> None:
+        """A streamed stage: its wall time is what it ran on after generation ended."""
+        tail = max(stage.finished_at - generation_end, 0.0)
+        self.stages[name] = self.stages.get(name, 0.0) + tail
+        self.busy[name] = self.busy.get(name, 0.0) + stage.busy_s
+        self.overlap[name] = self.overlap.get(name, 0.0) + stage.overlap_s
+        self.dock_s += stage.dock_s
+        self.scheduling_s += max(tail - (stage.busy_s - stage.overlap_s), 0.0)
 
     def overhead(self, iteration_s: float) -> dict[str, float]:
         total = self.dock_s + self.reshard_s + self.scheduling_s
@@ -85,6 +105,10 @@ class IterationRunner:
         self.plan = run.plan
         self.timeout = self.plan.stage_deadline_s
         self.record_of = {r.uid: i for i, r in enumerate(run.dataset.records)}
+        stream = self.config.dock.pipeline == "stream"
+        self.streamed = self.plan.streaming_stages(bool(run.options.dynamic_sampling))
+        self.streamed = self.streamed if stream else ()
+        self.stream = StreamScheduler(run, self.streamed, self.timeout) if stream else None
 
     # ---- the iteration -------------------------------------------------------------------
     def run_iteration(self, iteration: int) -> dict[str, Any]:
@@ -130,8 +154,11 @@ class IterationRunner:
             indexes = self._indexes(slots)
             batch = self.run.dataset.next_batch()
             self._put_prompts(ledger, indexes, batch, sampled)
-            self._stage(ledger, "rollout", self._generate, indexes, iteration, sampled.draws)
-            scored = self._stage(ledger, "reward", self._score, indexes)
+            if self.stream is not None:
+                scored = self._generate_streaming(ledger, indexes, iteration, sampled.draws)
+            else:
+                self._stage(ledger, "rollout", self._generate, indexes, iteration, sampled.draws)
+                scored = self._stage(ledger, "reward", self._score_stage, "reward", indexes)
             sampled.draws += 1
             sampled.samples += len(indexes)
             sampled.reward_sum += sum(r["reward_sum"] for r in scored)
@@ -163,6 +190,28 @@ class IterationRunner:
         )
 
     def _generate(self, indexes: np.ndarray, iteration: int, draw: int) -> list[dict]:
+        args = self._generation_args(indexes, iteration, draw)
+        with self._progress(len(indexes)) as progress:
+            return self.run.groups["actor"].call_each(
+                "generate", args, stage="rollout", timeout_s=self.timeout, on_poll=progress
+            )
+
+    def _generate_streaming(
+        self, ledger: Ledger, indexes: np.ndarray, iteration: int, draw: int
+    ) -> list[dict]:
+        """Generation with the streaming stages taking its samples as they come (see
+        trainers/driver/streaming.py); returns the reward workers' reports."""
+        start = time.perf_counter()
+        args = self._generation_args(indexes, iteration, draw)
+        with self._progress(len(indexes)) as progress:
+            outcome = self.stream.run_batch(args, len(indexes), progress)
+        ledger.add_stage("rollout", outcome.generation_end - start, outcome.generated)
+        for name, stage in outcome.stages.items():
+            ledger.add_streamed(name, stage, outcome.generation_end)
+        return outcome.stages["reward"].results
+
+    def _generation_args(self, indexes: np.ndarray, iteration: int, draw: int) -> list[tuple]:
+        """Claim the prompts; each actor rank's ``generate`` arguments."""
         run, rollout = self.run, self.config.rollout
         parts = run.dock.claim(
             "rollout",
@@ -181,34 +230,29 @@ class IterationRunner:
             stop_token_ids=(run.dataset_eos,),
             seed=seed,
         )
-        before = run.dock.ready_count("reward", ["response_ids"])
-        bar = generation_progress(len(indexes), self.config.logging.progress_bar)
+        return [(parts[r], params) for r in run.gen_dp_ranks]
+
+    @contextmanager
+    def _progress(self, n: int) -> Iterator[Callable[[], None] | None]:
+        """A progress bar over ``n`` generated samples; yields its updater (or None)."""
+        dock = self.run.dock
+        before = dock.ready_count("reward", ["response_ids"])
+        bar = generation_progress(n, self.config.logging.progress_bar)
 
         def progress() -> None:
-            bar.n = run.dock.ready_count("reward", ["response_ids"]) - before
+            bar.n = dock.ready_count("reward", ["response_ids"]) - before
             bar.refresh()
 
         with bar:
-            return run.groups["actor"].call_each(
-                "generate",
-                [(parts[r], params) for r in run.gen_dp_ranks],
-                stage="rollout",
-                timeout_s=self.timeout,
-                on_poll=progress if self.config.logging.progress_bar else None,
-            )
+            yield progress if self.config.logging.progress_bar else None
 
-    def _score(self, indexes: np.ndarray) -> list[dict]:
-        group = self.run.groups["reward"]
+    def _score_stage(self, name: str, indexes: np.ndarray) -> list[dict]:
+        """A scoring stage on the whole batch at once (sync mode)."""
+        call = stage_call(self.run, self.plan.stage(name))
         parts = self.run.dock.claim(
-            "reward",
-            ["response_ids", "record_id"],
-            len(indexes),
-            dp_parts=group.size,
-            timeout_s=self.timeout,
+            name, call.fields, len(indexes), dp_parts=call.dp_parts, timeout_s=self.timeout
         )
-        return group.call_each(
-            "score", [(p,) for p in parts], stage="reward", timeout_s=self.timeout
-        )
+        return call.group.call_each("score", call.args(parts), stage=name, timeout_s=self.timeout)
 
     def _filter(self, ledger: Ledger, slots: list[int]) -> list[int]:
         """DAPO: keep groups whose rewards differ; free the others' indexes for a refill."""
@@ -238,10 +282,8 @@ class IterationRunner:
     # ---- scoring, advantages, updates --------------------------------------------------------
     def _score_stages(self, indexes: np.ndarray, ledger: Ledger) -> None:
         for name in SCORE_STAGES:
-            if name in self.plan.stage_names:
-                stage = self.plan.stage(name)
-                (out_field,) = stage.writes
-                self._stage(ledger, name, self._score_with, name, stage.role, out_field, indexes)
+            if name in self.plan.stage_names and name not in self.streamed:
+                self._stage(ledger, name, self._score_stage, name, indexes)
 
     def _by_dp_rank(self, stage: str, role: str, fields: list[str], n: int) -> list:
         ranks = self.run.dp_ranks[role]
@@ -249,12 +291,6 @@ class IterationRunner:
             stage, fields, n, dp_parts=len(set(ranks)), timeout_s=self.timeout
         )
         return [parts[r] for r in ranks]
-
-    def _score_with(self, stage: str, role: str, out_field: str, indexes: np.ndarray) -> list:
-        parts = self._by_dp_rank(stage, role, list(SEQUENCE), len(indexes))
-        return self.run.groups[role].call_each(
-            "score", [(p, out_field) for p in parts], stage=stage, timeout_s=self.timeout
-        )
 
     def _advantages(self, indexes: np.ndarray) -> list[dict]:
         fields = list(self.plan.stage("advantage").reads)
@@ -313,6 +349,8 @@ class IterationRunner:
             "tps": self._tps(sampled, prompt_len, response_len, seconds),
             "iteration_time_s": seconds,
             "time": ledger.stages,
+            "busy": ledger.busy,
+            "overlap": {**ledger.overlap, "total": sum(ledger.overlap.values())},
             "overhead": ledger.overhead(seconds),
         }
         if self.run.options.dynamic_sampling:
