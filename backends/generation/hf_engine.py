@@ -63,6 +63,13 @@ class HFGenerationEngine(GenerationEngine):
         self.model = (model or build_hf_model(config)).to(self.device.device())
         self.model.generation_config = GenerationConfig()
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        # Persistent buffers are weights too (DeepSeek's router expert bias): they load
+        # like parameters.
+        self._params |= {
+            name: buffer
+            for name, buffer in self.model.state_dict(keep_vars=True).items()
+            if name not in self._params
+        }
         self._storage_bytes: dict[str, int] = {}  # params discarded by sleep(level=2)
         self._asleep = False
         self._seeds = random.Random(config.seed)

@@ -239,16 +239,18 @@ class SequenceParallelNorm:
         return norm
 
 
-def _replace_module(node: Any, old: type, new: type) -> Any:
+def _replace_module(node: Any, old: type, new: type, field: str | None = None) -> Any:
     """A copy of a layer-spec tree (ModuleSpec / submodule dataclasses / lists) with
-    every ``old`` module class replaced by ``new``."""
-    if node is old:
+    every ``old`` module class replaced by ``new`` (only in submodule ``field`` if given)."""
+    if node is old and field is None:
         return new
     if isinstance(node, list):
-        return [_replace_module(item, old, new) for item in node]
+        return [_replace_module(item, old, new, field) for item in node]
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         changes = {
-            f.name: _replace_module(getattr(node, f.name), old, new)
+            f.name: new
+            if f.name == field and getattr(node, f.name) is old
+            else _replace_module(getattr(node, f.name), old, new, field)
             for f in dataclasses.fields(node)
             if f.init
         }
@@ -288,6 +290,27 @@ def decoder_block_spec(config, use_te: bool):
         block = _replace_module(block, WrappedTorchNorm, SequenceParallelNorm)
     if config.multi_latent_attention and not use_te:
         block = _replace_module(block, DotProductAttention, local_mla_core_attention())
+        block = _replicated_mla_down_projections(block)
+    return block
+
+
+def _replicated_mla_down_projections(block: Any) -> Any:
+    """MLA's q / kv down projections as Megatron's replicated ``Linear`` (local spec).
+
+    The local spec builds them column-parallel, and then megatron-core 0.16.1 loses
+    gradient under TP > 1: the shared rotary key (the last ``qk_rope_head_dim`` rows of
+    the kv down projection) is gathered over TP and read by every rank's own heads, but
+    the gather's backward only keeps each rank's slice of its partial gradient, never
+    summing the other ranks' heads' parts. The replicated ``Linear`` (what TE's spec uses
+    too, as a duplicated TELinear) takes Megatron's other branch, whose sequence-parallel
+    gather of the rotary key reduce-scatters that gradient; its weight is tagged
+    ``sequence_parallel`` so its per-rank partial gradient is summed over TP.
+    """
+    from megatron.core.post_training.modelopt.layers import Linear
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+
+    for field in ("linear_q_down_proj", "linear_kv_down_proj"):
+        block = _replace_module(block, ColumnParallelLinear, Linear, field)
     return block
 
 

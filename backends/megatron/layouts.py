@@ -108,31 +108,27 @@ def canonical_name(local_name: str, layer_offset: int, expert_offset: int) -> st
     return _EXPERT.sub(lambda m: f".local_experts.{int(m.group(1)) + expert_offset}.", name)
 
 
-def canonical_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
-    """This rank's parameters keyed by canonical name."""
-    layer_offset, expert_offset = _layer_offset(model), _expert_offset(model)
-    return {
-        canonical_name(name, layer_offset, expert_offset): param
-        for name, param in model.named_parameters()
-    }
+#: Buffers that are weights: DeepSeek's router expert bias (HF ``e_score_correction_bias``).
+WEIGHT_BUFFERS = ("mlp.router.expert_bias",)
 
 
-ROUTER_BIAS = "mlp.router.expert_bias"
+def canonical_parameters(model: nn.Module) -> dict[str, nn.Parameter | torch.Tensor]:
+    """This rank's parameters keyed by canonical name, and its :data:`WEIGHT_BUFFERS`.
 
-
-def canonical_router_biases(model: nn.Module) -> dict[str, torch.Tensor]:
-    """This rank's DeepSeek router expert biases (buffers, not parameters) by canonical name.
-
-    They are full (every rank routes over all experts) and not trained in RL (see
-    ``builder.deepseek_routing``), so they travel with the weights in and out of the
-    engine but not through the optimizer or the resharder: generation engines get them
-    once, with the initial weights.
+    The router's expert bias is a buffer, full on every rank and not trained in RL (see
+    ``builder.deepseek_routing``), yet the policy routes with it: it is loaded, gathered
+    and resharded like a replicated parameter (it has no grad, so optimizers skip it).
     """
-    layer_offset = _layer_offset(model)
-    return {
-        canonical_name(name, layer_offset, 0): buffer
+    layer_offset, expert_offset = _layer_offset(model), _expert_offset(model)
+    weights = dict(model.named_parameters())
+    weights |= {
+        name: buffer
         for name, buffer in model.named_buffers()
-        if name.endswith(ROUTER_BIAS) and buffer is not None
+        if buffer is not None and name.endswith(WEIGHT_BUFFERS)
+    }
+    return {
+        canonical_name(name, layer_offset, expert_offset): tensor
+        for name, tensor in weights.items()
     }
 
 

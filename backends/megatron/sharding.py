@@ -14,7 +14,6 @@ from torch import nn
 from backends.layout import ParamLayout
 from backends.megatron.layouts import (
     canonical_parameters,
-    canonical_router_biases,
     is_expert_param,
     layout_of,
     local_spec_state_dict,
@@ -70,11 +69,6 @@ def load_full_state_dict(
             )
         shard = shard_tensor(full[name], layout, tp_rank_for(param), tp_world_for(param))
         param.copy_(shard.to(param.dtype))
-    for name, bias in canonical_router_biases(model).items():
-        if name in full:
-            bias.copy_(full[name].to(bias.dtype))
-        elif strict:
-            raise KeyError(f"no tensor for router bias '{name}' in the state dict being loaded")
 
 
 def _tp_group_for(param: nn.Parameter):
@@ -111,10 +105,6 @@ def gather_full_state_dict(model: nn.Module, grads: bool = False) -> dict[str, t
         for name, param in canonical_parameters(model).items()
         if not grads or param.grad is not None
     }
-    if not grads:
-        local |= {
-            name: bias.detach().cpu() for name, bias in canonical_router_biases(model).items()
-        }
     everyone: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(everyone, local)
     full: dict[str, torch.Tensor] = {}

@@ -173,7 +173,6 @@ def validate(spec: GPTSpec, parallel: ParallelSpec, world_size: int) -> None:
         raise ValueError(
             f"world size {world_size} is not divisible by tp*cp*pp={dense}; change the layout"
         )
-    _validate_mla(spec, parallel.tp)
     if spec.num_attention_heads % parallel.tp or spec.num_query_groups % parallel.tp:
         raise ValueError(
             f"tp={parallel.tp} must divide num_attention_heads={spec.num_attention_heads} "
@@ -211,16 +210,3 @@ def validate(spec: GPTSpec, parallel: ParallelSpec, world_size: int) -> None:
             f"world size {world_size} is not divisible by ep*etp*pp="
             f"{parallel.ep * parallel.etp * parallel.pp}; change ep/etp"
         )
-
-
-def _validate_mla(spec: GPTSpec, tp: int) -> None:
-    # The local spec builds MLA's down projections column-parallel (split over TP, then
-    # gathered), so their output widths must split evenly too.
-    if not spec.uses_mla:
-        return
-    widths = {"kv_lora_rank + qk_rope_head_dim": spec.kv_lora_rank + spec.qk_rope_head_dim}
-    if spec.q_lora_rank is not None:
-        widths["q_lora_rank"] = spec.q_lora_rank
-    for field, width in widths.items():
-        if width % tp:
-            raise ValueError(f"tp={tp} must divide {field}={width} (MLA down projection)")

@@ -35,7 +35,7 @@ def tiny_config(q_lora_rank: int | None = 32, mtp_layers: int = 0):
         num_attention_heads=4,
         num_key_value_heads=4,
         q_lora_rank=q_lora_rank,
-        kv_lora_rank=30,  # + qk_rope_head_dim = 38: splits over TP=2
+        kv_lora_rank=30,
         qk_nope_head_dim=16,
         qk_rope_head_dim=8,
         v_head_dim=16,

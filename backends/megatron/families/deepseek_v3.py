@@ -16,8 +16,9 @@ canonical Megatron (local spec) names, per layer:
 =========================================  ===========================================
 
 The tensors are equal, no reordering: HF and Megatron both lay the up projections out
-head by head (``[nope | rope]`` for q, ``[nope | v]`` for kv), and the down projection
-as ``[latent | shared rope key]``, so a contiguous split is a TP split (``layouts.py``).
+head by head (``[nope | rope]`` for q, ``[nope | v]`` for kv), so a contiguous split is a
+TP split (column layout); the down projections (``[latent | shared rope key]`` for kv)
+are replicated (see ``builder._replicated_mla_down_projections``).
 Both apply the rotary part to interleaved pairs (HF ``rope_interleave``; Megatron does
 it for every MLA model). Layers ``< first_k_dense_replace`` have a dense MLP.
 
