@@ -48,7 +48,8 @@ class Algorithm(ABC):
     :meth:`uses_reference` decides for resolved ones); ``uses_groups`` (advantages compare
     the responses of one prompt, so a prompt needs at least two); ``defaults`` (values for
     :class:`AlgorithmConfig` fields a recipe leaves unset, by field name); ``own_options``
-    (options only this algorithm reads; switched on elsewhere they are refused).
+    (options only this algorithm reads; switched on elsewhere they are refused); ``offline``
+    (trains on stored data, no generation).
     """
 
     name: ClassVar[str]
@@ -57,6 +58,9 @@ class Algorithm(ABC):
     uses_groups: ClassVar[bool] = False
     defaults: ClassVar[Mapping[str, object]] = {}
     own_options: ClassVar[frozenset[str]] = frozenset()
+    #: Trains on stored data (preference pairs) instead of generating: no rollout,
+    #: reward or advantage stage. The run driver does not run such trainers yet.
+    offline: ClassVar[bool] = False
     #: Options that belong to one algorithm each: switched on, they name their owner.
     OPTION_OWNERS: ClassVar[Mapping[str, str]] = {
         "dynamic_sampling": "dapo",

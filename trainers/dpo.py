@@ -17,14 +17,20 @@ and, with the margin ``h = (r(y_w) - r(y_l)) / beta``,
 The loss is the mean over the pairs of the global batch. Metrics (the paper's Fig. 2 quantities):
 ``preference_accuracy`` (share of pairs with ``r(y_w) > r(y_l)``), ``chosen_reward``,
 ``rejected_reward`` and ``reward_margin`` (means over pairs).
+
+Defaults: ``dpo_beta`` 0.1 (the paper's), ``dpo_loss`` ``sigmoid``.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 
-from trainers.core import Number, _at_least_one, masked_sum
+from mindrl.algorithm import Algorithm, Batch, LossAndMetrics
+from mindrl.config.schema import AlgorithmConfig
+from trainers.core import Number, _at_least_one, masked_mean, masked_sum
 
 DPO_LOSSES = ("sigmoid", "ipo")
 
@@ -80,3 +86,60 @@ def preference_loss(
     }
     count = len(losses) if num_pairs is None else num_pairs
     return losses.sum() / _at_least_one(count, losses), metrics
+
+
+class DPO(Algorithm):
+    """Offline preference optimisation: no rollout, no reward, no advantages.
+
+    A batch holds pairs as consecutive rows, chosen then rejected (row ``2k`` is pair
+    ``k``'s ``y_w``, row ``2k + 1`` its ``y_l``), with ``ref_logprob`` from the
+    reference role.
+    """
+
+    name = "dpo"
+    needs_reference = True
+    uses_groups = True  # a pair is a group of two responses to one prompt
+    defaults: ClassVar[dict[str, object]] = {"dpo_beta": 0.1, "dpo_loss": "sigmoid"}
+    own_options = frozenset({"dpo_beta", "dpo_loss"})
+    offline = True  # stored pairs: no generation, reward or advantage stage
+
+    def uses_reference(self, options: AlgorithmConfig) -> bool:
+        """Always: the implicit reward is measured against the reference policy."""
+        return True
+
+    def compute_advantages(self, batch: Batch, options: AlgorithmConfig) -> dict[str, torch.Tensor]:
+        """DPO has no advantages; the preference loss reads log-probs only.
+
+        Raises:
+            NotImplementedError: always (an offline run has no advantage stage).
+        """
+        raise NotImplementedError("dpo trains on preference pairs and has no advantage stage")
+
+    def actor_loss(
+        self,
+        logprob: torch.Tensor,
+        batch: Batch,
+        options: AlgorithmConfig,
+        num_tokens: Number | None = None,
+        entropy: torch.Tensor | None = None,
+        num_seqs: Number | None = None,
+    ) -> LossAndMetrics:
+        """The DPO / IPO loss of the micro-batch's pairs (``num_seqs`` / 2 pairs in the
+        global batch) and its metrics, plus the policy's ``entropy``.
+
+        Raises:
+            ValueError: an odd number of rows (a pair split across micro-batches).
+        """
+        mask = batch["response_mask"]
+        if logprob.shape[0] % 2:
+            raise ValueError(f"dpo needs whole pairs per micro-batch, got {logprob.shape[0]} rows")
+        policy = sequence_logprob(logprob, mask)
+        reference = sequence_logprob(batch["ref_logprob"], mask)
+        num_pairs = None if num_seqs is None else num_seqs / 2
+        loss, metrics = preference_loss(
+            policy[0::2], policy[1::2], reference[0::2], reference[1::2], options.dpo_beta,
+            options.dpo_loss, num_pairs,
+        )  # fmt: skip
+        if entropy is not None:
+            metrics["entropy"] = masked_mean(entropy, mask).detach()
+        return loss, metrics

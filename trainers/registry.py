@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mindrl.algorithm import Algorithm
 from trainers.dapo import DAPO
+from trainers.dpo import DPO
 from trainers.dr_grpo import DrGRPO
 from trainers.grpo import GRPO
 from trainers.gspo import GSPO
@@ -13,7 +14,7 @@ from trainers.reinforce_pp import ReinforcePP
 from trainers.rloo import RLOO
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (GRPO, PPO, DAPO, PFPPO, ReinforcePP, RLOO, GSPO, DrGRPO)
+    cls.name: cls for cls in (GRPO, PPO, DAPO, PFPPO, ReinforcePP, RLOO, GSPO, DrGRPO, DPO)
 }
 
 

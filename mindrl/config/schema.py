@@ -46,8 +46,7 @@ class ModelConfig:
 
     family: str = option(
         "llama",
-        "Model family (backends/megatron/families; deepseek_v3 only plans). A checkpoint's "
-        "architecture overrides it.",
+        "Model family (backends/megatron/families). A checkpoint's architecture overrides it.",
         choices=("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"),
     )
     hf_path: str | None = option(
@@ -90,6 +89,27 @@ class ModelConfig:
     qk_rope_head_dim: int = option(64, "MLA rotary part of a q/k head.", ge=1)
     qk_nope_head_dim: int = option(128, "MLA non-rotary part of a q/k head.", ge=1)
     v_head_dim: int = option(128, "MLA value head width.", ge=1)
+    moe_router_groups: int = option(
+        1, "DeepSeek routing: expert groups (HF n_group); 1: plain top-k.", ge=1
+    )
+    moe_router_group_topk: int = option(
+        1, "DeepSeek routing: groups a token may use (HF topk_group).", ge=1
+    )
+    moe_routed_scaling_factor: float = option(
+        1.0, "DeepSeek routing: factor on the routing weights (HF routed_scaling_factor).", gt=0
+    )
+    rope_yarn_factor: float | None = option(
+        None, "YaRN rope scaling factor (DeepSeek: 40); None: plain RoPE.", gt=0
+    )
+    rope_yarn_original_max_position_embeddings: int = option(
+        4096, "YaRN: the context length before scaling.", ge=1
+    )
+    rope_yarn_beta_fast: float = option(32.0, "YaRN: high-frequency boundary.", gt=0)
+    rope_yarn_beta_slow: float = option(1.0, "YaRN: low-frequency boundary.", gt=0)
+    rope_yarn_mscale: float = option(1.0, "YaRN: attention temperature mscale.", ge=0)
+    rope_yarn_mscale_all_dim: float = option(
+        0.0, "YaRN: mscale of all dimensions (also scales the softmax).", ge=0
+    )
     dtype: str = option("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
 
     @property

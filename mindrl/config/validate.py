@@ -31,6 +31,12 @@ def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) ->
     problems += check_batch(config, algorithm)
     problems += check_lengths(config)
     problems += check_ignored_role_settings(config)
+    if algorithm is not None and algorithm.offline:
+        problems.append(
+            f"--trainer {algorithm.name} trains on offline preference pairs with no generation "
+            "stage, which the run driver does not run yet (issue 17); its loss and pair data "
+            f"are in trainers/{algorithm.name}.py and mindrl/data/pairs.py"
+        )
     return problems
 
 

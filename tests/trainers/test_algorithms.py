@@ -34,7 +34,7 @@ def test_the_algorithm_maths_imports_only_the_contract_from_mindrl(module):
     assert [m for m in outside if m not in CONTRACT] == []
 
 
-NAMES = ["grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "rloo", "gspo", "dr_grpo"]
+NAMES = ["grpo", "ppo", "dapo", "pf_ppo", "reinforce_pp", "rloo", "gspo", "dr_grpo", "dpo"]
 
 
 def test_the_registry_finds_each_algorithm_and_lists_the_known_ones():
@@ -53,6 +53,7 @@ def test_the_registry_finds_each_algorithm_and_lists_the_known_ones():
         "rloo": ("rloo", False, False, True),
         "gspo": ("gspo", False, False, True),
         "dr_grpo": ("dr_grpo", False, False, True),
+        "dpo": ("dpo", False, True, True),
     }
     with pytest.raises(ValueError, match=f"unknown algorithm 'sft'; known: {', '.join(NAMES)}"):
         get_algorithm("sft")

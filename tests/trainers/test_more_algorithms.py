@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 import torch
 
+from mindrl.config import MindRLConfig
+from mindrl.config.validate import validate_config
 from mindrl.data.pairs import load_preference_pairs, make_digit_pairs
 from mindrl.data.sources import PromptSourceError
 from tests.trainers import loop_reference as ref
@@ -314,3 +316,27 @@ def test_reinforce_pp_adds_no_kl_to_the_loss_even_with_a_coefficient_handed_in()
     batch = {"advantages": adv, "response_mask": mask, "ref_logprob": ref_logp}
     loss, metrics = rpp.actor_loss(logp, batch, options)
     assert loss.item() == pytest.approx(-ref.masked_mean(adv, mask)) and "kl" not in metrics
+
+
+def test_dpo_trains_on_consecutive_chosen_rejected_rows_against_the_reference():
+    mask, (logp, ref_logp) = random_inputs(22, batch=8, count=2)
+    mask[:, 0] = 1.0  # every response has a token
+    dpo = get_algorithm("dpo")
+    options = dpo.resolve({"dpo_beta": 0.2})
+    loss, metrics = dpo.actor_loss(logp, {"response_mask": mask, "ref_logprob": ref_logp}, options)
+    seq, ref_seq = (logp * mask).sum(-1).tolist(), (ref_logp * mask).sum(-1).tolist()
+    want_loss, want_accuracy = ref.dpo(
+        seq[0::2], seq[1::2], ref_seq[0::2], ref_seq[1::2], 0.2, "sigmoid"
+    )
+    assert loss.item() == pytest.approx(want_loss)
+    assert metrics["preference_accuracy"].item() == pytest.approx(want_accuracy)
+    assert (dpo.resolve().dpo_beta, dpo.resolve().dpo_loss) == (0.1, "sigmoid")
+    assert dpo.uses_reference(options)
+    with pytest.raises(ValueError, match="dpo needs whole pairs per micro-batch, got 3 rows"):
+        dpo.actor_loss(logp[:3], {"response_mask": mask[:3], "ref_logprob": ref_logp[:3]}, options)
+
+
+def test_the_config_check_refuses_the_offline_dpo_trainer_with_the_reason():
+    problems = validate_config(MindRLConfig(), get_algorithm("dpo"))
+    assert [p for p in problems if "dpo trains on offline preference pairs" in p] != []
+    assert not [p for p in validate_config(MindRLConfig(), get_algorithm("rloo")) if "offline" in p]
