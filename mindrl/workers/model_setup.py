@@ -16,7 +16,13 @@ from backends.megatron.families import family_for_architecture, get_family
 from mindrl.config.schema import ModelConfig
 
 #: transformers ``model_type`` of each family file the pipeline can build.
-HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
+HF_MODEL_TYPES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
+    "deepseek_v3": "deepseek_v3",
+}
 
 
 class ModelSetupError(ValueError):
@@ -40,10 +46,13 @@ class InitialModel:
 
 def gpt_spec(model: ModelConfig) -> GPTSpec:
     """The engine's :class:`GPTSpec` for a ``model`` section built from scratch."""
+    if model.family == "deepseek_v3":
+        # One reading of DeepSeek's options: the family's, from the HF config.
+        return _spec_from_checkpoint_config(deepseek_v3_hf_config(model), model)
     if model.uses_mla:
         raise ModelSetupError(
-            "model.kv_lora_rank (MLA, DeepSeek) is planned but not buildable by the training "
-            "engine yet; use a GQA model (leave model.kv_lora_rank unset)"
+            f"model.kv_lora_rank (MLA) is built by the deepseek_v3 family only, not "
+            f"'{model.family}'; set model.family=deepseek_v3 or leave model.kv_lora_rank unset"
         )
     moe_layers = None
     if model.is_moe and model.first_k_dense_layers:
@@ -70,6 +79,53 @@ def gpt_spec(model: ModelConfig) -> GPTSpec:
         moe_layers=moe_layers,
         dtype=model.dtype,
     )
+
+
+def deepseek_v3_hf_config(model: ModelConfig) -> dict:
+    """The HF ``DeepseekV3Config`` dictionary of a DeepSeek-V3 ``model`` section."""
+    from transformers import AutoConfig
+
+    rope = {"rope_type": "default", "rope_theta": model.rope_theta}
+    if model.rope_yarn_factor is not None:
+        rope = {
+            "rope_type": "yarn",
+            "rope_theta": model.rope_theta,
+            "factor": model.rope_yarn_factor,
+            "original_max_position_embeddings": model.rope_yarn_original_max_position_embeddings,
+            "beta_fast": model.rope_yarn_beta_fast,
+            "beta_slow": model.rope_yarn_beta_slow,
+            "mscale": model.rope_yarn_mscale,
+            "mscale_all_dim": model.rope_yarn_mscale_all_dim,
+        }
+    fields = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "vocab_size": model.vocab_size,
+        "hidden_size": model.hidden_size,
+        "intermediate_size": model.ffn_hidden_size,
+        "moe_intermediate_size": model.moe_ffn_hidden_size or model.ffn_hidden_size,
+        "num_hidden_layers": model.num_layers,
+        "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": model.num_attention_heads,
+        "q_lora_rank": model.q_lora_rank,
+        "kv_lora_rank": model.kv_lora_rank,
+        "qk_nope_head_dim": model.qk_nope_head_dim,
+        "qk_rope_head_dim": model.qk_rope_head_dim,
+        "v_head_dim": model.v_head_dim,
+        "n_routed_experts": model.num_experts,
+        "n_shared_experts": model.num_shared_experts,
+        "num_experts_per_tok": model.moe_router_topk,
+        "n_group": model.moe_router_groups,
+        "topk_group": model.moe_router_group_topk,
+        "routed_scaling_factor": model.moe_routed_scaling_factor,
+        "first_k_dense_replace": model.first_k_dense_layers,
+        "max_position_embeddings": model.max_position_embeddings,
+        "rms_norm_eps": model.norm_eps,
+        "rope_parameters": rope,
+        "tie_word_embeddings": model.tie_word_embeddings,
+        "num_nextn_predict_layers": 0,  # RL trains no multi-token-prediction layer
+        "torch_dtype": model.dtype,
+    }
+    return AutoConfig.for_model("deepseek_v3", **fields).to_dict()
 
 
 def hf_config_for(spec: GPTSpec) -> dict:
@@ -126,15 +182,25 @@ def initial_model(model: ModelConfig) -> InitialModel:
         raise ModelSetupError("set model.hf_path or model.gguf_package, not both")
     if not (model.hf_path or model.gguf_package):
         spec = gpt_spec(model)
-        return InitialModel(spec, hf_config_for(spec), None)
+        hf_config = deepseek_v3_hf_config(model) if model.family == "deepseek_v3" else None
+        return InitialModel(spec, hf_config or hf_config_for(spec), None)
     state, config = _read_checkpoint(model)
+    return InitialModel(_spec_from_checkpoint_config(config, model), config, state)
+
+
+def _spec_from_checkpoint_config(config: dict, model: ModelConfig) -> GPTSpec:
+    """The spec an HF ``config.json`` describes, built by its architecture's family.
+
+    Raises:
+        ModelSetupError: no family handles the architecture, or the family cannot build
+            one of its options (the message names the field).
+    """
     architecture = (config.get("architectures") or ["LlamaForCausalLM"])[0]
     try:
         family = family_for_architecture(architecture)
+        return family.spec_from_hf_config(config, dtype=model.dtype)
     except (KeyError, ValueError) as exc:
         raise ModelSetupError(f"checkpoint architecture {architecture}: {exc}") from None
-    spec = family.spec_from_hf_config(config, dtype=model.dtype)
-    return InitialModel(spec, config, state)
 
 
 def _read_checkpoint(model: ModelConfig) -> tuple[dict[str, torch.Tensor], dict]:
