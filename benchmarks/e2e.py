@@ -301,7 +301,7 @@ def train_mindrl(config: Any, spec: RunSpec, run_dir: Path) -> dict:
     from trainers.driver.train import train
     from trainers.registry import get_algorithm
 
-    logged = [f"logging.dir={run_dir}", "logging.tensorboard=false", "logging.progress_bar=false"]
+    logged = [f"logging.dir={run_dir}", "logging.backends=[]", "logging.progress_bar=false"]
     config = load_config(spec.config, [*spec.overrides, *logged], algorithm=get_algorithm("grpo"))
     status = train(config, "grpo", device="cpu", resume=False)
     return {} if status == 0 else {"error": f"mindrl's train() returned {status}"}

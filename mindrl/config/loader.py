@@ -219,9 +219,11 @@ def type_name(hint: Any) -> str:
 def check_bounds(value: Any, meta: typing.Mapping[str, Any]) -> str | None:
     """A one-line reason ``value`` breaks the field's bounds, or None."""
     choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        shown = ", ".join("null" if c is None else str(c) for c in choices)
-        return f"{value!r} is not one of: {shown}"
+    # A list field with choices (logging.backends) takes each item from them.
+    for item in value if isinstance(value, list) else [value]:
+        if choices is not None and item not in choices:
+            shown = ", ".join("null" if c is None else str(c) for c in choices)
+            return f"{item!r} is not one of: {shown}"
     if value is None or not isinstance(value, int | float):
         return None
     for name, fails, word in (

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mindrl.config.fields import option, section
+from mindrl.metrics.sinks import SINKS
 
 
 @dataclass
@@ -322,8 +323,24 @@ class LoggingConfig:
     """Where progress and metrics go."""
 
     dir: str = option("runs/{trainer}", "Run folder for metrics.jsonl, TensorBoard and plots.")
-    tensorboard: bool = option(True, "Also write TensorBoard scalars.")
-    progress_bar: bool = option(True, "Show a progress bar during generation.")
+    backends: list[str] = option(
+        doc="Metric sinks besides metrics.jsonl (always written: --resume and plots read it); "
+        "wandb and mlflow need their package (pip install 'mindrl[loggers]').",
+        factory=lambda: ["tensorboard"],
+        choices=tuple(SINKS),
+    )
+    project: str = option("mindrl", "W&B project and MLflow experiment of the run.")
+    wandb_mode: str = option(
+        "offline",
+        "W&B: offline (files in <dir>/wandb, upload later with `wandb sync`) or online.",
+        choices=("offline", "online"),
+    )
+    mlflow_uri: str | None = option(
+        None, "MLflow tracking URI; None: $MLFLOW_TRACKING_URI, else sqlite <dir>/mlflow.db."
+    )
+    progress_bar: bool = option(
+        True, "Show a progress bar during generation (only when stderr is a terminal)."
+    )
 
 
 @dataclass

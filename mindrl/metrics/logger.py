@@ -1,7 +1,8 @@
-"""Per-iteration metrics to a JSONL file and TensorBoard, flushed every iteration.
+"""Per-iteration metrics to a JSONL file and the listed sinks (TensorBoard, W&B, MLflow),
+flushed every iteration.
 
 A record is a flat or nested dict of numbers; nested dicts (``{"time": {"rollout":
-1.2}}``) stay nested in JSON and become ``time/rollout`` TensorBoard tags. Flushing each
+1.2}}``) stay nested in JSON and become ``time/rollout`` tags in the sinks. Flushing each
 iteration means a crashed or interrupted run keeps every iteration it finished.
 """
 
@@ -10,12 +11,16 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from mindrl.metrics.sinks import SinkSettings, open_sinks
+
+if TYPE_CHECKING:
+    from mindrl.config.schema import LoggingConfig
 
 METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
 
 
 def flatten_scalars(record: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -47,31 +52,43 @@ def _json_default(value: Any) -> Any:
 
 
 class MetricsLogger:
-    """Writes ``<run_dir>/metrics.jsonl`` and ``<run_dir>/tensorboard/``.
+    """Writes ``<run_dir>/metrics.jsonl`` and every listed sink (:mod:`mindrl.metrics.sinks`).
 
     Args:
         run_dir: Run folder (created).
-        tensorboard: Also write TensorBoard scalars.
+        backends: Sinks besides the JSONL file: ``tensorboard``, ``wandb``, ``mlflow``.
         resume_at: Resuming at this iteration: keep the file's records of earlier
             iterations and drop later ones (written after the checkpoint); None starts
-            the file afresh.
+            the file afresh. (W&B and MLflow start a new run that begins at it.)
+        settings: W&B project / mode and MLflow URI.
+
+    Raises:
+        SinkError: a listed sink could not start (one line naming it).
     """
 
     def __init__(
-        self, run_dir: str | Path, tensorboard: bool = True, resume_at: int | None = None
+        self,
+        run_dir: str | Path,
+        backends: Sequence[str] = ("tensorboard",),
+        resume_at: int | None = None,
+        settings: SinkSettings | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / METRICS_FILE
+        self._sinks = open_sinks(backends, self.run_dir, settings or SinkSettings())
         kept = self._records_before(resume_at)
         self._file = self.jsonl_path.open("w", encoding="utf-8")
         for record in kept:
             self._file.write(json.dumps(record) + "\n")
-        self._writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR))
+    @classmethod
+    def for_run(
+        cls, run_dir: str | Path, logging: LoggingConfig, resume_at: int | None = None
+    ) -> MetricsLogger:
+        """The logger a run's ``logging`` section asks for."""
+        settings = SinkSettings(logging.project, logging.wandb_mode, logging.mlflow_uri)
+        return cls(run_dir, logging.backends, resume_at, settings)
 
     def _records_before(self, resume_at: int | None) -> list[dict[str, Any]]:
         if resume_at is None or not self.jsonl_path.exists():
@@ -83,17 +100,17 @@ class MetricsLogger:
         record = {"iteration": iteration, **metrics}
         self._file.write(json.dumps(record, default=_json_default) + "\n")
         self._file.flush()
-        if self._writer is not None:
-            for tag, value in flatten_scalars(metrics):
-                self._writer.add_scalar(tag, value, global_step=iteration)
-            self._writer.flush()
+        if self._sinks:
+            scalars = dict(flatten_scalars(metrics))
+            for sink in self._sinks:
+                sink.log(iteration, scalars)
         return record
 
     def close(self) -> None:
-        """Flush and close the file and the TensorBoard writer."""
+        """Flush and close the file and every sink."""
         self._file.close()
-        if self._writer is not None:
-            self._writer.close()
+        for sink in self._sinks:
+            sink.close()
 
     def __enter__(self) -> MetricsLogger:
         return self

@@ -18,7 +18,7 @@ def _png_size(path):
 
 @pytest.fixture
 def run_dir(tmp_path):
-    with MetricsLogger(tmp_path / "run", tensorboard=False) as logger:
+    with MetricsLogger(tmp_path / "run", backends=()) as logger:
         for iteration in range(1, 21):
             logger.log(
                 iteration,

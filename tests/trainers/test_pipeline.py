@@ -44,7 +44,7 @@ def tiny_config(tmp_path: Path, trainer: str = "grpo", *overrides: str):
         [
             f"logging.dir={tmp_path / 'run'}",
             "logging.progress_bar=false",
-            "logging.tensorboard=false",
+            "logging.backends=[]",
             "checkpoint.every=0",
             *overrides,
         ],

@@ -19,6 +19,7 @@ from backends.device import DeviceUnavailableError
 from backends.device.registry import DEVICE_CLASSES, resolve_device
 from mindrl.algorithm import Algorithm
 from mindrl.config import ConfigError, MindRLConfig, load_config
+from mindrl.metrics.sinks import missing_sink_packages
 from mindrl.planner.report import build_plan
 from mindrl.run_plan import build_run_plan
 from trainers.registry import ALGORITHMS, get_algorithm
@@ -124,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return dry_run(config, algorithm, requested, args.json)
     resolve_device(requested)  # fail fast, before any process starts
+    if missing := missing_sink_packages(config.logging.backends):
+        raise ConfigError(missing)
     print("start-up: loading torch, Ray and Megatron-core", file=sys.stderr)
     from trainers.driver.train import train  # Ray, torch, Megatron: only when training
 

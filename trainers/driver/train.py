@@ -22,6 +22,7 @@ from mindrl.config.schema import MindRLConfig
 from mindrl.data import PromptSourceError
 from mindrl.dock import DockError
 from mindrl.metrics import MetricsLogger, format_progress_line, print_progress_line
+from mindrl.metrics.sinks import SinkError
 from mindrl.reshard import LayoutError
 from mindrl.workers.group import StageFailedError, StageTimeoutError, WorkerDiedError
 from mindrl.workers.model_setup import ModelSetupError
@@ -30,7 +31,7 @@ from trainers.driver.setup import RunSetupError, RunState, launch_run, prepare_r
 
 #: Failures of the run itself (exit 1), as opposed to user mistakes (exit 2).
 RUN_FAILURES = (WorkerDiedError, StageTimeoutError, StageFailedError, DockError)
-USER_MISTAKES = (RunSetupError, ModelSetupError, PromptSourceError, LayoutError)
+USER_MISTAKES = (RunSetupError, ModelSetupError, PromptSourceError, LayoutError, SinkError)
 #: How long a Ctrl-C checkpoint may take before the run gives up on it.
 INTERRUPT_SAVE_TIMEOUT_S = 120.0
 
@@ -64,7 +65,7 @@ def train(
 def _loop(run: RunState, runner: IterationRunner) -> int:
     config = run.config
     resume_at = run.start_iteration if run.resumed else None
-    with MetricsLogger(run.run_dir, config.logging.tensorboard, resume_at=resume_at) as log:
+    with MetricsLogger.for_run(run.run_dir, config.logging, resume_at) as log:
         for iteration in range(run.start_iteration, config.iterations):
             metrics = runner.run_iteration(iteration)
             log.log(iteration, metrics)
