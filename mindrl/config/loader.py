@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from mindrl.config.schema import MindRLConfig
+from mindrl.config.schema import MindRLConfig, ModelConfig
 
 if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
     from mindrl.algorithm import Algorithm
@@ -55,10 +55,23 @@ def load_config(
     config = build(MindRLConfig, raw, "", problems, origin)
     if problems:
         raise ConfigError(problems)
+    config.model = checkpoint_model(config.model, origin)
     problems = [f"{origin}: {p}" for p in validate_config(config, algorithm)]
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def checkpoint_model(model: ModelConfig, origin: str) -> ModelConfig:
+    """The model section as the checkpoint it names describes it (validated as such)."""
+    if not model.hf_path:  # no checkpoint: the section is the architecture
+        return model
+    from mindrl.workers.model_setup import ModelSetupError, with_checkpoint_architecture
+
+    try:
+        return with_checkpoint_architecture(model)
+    except ModelSetupError as exc:
+        raise ConfigError([f"{origin}: model.hf_path: {exc}"]) from None
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

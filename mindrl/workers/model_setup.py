@@ -7,6 +7,7 @@ they are made once per process from the same seed and source; nothing is downloa
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +79,71 @@ def gpt_spec(model: ModelConfig) -> GPTSpec:
         moe_shared_expert_size=model.num_shared_experts * (model.moe_ffn_hidden_size or 0),
         moe_layers=moe_layers,
         dtype=model.dtype,
+    )
+
+
+def with_checkpoint_architecture(model: ModelConfig) -> ModelConfig:
+    """``model`` with its architecture fields read from ``model.hf_path``'s config.json.
+
+    The checkpoint decides the architecture: a recipe need not restate it, and layout
+    checks then see the model that will be built. Without a readable config.json the
+    section is returned as is (start-up reports missing weights later, in one line).
+
+    Raises:
+        ModelSetupError: the checkpoint's architecture cannot be built (names the field).
+    """
+    import json
+    from pathlib import Path
+
+    file = Path(model.hf_path or "") / "config.json"
+    if not model.hf_path or not file.is_file():
+        return model
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelSetupError(f"cannot read {file}: {exc}") from None
+    return model_section_for(_spec_from_checkpoint_config(config, model), model)
+
+
+def model_section_for(spec: GPTSpec, model: ModelConfig) -> ModelConfig:
+    """``model`` with the architecture fields of ``spec`` (the inverse of :func:`gpt_spec`)."""
+    yarn = spec.yarn or (None, 4096, 32.0, 1.0, 1.0, 0.0)
+    moe = spec.is_moe
+    return dataclasses.replace(
+        model,
+        family=spec.family,
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_kv_heads=spec.num_query_groups,
+        head_dim=spec.kv_channels,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        vocab_size=spec.vocab_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_theta=spec.rope_theta,
+        norm_eps=spec.norm_eps,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        qkv_bias=spec.add_qkv_bias,
+        qk_layernorm=spec.qk_layernorm,
+        num_experts=spec.num_experts,
+        moe_ffn_hidden_size=spec.moe_ffn_hidden_size if moe else model.moe_ffn_hidden_size,
+        moe_router_topk=spec.moe_router_topk if moe else model.moe_router_topk,
+        num_shared_experts=spec.moe_shared_expert_size // (spec.moe_ffn_hidden_size or 1),
+        first_k_dense_layers=min(spec.moe_layer_indexes(), default=0),
+        q_lora_rank=spec.q_lora_rank,
+        kv_lora_rank=spec.kv_lora_rank,
+        qk_rope_head_dim=spec.qk_rope_head_dim or model.qk_rope_head_dim,
+        qk_nope_head_dim=spec.qk_nope_head_dim or model.qk_nope_head_dim,
+        v_head_dim=spec.v_head_dim or model.v_head_dim,
+        moe_router_groups=spec.moe_router_num_groups or 1,
+        moe_router_group_topk=spec.moe_router_group_topk or 1,
+        moe_routed_scaling_factor=spec.moe_router_topk_scaling_factor or 1.0,
+        rope_yarn_factor=yarn[0],
+        rope_yarn_original_max_position_embeddings=yarn[1],
+        rope_yarn_beta_fast=yarn[2],
+        rope_yarn_beta_slow=yarn[3],
+        rope_yarn_mscale=yarn[4],
+        rope_yarn_mscale_all_dim=yarn[5],
     )
 
 
