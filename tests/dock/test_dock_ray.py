@@ -108,6 +108,43 @@ def test_the_centralized_buffer_serves_the_same_iteration(ray_cluster):
         shutdown_dock(handle)
 
 
+def stream_chunks(client: DockClient, pieces: list[list[int]]) -> list[list[list[int]]]:
+    """Put responses piece by piece while chunked ``reward`` claims (step 2, two DP parts)
+    take them, a new claim opened as soon as one is answered; every chunk's parts."""
+    client.put(np.arange(G * N), {"prompt_ids": [prompt(i) for i in range(G * N)]})
+    chunks: list[list[list[int]]] = []
+
+    def left() -> int:
+        return G * N - sum(len(part) for chunk in chunks for part in chunk)
+
+    def ask():
+        return client.claim_async("reward", ["response_ids"], left(), dp_parts=2, step=2)
+
+    pending = ask()
+    for piece in [*pieces, None]:  # None: everything is put, wait for the rest
+        if piece is not None:
+            client.put(piece, {"response_ids": [response(i) for i in piece]})
+        while left() and (piece is None or ray.wait([pending.ref], timeout=0.05)[0]):
+            chunks.append([part.tolist() for part in pending.result()])
+            if left():
+                pending = ask()
+    return chunks
+
+
+@pytest.mark.parametrize("kind", ["distributed", "central"])
+def test_chunked_claims_on_ray_hand_each_sample_once_as_it_is_put(ray_cluster, kind):
+    handle = create_dock(RL_FIELDS, GRPO_STAGES, G * N, group_size=N, kind=kind, timeout_s=20)
+    try:
+        pieces = [[0, 1, 2], [3], [4, 5, 6, 7, 8], [9, 10], [11]]
+        chunks = stream_chunks(DockClient(handle), pieces)
+    finally:
+        shutdown_dock(handle)
+    taken = [i for chunk in chunks for part in chunk for i in part]
+    assert sorted(taken) == list(range(G * N))  # every sample, none twice
+    assert len(chunks) > 1
+    assert all(len(left) == len(right) > 0 for left, right in chunks)
+
+
 def test_one_warehouse_per_node_and_puts_land_in_the_local_one(dock):
 
     DockClient(dock).clear()

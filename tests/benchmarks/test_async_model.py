@@ -1,0 +1,52 @@
+"""The simulated cluster of benchmarks/async.py: its cost model behaves as stated.
+
+No training runs here; the measured half of the benchmark needs Ray and minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# ``async`` is a keyword, so the script is loaded from its path.
+_spec = importlib.util.spec_from_file_location(
+    "async_benchmark", Path(__file__).resolve().parents[2] / "benchmarks" / "async.py"
+)
+bench = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = bench  # dataclasses look their module up while it loads
+_spec.loader.exec_module(bench)
+
+#: The paper's setup, shortened so the test is fast: fewer, shorter responses.
+SMALL = bench.ClusterModel(prompts=32, response_mean=256.0, response_max=1024)
+
+
+def test_streaming_hides_reward_behind_generation_and_changes_nothing_else():
+    sim = bench.simulate(SMALL)["rows"]
+    sync, stream = sim["sync"], sim["stream"]
+    assert stream["iteration_s"] < sync["iteration_s"]
+    hidden = sync["iteration_s"] - stream["iteration_s"]
+    # What streaming saves is the reward time after generation, nothing more.
+    assert hidden == pytest.approx(sync["reward_tail_s"] - stream["reward_tail_s"])
+    assert sync["reward_tail_s"] == pytest.approx(sync["reward_busy_s"])
+    for key in ("generation_s", "ref_logp_busy_s", "update_s", "dock_dispatch_s"):
+        assert stream[key] == sync[key]
+
+
+def test_without_reward_work_streaming_gains_nothing():
+    sim = bench.simulate(dataclasses.replace(SMALL, reward_ms=0.0))["rows"]
+    assert sim["stream"]["iteration_s"] == pytest.approx(sim["sync"]["iteration_s"])
+
+
+def test_long_responses_finish_last_and_a_replica_decodes_until_its_longest():
+    lengths = bench.response_lengths(SMALL)
+    assert lengths.max() <= SMALL.response_max and lengths.min() >= 1
+    ready = bench.generation_ready_times(SMALL, lengths, SMALL.devices)
+    for replica in range(SMALL.devices):
+        mine = np.arange(replica, len(lengths), SMALL.devices)
+        order = np.argsort(lengths[mine], kind="stable")
+        assert np.all(np.diff(ready[mine][order]) >= 0)
