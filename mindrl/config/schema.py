@@ -316,6 +316,13 @@ class DockConfig:
     )
     warehouses: int | None = option(None, "TD warehouses; None: one per node.", ge=1)
     timeout_s: float = option(120.0, "Longest wait for a stage's samples before failing.", gt=0)
+    pipeline: str = option(
+        "sync",
+        "sync: each stage waits for the whole batch of the stage before it. stream: stages "
+        "off the generating devices (reward workers) claim samples in chunks as the rollout "
+        "puts them, overlapping generation; same samples as sync.",
+        choices=("sync", "stream"),
+    )
 
 
 @dataclass
@@ -353,13 +360,6 @@ class CheckpointConfig:
 
 
 @dataclass
-    pipeline: str = option(
-        "sync",
-        "sync: each stage waits for the whole batch of the stage before it. stream: stages "
-        "off the generating devices (reward workers) claim samples in chunks as the rollout "
-        "puts them, overlapping generation; same samples and metrics as sync.",
-        choices=("sync", "stream"),
-    )
 class MindRLConfig:
     """A whole run."""
 

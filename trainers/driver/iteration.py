@@ -350,7 +350,7 @@ class IterationRunner:
             "iteration_time_s": seconds,
             "time": ledger.stages,
             "busy": ledger.busy,
-            "overlap": {**ledger.overlap, "total": sum(ledger.overlap.values())},
+            "overlap": {**ledger.overlap, "total": sum(ledger.overlap.values(), 0.0)},
             "overhead": ledger.overhead(seconds),
         }
         if self.run.options.dynamic_sampling:
