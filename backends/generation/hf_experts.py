@@ -39,6 +39,11 @@ def unfuse_experts(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
+def is_expert_name(name: str) -> bool:
+    """``name`` is one expert's ``experts.{e}.{gate,up,down}_proj.weight``."""
+    return _EXPERT_NAME.fullmatch(name) is not None
+
+
 def fused_expert_view(
     name: str, fused: Mapping[str, torch.Tensor]
 ) -> tuple[str, torch.Tensor] | None:

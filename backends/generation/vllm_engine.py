@@ -19,10 +19,12 @@ its own engine with vLLM's ``external_launcher`` executor, which reuses the exis
 process group; TP groups are consecutive ranks and the ranks beyond one TP group are
 independent data-parallel replicas. The ranks of one TP group must call ``generate``
 with the same prompts and parameters. Each rank then loads only its own shard of every
-TP-split tensor (see :meth:`VLLMGenerationEngine.load_weights`): vLLM's loaders cut a
-rank's rows out of a full tensor, so the shard is placed at this rank's offset of a
-full-shaped host tensor, one tensor at a time, and only the vocabulary tensors (vLLM
-pads and splits them its own way) arrive whole.
+TP-split tensor (see :meth:`VLLMGenerationEngine.load_weights`), where it lies (on the
+device): vLLM's linear layers take it as it is (loaded with ``tp_rank`` 0, as vLLM
+loads replicated shards), at q/k/v's or gate/up's offset inside the merged parameters;
+expert tensors, which vLLM's MoE loader always cuts out of a full tensor, go inside a
+full-shaped one, and the vocabulary tensors (vLLM pads and splits them its own way)
+arrive whole.
 
 Sleep mode is native where vLLM has it (CUDA, ROCm, XPU, Ascend). Elsewhere (CPU) it is
 emulated: the KV cache content is dropped and its storage released; the weights stay
@@ -31,10 +33,11 @@ resident, since on CPU the "device" memory is host memory already.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -48,7 +51,7 @@ from backends.generation.base import (
     GenerationResult,
     SamplingParams,
 )
-from backends.generation.hf_experts import unfuse_experts
+from backends.generation.hf_experts import is_expert_name, unfuse_experts
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # vLLM logs every weight reload and cache reset at INFO: once per RL iteration per rank.
@@ -99,31 +102,79 @@ def _load_shards_on_worker(
 ) -> None:
     """Runs inside the (in-process) worker of one TP rank: load this rank's shards."""
     rank = get_tensor_model_parallel_rank()
-    _load_weights_on_worker(
-        worker, (placed_in_full(n, t, full_shapes, tp, rank) for n, t in shards)
-    )
+    with _linears_take_own_shards(worker.model_runner.model):
+        _load_weights_on_worker(
+            worker, (for_vllm_loader(n, t, full_shapes, tp, rank) for n, t in shards)
+        )
 
 
-def placed_in_full(
+@contextlib.contextmanager
+def _linears_take_own_shards(model: torch.nn.Module) -> Iterator[None]:
+    """While active, vLLM's TP-split linear layers load a rank's shard as it is.
+
+    Their loaders cut rows ``tp_rank * size ..`` out of the tensor they get (old-style
+    loaders read the layer's ``tp_rank``, vLLMParameter ones the parameter's); with
+    ``tp_rank`` 0 the cut is the whole shard, copied straight into this rank's
+    parameter (for the merged qkv / gate_up ones at the shard's offset). vLLM loads
+    replicated latent shards the same way. An in-place reload rebuilds parameters from
+    metadata recorded when the model was built, so that metadata is set as well.
+    Everything is restored on exit.
+    """
+    from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    saved: list[tuple[Any, int]] = []
+    for layer in model.modules():
+        if not isinstance(layer, ColumnParallelLinear | RowParallelLinear):
+            continue
+        holders: list[Any] = [layer, *layer.parameters(recurse=False)]
+        info = LAYERWISE_INFO.get(layer)
+        if info is not None:
+            holders += list(info.restore_metadata[0].values())
+        for holder in holders:
+            if hasattr(holder, "tp_rank"):
+                saved.append((holder, holder.tp_rank))
+                holder.tp_rank = 0
+    try:
+        yield
+    finally:
+        for holder, tp_rank in saved:
+            holder.tp_rank = tp_rank
+
+
+def for_vllm_loader(
     name: str, shard: torch.Tensor, full_shapes: dict[str, tuple[int, ...]], tp: int, rank: int
 ) -> tuple[str, torch.Tensor]:
-    """``shard`` of TP rank ``rank`` inside a full-shaped tensor, for vLLM's loaders.
+    """``shard`` of TP rank ``rank`` as vLLM's loader for ``name`` takes it.
 
-    vLLM's weight loaders take a full tensor and narrow it to the rank's slice along the
-    parameter's split dim (q/k/v and gate/up each on their own), which is exactly where
-    a Megatron-style contiguous shard belongs. A tensor already of full shape (norms,
-    the whole vocabulary tensors) passes through. The rest of the full tensor is left
-    uninitialised: no loader reads it.
+    A tensor of full shape (norms, the whole vocabulary tensors) and a dense linear
+    layer's shard (loaded under :func:`_linears_take_own_shards`) pass as they are. An
+    expert's shard goes inside a full-shaped tensor at this rank's offset: vLLM's MoE
+    loader narrows every expert tensor to the rank's slice itself. The rest of that
+    tensor is left uninitialised: no loader reads it.
 
     Raises:
         KeyError: ``name`` is not a parameter of the model.
         ValueError: ``shard`` is neither the full shape nor a 1/tp slice of it.
     """
+    dim = _split_dim(name, tuple(shard.shape), full_shapes, tp)
+    if dim is None or not is_expert_name(name):
+        return name, shard
+    full = shard.new_empty(full_shapes[name])
+    full.narrow(dim, rank * shard.shape[dim], shard.shape[dim]).copy_(shard)
+    return name, full
+
+
+def _split_dim(
+    name: str, shape: tuple[int, ...], full_shapes: dict[str, tuple[int, ...]], tp: int
+) -> int | None:
+    """The dim along which ``shape`` is a 1/tp slice of ``name``'s full shape; None when
+    it is the full shape."""
     if name not in full_shapes:
         raise KeyError(f"'{name}' is not a parameter of the generation model")
-    full_shape, shape = full_shapes[name], tuple(shard.shape)
+    full_shape = full_shapes[name]
     if shape == full_shape:
-        return name, shard
+        return None
     split = [d for d, (a, b) in enumerate(zip(shape, full_shape, strict=False)) if a != b]
     if (
         len(shape) != len(full_shape)
@@ -134,10 +185,7 @@ def placed_in_full(
             f"'{name}' has shape {list(shape)}: expected the full {list(full_shape)} or this "
             f"rank's 1/{tp} slice of it along one dim (is the resharder's generation tp {tp}?)"
         )
-    dim = split[0]
-    full = shard.new_empty(full_shape)
-    full.narrow(dim, rank * shape[dim], shape[dim]).copy_(shard)
-    return name, full
+    return split[0]
 
 
 def _resize_kv_cache_on_worker(worker: Any, release: bool) -> int:
@@ -203,6 +251,10 @@ class VLLMGenerationEngine(GenerationEngine):
                 "parallelism: set rollout.ep: 1 on a CPU (experts are then tensor-split)"
             )
         self.in_process_group = config.tensor_parallel_size > 1 and dist.is_initialized()
+        # Engine core and worker in this process: tensors reach the loader by reference.
+        self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and (
+            self.in_process_group or config.tensor_parallel_size == 1
+        )
         if self.in_process_group:
             _prepare_external_launch(config.tensor_parallel_size)
         model_dir, load_format = self._model_dir(config)
@@ -247,16 +299,22 @@ class VLLMGenerationEngine(GenerationEngine):
 
         In that mode each TP-split tensor is this rank's contiguous 1/tp slice along its
         split dim (q/k/v by whole query groups, gate and up each split, o/down along the
-        input dim), the vocabulary tensors and norms whole. Tensors stream one at a time.
+        input dim), the vocabulary tensors and norms whole. Tensors stream one at a time
+        and are read where they lie (the generation shards on the device); only an
+        engine core in another process gets host copies.
         """
         if self.in_process_group:
-            shards = ((name, t.detach().cpu()) for name, t in named_tensors)
+            shards = ((name, t.detach()) for name, t in named_tensors)
             args = (shards, self._full_shapes, self.config.tensor_parallel_size)
             self.llm.collective_rpc(_load_shards_on_worker, args=args)
         else:
-            weights = [(name, t.detach().cpu()) for name, t in named_tensors]
+            weights = [(name, self._reachable(t.detach())) for name, t in named_tensors]
             self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
         self.llm.reset_prefix_cache()
+
+    def _reachable(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as the worker can read it: itself in process, else a host copy."""
+        return tensor if self.in_process else tensor.cpu()
 
     def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):

@@ -104,16 +104,18 @@ def test_tp2_engine_reproduces_the_training_engine_after_each_weight_update(trai
     assert ranks[0]["second"]["sampled"] == ranks[1]["second"]["sampled"]
 
 
-def test_a_shard_lands_at_its_rank_offset_and_a_wrong_size_is_refused_by_name():
-    from backends.generation.vllm_engine import placed_in_full
+def test_dense_shards_pass_as_they_are_an_expert_lands_at_its_rank_offset_bad_sizes_fail():
+    from backends.generation.vllm_engine import for_vllm_loader
 
-    shapes = {"o_proj.weight": (4, 6), "norm.weight": (4,)}
+    expert = "model.layers.0.mlp.experts.1.down_proj.weight"
+    shapes = {"o_proj.weight": (4, 6), "norm.weight": (4,), expert: (4, 6)}
     shard = torch.arange(8.0).reshape(4, 2)
-    _, full = placed_in_full("o_proj.weight", shard, shapes, tp=3, rank=2)
-    assert torch.equal(full[:, 4:6], shard)
+    assert for_vllm_loader("o_proj.weight", shard, shapes, tp=3, rank=2)[1] is shard
+    _, full = for_vllm_loader(expert, shard, shapes, tp=3, rank=2)
+    assert full.shape == (4, 6) and torch.equal(full[:, 4:6], shard)
     norm = torch.ones(4)
-    assert placed_in_full("norm.weight", norm, shapes, tp=3, rank=1)[1] is norm
+    assert for_vllm_loader("norm.weight", norm, shapes, tp=3, rank=1)[1] is norm
     with pytest.raises(ValueError, match=r"'o_proj.weight' has shape \[4, 3\]"):
-        placed_in_full("o_proj.weight", torch.zeros(4, 3), shapes, tp=3, rank=0)
+        for_vllm_loader("o_proj.weight", torch.zeros(4, 3), shapes, tp=3, rank=0)
     with pytest.raises(KeyError, match="lm_head"):
-        placed_in_full("lm_head.weight", norm, shapes, tp=3, rank=0)
+        for_vllm_loader("lm_head.weight", norm, shapes, tp=3, rank=0)
