@@ -332,6 +332,12 @@ def test_dpo_trains_on_consecutive_chosen_rejected_rows_against_the_reference():
     assert metrics["preference_accuracy"].item() == pytest.approx(want_accuracy)
     assert (dpo.resolve().dpo_beta, dpo.resolve().dpo_loss) == (0.1, "sigmoid")
     assert dpo.uses_reference(options)
+    halves = [
+        dpo.actor_loss(logp[s], {"response_mask": mask[s], "ref_logprob": ref_logp[s]}, options,
+                       num_seqs=8)[0]
+        for s in (slice(0, 4), slice(4, 8))
+    ]  # fmt: skip
+    assert sum(halves).item() == pytest.approx(want_loss)  # num_seqs rows = num_seqs / 2 pairs
     with pytest.raises(ValueError, match="dpo needs whole pairs per micro-batch, got 3 rows"):
         dpo.actor_loss(logp[:3], {"response_mask": mask[:3], "ref_logprob": ref_logp[:3]}, options)
 
