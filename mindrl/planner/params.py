@@ -92,6 +92,15 @@ def model_params(m: ModelConfig) -> ParamCounts:
     return total
 
 
+def activated_params(m: ModelConfig) -> int:
+    """Parameters one token runs through: all but the routed experts it is not sent to."""
+    counts = model_params(m)
+    if not m.is_moe:
+        return counts.total
+    unused_share = 1 - m.moe_router_topk / m.num_experts
+    return counts.total - round(counts.expert * unused_share)
+
+
 def stage_params(m: ModelConfig, stage_layers: list[int]) -> list[ParamCounts]:
     """Counts per pipeline stage for the given layers-per-stage split."""
     stages, first_layer = [], 0

@@ -8,7 +8,7 @@ import pytest
 
 from mindrl.config import load_config
 from mindrl.planner.memory import plan_memory, redundant_bytes
-from mindrl.planner.params import model_params
+from mindrl.planner.params import activated_params, model_params
 from mindrl.planner.sample_flow import central_volume_bytes, dispatch_seconds, sample_flow
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -22,6 +22,12 @@ GIB = 2**30
 def test_recipes_have_the_real_parameter_counts(recipe, billions):
     config = load_config(CONFIGS / f"{recipe}.yaml")
     assert model_params(config.model).total / 1e9 == pytest.approx(billions, rel=2e-3)
+
+
+@pytest.mark.parametrize(("recipe", "billions"), [("qwen3_30b_a3b", 3.35), ("deepseek671b", 37.5)])
+def test_moe_recipes_activate_their_published_share_per_token(recipe, billions):
+    config = load_config(CONFIGS / f"{recipe}.yaml")  # published: A3B, 37B activated
+    assert activated_params(config.model) / 1e9 == pytest.approx(billions, rel=1e-2)
 
 
 def test_qwen25_32b_tp8_to_tp4_frees_about_8_gb_per_device():
