@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mindrl import run_plan
 from mindrl.config import load_config
 from mindrl.planner.report import build_plan, response_fields
 from mindrl.run_plan import SEQUENCE, build_run_plan
@@ -45,6 +46,19 @@ def test_dapo_has_no_reference_and_holds_two_prompt_batches_for_dynamic_sampling
     plan = plan_for("dapo")
     assert "ref_logp" not in plan.stage_names and plan.model_roles == ("actor",)
     assert plan.sample_batches == 2 and plan.uses_groups
+
+
+def test_only_stages_off_the_generating_devices_stream_and_never_past_the_batch_barriers(
+    monkeypatch,
+):
+    plan = plan_for("ppo", "data.global_batch_size=4", "actor.mini_batch_size=2")
+    # Reward workers are CPU processes; the model roles share the actor's devices.
+    assert plan.streaming_stages() == ("reward",)
+    # A role on devices of its own streams too; advantage / updates always wait.
+    monkeypatch.setattr(run_plan, "ROLES_OFF_GENERATION_DEVICES", {"reward", "critic", "actor"})
+    assert plan.streaming_stages() == ("reward", "old_logp", "values")
+    # A group filter (DAPO) needs every reward before any model stage scores a group.
+    assert plan.streaming_stages(until_filter=True) == ("reward",)
 
 
 def test_the_stage_deadline_is_five_dock_timeouts():
