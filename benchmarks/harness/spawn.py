@@ -30,6 +30,8 @@ def _leave_process_group() -> None:
     """
     import torch.distributed as dist
 
+    if not dist.is_initialized():  # ``fn`` tore it down (a vLLM engine's shutdown does)
+        return
     dist.barrier()
     dist.destroy_process_group()
 
