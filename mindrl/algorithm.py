@@ -101,6 +101,11 @@ class Algorithm(ABC):
         """Whether a reference model is needed: only when KL is penalised."""
         return options.kl_coef > 0 or options.adaptive_kl
 
+    def advantage_inputs(self, options: AlgorithmConfig) -> tuple[str, ...]:
+        """Dock fields the advantage stage hands :meth:`compute_advantages` beside the
+        rewards (and ``values``): none unless an algorithm shapes rewards with them."""
+        return ()
+
     def keep_mask(
         self, seq_rewards: torch.Tensor, group_ids: object, options: AlgorithmConfig
     ) -> torch.Tensor:

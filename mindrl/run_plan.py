@@ -118,7 +118,9 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
     needs_old = needs_old_logprob(config)
     return RunPlan(
         trainer=algorithm.name,
-        stages=_stages(needs_reference, needs_critic, needs_old),
+        stages=_stages(
+            needs_reference, needs_critic, needs_old, algorithm.advantage_inputs(options)
+        ),
         needs_reference=needs_reference,
         needs_critic=needs_critic,
         needs_old_logprob=needs_old,
@@ -154,11 +156,14 @@ def needs_old_logprob(config: MindRLConfig) -> bool:
     return actor.ppo_epochs > 1 or not one_minibatch
 
 
-def _stages(needs_reference: bool, needs_critic: bool, needs_old: bool) -> tuple[StagePlan, ...]:
+def _stages(
+    needs_reference: bool, needs_critic: bool, needs_old: bool, advantage_inputs: tuple[str, ...]
+) -> tuple[StagePlan, ...]:
     update_reads = (*SEQUENCE, "advantages", "rollout_logprob")
     update_reads += ("old_logprob",) if needs_old else ()
     update_reads += ("ref_logprob",) if needs_reference else ()
     advantage_reads = ("reward", "response_ids") + (("values",) if needs_critic else ())
+    advantage_reads += advantage_inputs
     advantage_writes = ("advantages",) + (("returns",) if needs_critic else ())
     stages = [
         StagePlan("rollout", "actor", ("prompt_ids",), ("response_ids", "rollout_logprob")),

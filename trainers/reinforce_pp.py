@@ -14,9 +14,9 @@ The reward-to-go is GAE with ``V = 0`` and ``lambda = 1`` (``delta_t = r_t``), a
 already whitens over the batch, so :func:`reinforce_pp_advantages` is
 :func:`trainers.ppo.compute_gae` on the shaped rewards with zero values.
 
-Defaults: ``kl_coef`` 0, token-mean loss, ``gamma`` 1. A KL coefficient is refused for
-now: the advantage stage, where the KL enters the reward, does not read reference
-log-probs yet (the maths, :func:`kl_shaped_rewards`, is here and tested).
+Defaults: ``kl_coef`` 0, token-mean loss, ``gamma`` 1. With ``kl_coef`` > 0 the run plan
+adds the reference role and hands the advantage stage ``ref_logprob`` and the rollout's
+log-probs (:meth:`ReinforcePP.advantage_inputs`); an adaptive coefficient is refused.
 """
 
 from __future__ import annotations
@@ -61,31 +61,34 @@ class ReinforcePP(PolicyGradientAlgorithm):
     defaults: ClassVar[dict[str, object]] = {"kl_coef": 0.0, "loss_agg_mode": "token-mean"}
 
     def resolve(self, section: object = None) -> AlgorithmConfig:
-        """The base resolution, refusing a KL this run could not put in the reward.
+        """The base resolution, refusing an adaptive KL coefficient.
 
         Raises:
-            ValueError: ``kl_coef`` > 0 or ``adaptive_kl``: REINFORCE++ puts the KL in the
-                reward, at the advantage stage, which does not read reference log-probs.
+            ValueError: ``adaptive_kl``: the KL enters the reward at the advantage stage,
+                which reads the configured coefficient, not the controller's.
         """
         options = super().resolve(section)
-        if options.kl_coef > 0 or options.adaptive_kl:
+        if options.adaptive_kl:
             raise ValueError(
-                "algorithm.kl_coef / adaptive_kl: reinforce_pp puts the KL penalty in the "
-                "reward (REINFORCE++ §3), but the advantage stage does not read reference "
-                "log-probs yet; leave them unset (kl_coef 0) or run --trainer grpo / rloo "
-                "for a KL in the loss"
+                "algorithm.adaptive_kl: reinforce_pp puts the KL penalty in the reward at the "
+                "advantage stage, which uses the fixed kl_coef; set kl_coef instead"
             )
         return options
+
+    def advantage_inputs(self, options: AlgorithmConfig) -> tuple[str, ...]:
+        """With a KL coefficient: the reference's and the sampling policy's log-probs."""
+        return ("ref_logprob", "rollout_logprob") if options.kl_coef > 0 else ()
 
     def compute_advantages(
         self, batch: Mapping[str, torch.Tensor], options: AlgorithmConfig
     ) -> dict[str, torch.Tensor]:
-        """``advantages`` from ``token_rewards`` and ``response_mask`` (no groups); with
-        ``old_logprob`` and ``ref_logprob`` in the batch the rewards are KL-shaped first."""
+        """``advantages`` from ``token_rewards`` and ``response_mask`` (no groups); with a
+        KL coefficient the rewards are first shaped with ``rollout_logprob`` (the sampling
+        policy, pi_old) and ``ref_logprob``."""
         rewards, mask = batch["token_rewards"], batch["response_mask"]
-        if "ref_logprob" in batch:
+        if options.kl_coef > 0:
             rewards = kl_shaped_rewards(
-                rewards, batch["old_logprob"], batch["ref_logprob"], mask, options.kl_coef,
+                rewards, batch["rollout_logprob"], batch["ref_logprob"], mask, options.kl_coef,
                 options.kl_kind,
             )  # fmt: skip
         advantages, _ = reinforce_pp_advantages(rewards, mask, options.gamma)

@@ -97,7 +97,8 @@ class RewardWorker:
     def advantages(self, indexes: np.ndarray, with_values: bool) -> dict[str, float]:
         """Put ``advantages`` (and ``returns`` with a critic) for whole groups ``indexes``."""
         start = time.perf_counter()
-        fields = ["reward", "response_ids"] + (["values"] if with_values else [])
+        inputs = list(self.algorithm.advantage_inputs(self.options))
+        fields = ["reward", "response_ids"] + (["values"] if with_values else []) + inputs
         data = self.dock.fetch(indexes, fields)
         lengths = data["response_ids_lengths"]
         width = data["response_ids"].shape[1]
@@ -109,8 +110,8 @@ class RewardWorker:
         )
         batch = {"token_rewards": shaped, "response_mask": mask}
         batch["group_ids"] = self._group_ids(indexes)
-        if with_values:
-            batch["values"] = data["values"][:, :width].float()
+        for name in (["values"] if with_values else []) + inputs:
+            batch[name] = data[name][:, :width].float()
         out = self.algorithm.compute_advantages(batch, self.options)
         put = {"advantages": out["advantages"].float(), "advantages_lengths": lengths}
         if "returns" in out:

@@ -11,6 +11,7 @@ from mindrl.config import MindRLConfig
 from mindrl.config.validate import validate_config
 from mindrl.data.pairs import load_preference_pairs, make_digit_pairs
 from mindrl.data.sources import PromptSourceError
+from mindrl.run_plan import build_run_plan
 from tests.trainers import loop_reference as ref
 from tests.trainers.batches import random_inputs
 from trainers.core import policy_loss
@@ -245,7 +246,7 @@ def test_options_only_another_trainer_reads_are_refused_naming_the_owner():
     with pytest.raises(ValueError, match=r"gspo averages one clipped sequence ratio"):
         get_algorithm("gspo").resolve({"loss_agg_mode": "token-mean"})
     with pytest.raises(ValueError, match=r"reinforce_pp puts the KL penalty in the reward"):
-        get_algorithm("reinforce_pp").resolve({"kl_coef": 0.01})
+        get_algorithm("reinforce_pp").resolve({"kl_coef": 0.01, "adaptive_kl": True})
     explicit = get_algorithm("pf_ppo").resolve({"pf_filter_ratio": 0.25, "pf_filter_mode": "best"})
     assert (explicit.pf_filter_ratio, explicit.pf_filter_mode) == (0.25, "best")
 
@@ -346,3 +347,20 @@ def test_the_config_check_refuses_the_offline_dpo_trainer_with_the_reason():
     problems = validate_config(MindRLConfig(), get_algorithm("dpo"))
     assert [p for p in problems if "dpo trains on offline preference pairs" in p] != []
     assert not [p for p in validate_config(MindRLConfig(), get_algorithm("rloo")) if "offline" in p]
+
+
+def test_reinforce_pp_with_kl_reads_reference_and_rollout_log_probs_at_the_advantage_stage():
+    rpp = get_algorithm("reinforce_pp")
+    config = MindRLConfig()
+    config.algorithm.kl_coef = 0.05
+    plan = build_run_plan(rpp, config)
+    assert plan.needs_reference and "ref_logp" in plan.stage_names
+    assert plan.stage("advantage").reads[-2:] == ("ref_logprob", "rollout_logprob")
+    assert "ref_logprob" not in build_run_plan(rpp, MindRLConfig()).stage("advantage").reads
+    mask, (rewards, rollout, ref_logp) = random_inputs(23, count=3)
+    batch = {"token_rewards": rewards, "response_mask": mask, "rollout_logprob": rollout}
+    batch["ref_logprob"] = ref_logp
+    options = rpp.resolve({"kl_coef": 0.05, "kl_kind": "k1"})
+    got = rpp.compute_advantages(batch, options)["advantages"]
+    want = ref.reinforce_pp(rewards, rollout, ref_logp, mask, 0.05, "k1", 1.0)
+    torch.testing.assert_close(got, as64(want))
