@@ -9,6 +9,8 @@ from typing import IO, Any
 
 from tqdm.auto import tqdm
 
+from mindrl.metrics.memory import MEMORY_RECORD_KEY, format_memory
+
 # (metric key, label, format) of the progress line, in print order. A key a trainer
 # does not report (e.g. KL with kl_coef 0 not measured) prints as "-".
 PROGRESS_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -71,7 +73,7 @@ def _format_value(value: Any, spec: str) -> str:
 
 def format_progress_line(iteration: int, metrics: Mapping[str, Any]) -> str:
     """One line: iteration, reward, response length, KL, entropy, clip fraction, TPS,
-    iteration time and the time of every stage.
+    iteration time, the time of every stage and each role's memory peak.
 
     Example: ``iter 12 | reward 0.734 | resp_len 2.1 | kl - | ... | time 4.21s
     (rollout 2.10 reward 0.05 update 1.90)``.
@@ -84,6 +86,8 @@ def format_progress_line(iteration: int, metrics: Mapping[str, Any]) -> str:
     total = metrics.get(ITERATION_TIME_KEY)
     stage_text = " ".join(f"{name} {seconds:.2f}" for name, seconds in stages.items())
     parts.append(f"time {_format_value(total, '.2f')}s ({stage_text})")
+    if metrics.get(MEMORY_RECORD_KEY):
+        parts.append(f"peak {format_memory(metrics[MEMORY_RECORD_KEY])}")
     return " | ".join(parts)
 
 

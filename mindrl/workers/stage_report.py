@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 
 from backends.device import Device, host_memory
+from mindrl.metrics.memory import MEMORY_KEYS
 from mindrl.workers.timed_dock import TimedDockClient
 
-MIB = 2**20
+__all__ = ["MEMORY_KEYS", "memory_window", "stage_report"]
 
-#: Report keys of the memory window (booked per role by the driver, not metrics).
-MEMORY_KEYS = frozenset({"device_peak_mib", "host_peak_mib"})
+MIB = 2**20
 
 
 def stage_report(

@@ -24,6 +24,7 @@ import numpy as np
 from backends.generation import SamplingParams
 from mindrl.data import PromptBatch
 from mindrl.metrics import generation_progress, mean_by_key, print_progress_line, tokens_per_second
+from mindrl.metrics.memory import MEMORY_KEYS, MEMORY_RECORD_KEY, book_peaks, peaks_by_role
 from mindrl.run_plan import SEQUENCE
 from trainers.driver.setup import RunState
 from trainers.driver.streaming import StreamedStage, StreamScheduler, stage_call
@@ -38,12 +39,14 @@ class Ledger:
 
     ``stages`` is the wall time a stage added to the iteration (a streamed stage: only
     its tail after generation ended); ``busy`` its slowest worker's compute; ``overlap``
-    the part of a streamed stage's busy time that ran during generation.
+    the part of a streamed stage's busy time that ran during generation; ``memory`` the
+    largest memory peaks its workers reported (MiB, ``mindrl.metrics.memory``).
     """
 
     stages: dict[str, float] = field(default_factory=dict)
     busy: dict[str, float] = field(default_factory=dict)
     overlap: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, dict[str, float]] = field(default_factory=dict)
     dock_s: float = 0.0
     reshard_s: float = 0.0
     scheduling_s: float = 0.0
@@ -56,6 +59,7 @@ class Ledger:
         self.dock_s += max((r.get("dock_s", 0.0) for r in results), default=0.0)
         self.reshard_s += max((r.get("reshard_s", 0.0) for r in results), default=0.0)
         self.scheduling_s += max(wall - busy, 0.0)
+        book_peaks(self.memory, name, results)
 
     def add_streamed(self, name: str, stage: StreamedStage, generation_end: float) -> None:
         """A streamed stage: its wall time is what it ran on after generation ended."""
@@ -65,6 +69,7 @@ class Ledger:
         self.overlap[name] = self.overlap.get(name, 0.0) + stage.overlap_s
         self.dock_s += stage.dock_s
         self.scheduling_s += max(tail - (stage.busy_s - stage.overlap_s), 0.0)
+        book_peaks(self.memory, name, stage.results)
 
     def overhead(self, iteration_s: float) -> dict[str, float]:
         total = self.dock_s + self.reshard_s + self.scheduling_s
@@ -91,8 +96,8 @@ class Sampled:
 #: Stages that score the sampled sequences with a model, in the order they run.
 SCORE_STAGES = ("ref_logp", "old_logp", "values")
 
-#: Report keys that are timing, booked by the ledger, not metrics of the iteration.
-TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"})
+#: Report keys that are timing or memory, booked by the ledger, not metrics of the iteration.
+TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"}) | MEMORY_KEYS
 
 
 class IterationRunner:
@@ -352,6 +357,7 @@ class IterationRunner:
             "busy": ledger.busy,
             "overlap": {**ledger.overlap, "total": sum(ledger.overlap.values(), 0.0)},
             "overhead": ledger.overhead(seconds),
+            MEMORY_RECORD_KEY: peaks_by_role(ledger.memory, self.plan.stage_roles()),
         }
         if self.run.options.dynamic_sampling:
             record |= {"sample_batches": sampled.draws, "kept_groups": len(sampled.kept)}
