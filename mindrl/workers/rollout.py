@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import torch
-
 from backends.generation import EngineConfig, GenerationResult, SamplingParams, get_engine_class
 from backends.generation.registry import available_engines
 from backends.megatron import GPTSpec, MegatronEngine
@@ -94,7 +92,6 @@ class Rollout:
                 seed=config.seed,
             )
         )
-        self.buffers: dict[str, torch.Tensor] | None = None
         self.seconds: dict[str, float] = {}
 
     def _make_resharder(self, config: MindRLConfig, world: int):
@@ -127,8 +124,12 @@ class Rollout:
         """Training shards -> generation shards -> engine; training state to the host."""
         start = time.perf_counter()
         self.generator.wake_up()
-        self.buffers = self.resharder.reshard(self.buffers)
-        self.generator.load_weights(self.family.iter_hf(self.buffers, self.shard_spec))
+        buffers = self.resharder.reshard()
+        self.generator.load_weights(self.family.iter_hf(buffers, self.shard_spec))
+        # The engine copied every tensor into its own weights. Kept, the generation
+        # buffers would be one more copy of the model held through generation and
+        # training (docs/memory.md); re-made next time, they cost one allocation.
+        del buffers
         self.seconds = {"reshard": time.perf_counter() - start}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
