@@ -1,0 +1,153 @@
+"""Soak check: run any config for N iterations, print memory per role per iteration and
+its slope, and fail when a role's memory keeps growing after warm-up.
+
+Every iteration's record carries, per role, the largest worker's peak host RSS and peak
+device memory (``mindrl.metrics.memory``). After ``--warmup`` iterations (optimizer
+state, swap buffers and the first generation allocate once) a run that holds no stray
+references is flat; the least-squares slope in MiB per iteration over the rest says how
+far it is from flat, and the growth from the first measured iteration to the last says
+how much it cost. Exit code 1 when any role's host slope exceeds ``--max-slope-mib``.
+
+    python benchmarks/soak.py --config configs/smollm2_135m.yaml --iterations 200 --warmup 10
+    python benchmarks/soak.py --iterations 30 model.hidden_size=384   # tiny config
+    python benchmarks/soak.py --from-run runs/smollm2-grpo            # an existing run
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mindrl.metrics import read_metrics
+from mindrl.metrics.memory import MEMORY_RECORD_KEY
+
+KEYS = (("host_peak_mib", "host"), ("device_peak_mib", "device"))
+
+
+@dataclass(frozen=True)
+class RoleTrend:
+    """One role's memory key over the measured iterations."""
+
+    role: str
+    key: str
+    first_mib: float
+    last_mib: float
+    slope_mib: float  # least squares, MiB per iteration
+
+    @property
+    def growth(self) -> float:
+        """Growth from the first measured iteration to the last, as a fraction."""
+        return (self.last_mib - self.first_mib) / self.first_mib if self.first_mib else 0.0
+
+
+def slope(values: Sequence[float]) -> float:
+    """Least-squares slope of ``values`` against their index (0 for fewer than 2)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean_x, mean_y = (n - 1) / 2, sum(values) / n
+    covariance = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
+    return covariance / sum((i - mean_x) ** 2 for i in range(n))
+
+
+def memory_trends(records: Sequence[Mapping[str, Any]], warmup: int) -> list[RoleTrend]:
+    """Per role and memory key, the trend over the records after ``warmup``.
+
+    Raises:
+        ValueError: fewer than two records after warm-up carry memory.
+    """
+    measured = [r[MEMORY_RECORD_KEY] for r in records[warmup:] if r.get(MEMORY_RECORD_KEY)]
+    if len(measured) < 2:
+        raise ValueError(
+            f"{len(measured)} iteration(s) with memory after {warmup} warm-up iterations; "
+            "run more iterations or lower --warmup"
+        )
+    trends = []
+    for role in measured[-1]:
+        for key, _ in KEYS:
+            series = [m[role][key] for m in measured if key in m.get(role, {})]
+            if len(series) >= 2:
+                trends.append(RoleTrend(role, key, series[0], series[-1], slope(series)))
+    return trends
+
+
+def print_table(records: Sequence[Mapping[str, Any]]) -> None:
+    """One line per iteration: every role's host / device peak in MiB."""
+    for index, record in enumerate(records):
+        memory = record.get(MEMORY_RECORD_KEY) or {}
+        cells = [
+            f"{role} {label} {peak[key]:8.1f}"
+            for role, peak in memory.items()
+            for key, label in KEYS
+            if key in peak
+        ]
+        print(f"iter {record.get('iteration', index):>4} | " + " | ".join(cells))
+
+
+def failing(trends: Sequence[RoleTrend], max_slope_mib: float) -> list[RoleTrend]:
+    """Host trends whose slope exceeds ``max_slope_mib`` MiB per iteration."""
+    return [t for t in trends if t.key == "host_peak_mib" and t.slope_mib > max_slope_mib]
+
+
+def report(records: Sequence[Mapping[str, Any]], warmup: int, max_slope_mib: float) -> int:
+    """Print the table and the trends; 1 when a role grows faster than allowed."""
+    print_table(records)
+    trends = memory_trends(records, warmup)
+    print(f"after {warmup} warm-up iterations ({len(records) - warmup} measured):")
+    for t in trends:
+        print(
+            f"  {t.role:>9} {t.key:<15} {t.first_mib:9.1f} -> {t.last_mib:9.1f} MiB "
+            f"({t.growth:+.1%}), slope {t.slope_mib:+.2f} MiB/iteration"
+        )
+    bad = failing(trends, max_slope_mib)
+    for t in bad:
+        print(f"FAIL: {t.role} host memory grows {t.slope_mib:.2f} MiB/iteration "
+              f"(allowed {max_slope_mib})")  # fmt: skip
+    return 1 if bad else 0
+
+
+def run_config(config_path: str | None, trainer: str, iterations: int, overrides: list[str]):
+    """Train ``config_path`` for ``iterations``; returns the run folder."""
+    from mindrl.config import load_config
+    from trainers.driver.cli import DEFAULT_CONFIG
+    from trainers.driver.train import train
+    from trainers.registry import get_algorithm
+
+    config = load_config(
+        config_path or DEFAULT_CONFIG,
+        [f"iterations={iterations}", "checkpoint.every=0", *overrides],
+        algorithm=get_algorithm(trainer),
+    )
+    code = train(config, trainer)
+    if code != 0:
+        raise SystemExit(code)
+    return Path(config.logging.dir.format(trainer=trainer))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model.hidden_size=384")
+    parser.add_argument("--config", help="config file (default: the embedded tiny config)")
+    parser.add_argument("--trainer", default="grpo")
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--max-slope-mib", type=float, default=1.0,
+                        help="fail above this host growth per iteration (MiB)")  # fmt: skip
+    parser.add_argument("--from-run", help="analyse this run folder's metrics instead")
+    args = parser.parse_args(argv)
+    run_dir = (
+        Path(args.from_run)
+        if args.from_run
+        else run_config(args.config, args.trainer, args.iterations, args.overrides)
+    )
+    return report(read_metrics(run_dir / "metrics.jsonl"), args.warmup, args.max_slope_mib)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
