@@ -9,6 +9,8 @@ dense first layer.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -85,3 +87,18 @@ def test_mla_and_router_parameters_report_their_layouts_for_the_resharder(runs):
     bias = layouts["decoder.layers.1.mlp.router.expert_bias"]  # a buffer, moved like a weight
     assert (bias.kind, bias.full_shape) == ("replicated", (8,))
     assert two[0]["step"]["weights"]["decoder.layers.1.mlp.router.expert_bias"].abs().sum() > 0
+
+
+def test_the_planner_counts_the_parameters_the_engine_builds(runs):
+    from mindrl.config.schema import ModelConfig
+    from mindrl.planner.params import model_params
+    from mindrl.workers.model_setup import model_section_for
+
+    one, _ = runs
+    spec = ds.FAMILY.spec_from_hf_config(ds.tiny_config().to_dict())
+    planned = model_params(model_section_for(spec, ModelConfig()))
+    built = {name: math.prod(layout.full_shape) for name, layout in one["step"]["layouts"].items()}
+    experts = [name for name, layout in one["step"]["layouts"].items() if layout.is_expert]
+    assert planned.expert == sum(built[name] for name in experts)
+    biases = [name for name in built if name.endswith("router.expert_bias")]  # 8 per MoE layer
+    assert planned.total == sum(built.values()) - sum(built[name] for name in biases)
