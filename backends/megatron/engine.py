@@ -16,6 +16,7 @@ computed only at the positions that score response tokens (``logit_window.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,13 @@ from backends.megatron.builder import build_gpt, initialize_parallel
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
-from backends.megatron.layouts import canonical_parameters, param_layouts
+from backends.megatron.layouts import (
+    canonical_parameters,
+    layout_of,
+    param_layouts,
+    tp_rank_for,
+    tp_world_for,
+)
 from backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_logprobs
 from backends.megatron.optim import (
     OptimSpec,
@@ -43,7 +50,13 @@ from backends.megatron.optim import (
     reduce_gradients,
 )
 from backends.megatron.pipeline import MicroBatch, megatron_schedule, run_micro_batches
-from backends.megatron.sharding import gather_full_state_dict, load_full_state_dict
+from backends.megatron.sharding import (
+    gather_full_state_dict,
+    gather_like,
+    load_full_state_dict,
+    merge_over_world,
+    shard_tensor,
+)
 from backends.megatron.spec import GPTSpec, ParallelSpec
 
 #: loss_fn(outputs, micro-batch, global counts) -> scalar or per-token loss [b, R];
@@ -304,40 +317,137 @@ class MegatronEngine:
         self, root: str | Path, data_position: Any = None, keep: int | None = None
     ) -> Path:
         """Write model, optimizer, RNG and ``data_position`` atomically under ``root``
-        (keeping the newest ``keep`` checkpoints when given)."""
-        return checkpoint.save(root, self.step, self._state(), data_position, keep)
+        (keeping the newest ``keep`` checkpoints when given). Collective.
 
-    def load_checkpoint(self, root: str | Path) -> Any:
-        """Resume from ``root``'s latest checkpoint; returns the saved ``data_position``."""
-        state, data_position = checkpoint.load_latest(root)
-        self.model.load_state_dict(state["model"])
-        if self.optimizer is not None:
-            _check_optimizer_kind(state["optimizer"], self.distributed is not None, root)
+        Weights and AdamW state are stored full under canonical names, so any layout
+        resumes them (see ``checkpoint.py``).
+        """
+        shared = {"model": self.full_state_dict()}
+        per_rank: dict[str, Any] = {"rng": checkpoint.capture_rng()}
         if self.distributed is not None:
             with megatron_compat(self.device):
-                self.distributed.load_state_dict(state["optimizer"])  # collective over DP
+                per_rank["optimizer"] = self.distributed.state_dict()  # collective over DP
         elif self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            _own_optimizer_storage(self.optimizer)
-        checkpoint.restore_rng(state["rng"])
-        self.step = state["step"]
-        return data_position
-
-    def _optimizer_state(self) -> Any:
-        if self.distributed is not None:
-            with megatron_compat(self.device):
-                return self.distributed.state_dict()  # collective over DP
-        return self.optimizer.state_dict() if self.optimizer else None
-
-    def _state(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self._optimizer_state(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-            "rng": checkpoint.capture_rng(),
+            shared["optimizer"] = self._full_optimizer_state()
+        meta = {
+            # The architecture rides along so a checkpoint alone can be exported to HF.
+            "spec": dataclasses.asdict(self.spec),
+            "value_head": self.value_head,
             "step": self.step,
+            "layout": self._layout(),
+            "optimizer": self._optimizer_kind(),
+            "data_position": data_position,
         }
+        return checkpoint.save(root, self.step, shared, per_rank, meta, keep)
+
+    def load_checkpoint(self, path: str | Path) -> Any:
+        """Resume from a checkpoint (a role's folder: its latest; or one step folder) saved
+        at any layout; returns the saved ``data_position``.
+
+        At another layout than the saved one, the RNG streams are not restored (each rank
+        keeps the ones seeded at start-up: ranks do not map one to one), and a
+        distributed optimizer's state, sharded by Megatron's buffer layout, is refused.
+
+        Raises:
+            CheckpointError: a missing or corrupt checkpoint, or one that cannot be
+                resumed here (naming why).
+        """
+        saved = checkpoint.open_checkpoint(path)
+        meta = saved.meta
+        if self.optimizer is not None and meta["optimizer"] != self._optimizer_kind():
+            raise checkpoint.CheckpointError(
+                f"the checkpoint {saved.dir} was written with distributed_optimizer="
+                f"{str(meta['optimizer'] == 'distributed').lower()} but this run has "
+                f"{str(self.distributed is not None).lower()}; resume with the same "
+                "optim.distributed_optimizer setting"
+            )
+        same_layout = meta["layout"] == self._layout()
+        if self.distributed is not None and not same_layout:
+            raise checkpoint.CheckpointError(
+                f"the checkpoint {saved.dir} holds a distributed optimizer's state at layout "
+                f"{meta['layout']}, which only that layout resumes (this run: "
+                f"{self._layout()}); resume at the saved layout, or save with "
+                "optim.distributed_optimizer=false for a layout-free optimizer state"
+            )
+        self.load_full_state_dict(saved.load("model"))
+        if self.distributed is not None:
+            with megatron_compat(self.device):  # collective over DP
+                self.distributed.load_state_dict(saved.load_rank("optimizer", dist.get_rank()))
+        elif self.optimizer is not None:
+            self._load_full_optimizer_state(saved.load("optimizer"))
+        if same_layout:
+            checkpoint.restore_rng(saved.load_rank("rng", dist.get_rank()))
+        self.step = meta["step"]
+        return meta["data_position"]
+
+    def _layout(self) -> dict[str, int | None]:
+        keys = ("tp", "pp", "cp", "ep", "etp", "first_stage_layers")
+        return {"world": dist.get_world_size(), **{k: getattr(self.parallel, k) for k in keys}}
+
+    def _optimizer_kind(self) -> str | None:
+        if self.optimizer is None:
+            return None
+        return "distributed" if self.distributed is not None else "adamw"
+
+    def _full_optimizer_state(self) -> dict[str, Any]:
+        """AdamW's state with every moment gathered full, keyed by canonical name (collective).
+
+        AdamW's state is replicated over DP, so any replica's copy is the state.
+        """
+        local: dict[str, dict[str, torch.Tensor]] = {}
+        for name, param in canonical_parameters(self.model).items():
+            state = self.optimizer.state.get(param) or {}
+            local[name] = {
+                key: gather_like(name, param, value) if value.shape == param.shape else value
+                for key, value in state.items()
+                if torch.is_tensor(value)
+            }
+        groups = [
+            {k: v for k, v in group.items() if k != "params"}
+            for group in self.optimizer.param_groups
+        ]
+        return {
+            "state": {k: v for k, v in merge_over_world(local).items() if v},
+            "param_groups": groups,
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def _load_full_optimizer_state(self, saved: dict[str, Any]) -> None:
+        """Slice the saved full AdamW state for this rank's layout and load it."""
+        full = saved["state"]
+        order = {id(p): i for i, p in enumerate(self._optimizer_params())}
+        state = {}
+        for name, param in canonical_parameters(self.model).items():
+            # Tied embeddings with PP > 1: the last stage's output layer is a copy of the
+            # embedding (grads all-reduced), so its moments are the embedding's.
+            source = full.get(name) or full.get(_TIED.get(name, ""))
+            if not source:
+                continue
+            layout = layout_of(name, param)
+            state[order[id(param)]] = {
+                key: shard_tensor(value, layout, tp_rank_for(param), tp_world_for(param))
+                if tuple(value.shape) == layout.full_shape and value.dim() > 0
+                else value
+                for key, value in source.items()
+            }
+        groups = []
+        start = 0
+        for group, saved_group in zip(
+            self.optimizer.param_groups, saved["param_groups"], strict=True
+        ):
+            ids = list(range(start, start + len(group["params"])))
+            groups.append({**saved_group, "params": ids})
+            start += len(ids)
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        self.scheduler.load_state_dict(saved["scheduler"])
+        _own_optimizer_storage(self.optimizer)
+
+    def _optimizer_params(self) -> list[torch.nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+
+#: A parameter whose checkpointed state may be stored under another name (tied weights).
+_TIED = {"output_layer.weight": "embedding.word_embeddings.weight"}
 
 
 @dataclass(frozen=True)
@@ -356,22 +466,11 @@ class _Scored(MicroBatch):
         return cls(batch.input_ids, logit_positions, batch, positions, tokens)
 
 
-def _check_optimizer_kind(optimizer_state: Any, distributed: bool, root: str | Path) -> None:
-    """Refuse a checkpoint written by the other optimizer (their states do not convert)."""
-    saved = isinstance(optimizer_state, dict) and "param_state" in optimizer_state
-    if saved != distributed:
-        raise ValueError(
-            f"the checkpoint under {root} was written with distributed_optimizer="
-            f"{str(saved).lower()} but this run has {str(distributed).lower()}; resume with "
-            "the same optim.distributed_optimizer setting"
-        )
-
-
 def _own_optimizer_storage(optimizer: torch.optim.Optimizer) -> None:
     """Give every optimizer state tensor its own resizable storage.
 
-    Tensors deserialised by ``torch.load`` can sit on storages that refuse
-    ``resize_``, and allgather-swap frees device memory exactly that way.
+    Tensors loaded from a checkpoint can sit on storages that refuse ``resize_`` (or share
+    one), and allgather-swap frees device memory exactly that way.
     """
     for state in optimizer.state.values():
         for key, value in state.items():

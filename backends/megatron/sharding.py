@@ -82,9 +82,14 @@ def _tp_group_for(param: nn.Parameter):
 @torch.no_grad()
 def gather_tp(name: str, param: nn.Parameter, grad: bool = False) -> torch.Tensor:
     """The full tensor (or gradient) of one parameter, gathered over its TP (or ETP) group."""
+    return gather_like(name, param, (param.grad if grad else param).detach())
+
+
+@torch.no_grad()
+def gather_like(name: str, param: nn.Parameter, local: torch.Tensor) -> torch.Tensor:
+    """The full tensor of ``local``, a tensor sharded as ``param`` is (its Adam moments)."""
     layout = layout_of(name, param)
     world = tp_world_for(param)
-    local = (param.grad if grad else param).detach()
     if layout.partition_dim is None or world == 1:
         return local.clone()
     shards = [torch.empty_like(local) for _ in range(world)]
@@ -105,9 +110,18 @@ def gather_full_state_dict(model: nn.Module, grads: bool = False) -> dict[str, t
         for name, param in canonical_parameters(model).items()
         if not grads or param.grad is not None
     }
-    everyone: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size())]
+    return merge_over_world(local)
+
+
+def merge_over_world(local: dict) -> dict:
+    """The union of every rank's ``local`` dict, on every rank (collective).
+
+    Stages and expert ranks hold different canonical names; TP and DP replicas hold the
+    same full tensors, so which copy wins does not matter.
+    """
+    everyone: list[dict] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(everyone, local)
-    full: dict[str, torch.Tensor] = {}
+    full: dict = {}
     for part in everyone:
         full.update(part)
     return full

@@ -242,5 +242,6 @@ class ModelWorker:
         keep = self.config.checkpoint.keep
         return str(self.engine.save_checkpoint(Path(root) / self.role, data_position, keep))
 
-    def load_checkpoint(self, root: str) -> dict:
-        return self.engine.load_checkpoint(Path(root) / self.role)
+    def load_checkpoint(self, step_dir: str) -> dict:
+        """Resume this role from one checked step folder (the driver picks it)."""
+        return self.engine.load_checkpoint(step_dir)

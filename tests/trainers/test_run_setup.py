@@ -39,3 +39,41 @@ def test_a_local_ray_that_fails_to_start_ends_start_up_in_one_line(monkeypatch):
     assert "\n" not in message
     assert message.startswith("could not start a local Ray instance (The current node timed out")
     assert "ray start --head" in message
+
+
+def _complete_step(role_dir, step):
+    """A step folder as the checkpoint writer publishes it (weights + manifest)."""
+    import json
+
+    import torch
+
+    from backends.megatron import checkpoint
+
+    step_dir = role_dir / f"step_{step:08d}"
+    checkpoint.save_tree(step_dir / "model", {"w": torch.arange(4.0)})
+    files = {p.name: p.stat().st_size for p in step_dir.iterdir()}
+    (step_dir / "meta.json").write_text(json.dumps({"format": checkpoint.FORMAT, "files": files}))
+    (role_dir / "latest").write_text(step_dir.name + "\n")
+    return step_dir
+
+
+def test_resume_checks_the_checkpoint_before_any_process_starts(tmp_path):
+    from trainers.driver.setup import RunSetupError, prepare_run
+
+    config = load_config(
+        DEFAULT_CONFIG, [f"logging.dir={tmp_path}"], algorithm=get_algorithm("grpo")
+    )
+    actor = tmp_path / "checkpoints" / "actor"
+    older, latest = _complete_step(actor, 4), _complete_step(actor, 8)
+    run = prepare_run(config, "grpo", True)
+    assert run.resume_steps == {"actor": latest}
+    run = prepare_run(config, "grpo", str(older))  # --resume-from a step folder
+    assert run.resume_steps == {"actor": older}
+    (latest / "model.safetensors").write_bytes(b"\x00" * 10)  # a truncated copy
+    with pytest.raises(RunSetupError) as err:
+        prepare_run(config, "grpo", True)
+    assert str(err.value) == (
+        f"--resume: checkpoint {latest} is corrupt: {latest / 'model.safetensors'} has 10 bytes, "
+        f"{(older / 'model.safetensors').stat().st_size} were written; the previous complete "
+        f"step is {older}: resume from it with --resume-from {older}"
+    )

@@ -64,6 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--resume", action="store_true", help="Continue from the latest checkpoint."
     )
     parser.add_argument(
+        "--resume-from",
+        metavar="PATH",
+        help="Continue from this checkpoint: a step folder (checkpoints/actor/step_00000012) "
+        "or a checkpoints folder (its latest).",
+    )
+    parser.add_argument(
         "--set",
         dest="sets",
         action="append",
@@ -130,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     print("start-up: loading torch, Ray and Megatron-core", file=sys.stderr)
     from trainers.driver.train import train  # Ray, torch, Megatron: only when training
 
-    return train(config, args.trainer, device=requested, resume=args.resume)
+    return train(config, args.trainer, device=requested, resume=args.resume_from or args.resume)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ import ray
 
 from backends.device import get_device
 from backends.generation.registry import available_engines
+from backends.megatron import checkpoint
 from mindrl.algorithm import Algorithm
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
@@ -66,6 +67,7 @@ class RunState:
     finished_iteration: int = -1
     resumed: bool = False
     dataset_eos: int = 0
+    resume_steps: dict[str, Path] = field(default_factory=dict)  # role -> checked step folder
 
     def trained_groups(self) -> list[WorkerGroup]:
         return [self.groups[name] for name in ("actor", "critic") if name in self.groups]
@@ -79,24 +81,26 @@ class RunState:
         }
 
 
-def prepare_run(config: MindRLConfig, trainer: str, resume: bool) -> RunState:
-    """Check the config and build the driver's state (prompts, algorithm); no Ray yet."""
+def prepare_run(config: MindRLConfig, trainer: str, resume: bool | str) -> RunState:
+    """Check the config and build the driver's state (prompts, algorithm); no Ray yet.
+
+    ``resume``: True continues from the latest checkpoint, a path (--resume-from) from that
+    one; either is checked here, before any process starts.
+    """
     _preflight(config)
     algorithm = get_algorithm(trainer)
     options = algorithm.resolve(config.algorithm)
     run_dir = Path(config.logging.dir.format(trainer=trainer))
     checkpoint_dir = Path(config.checkpoint.dir or run_dir / "checkpoints")
-    if resume and not (checkpoint_dir / "actor" / "latest").exists():
-        raise RunSetupError(
-            f"--resume: no checkpoint under {checkpoint_dir}; run without --resume to start afresh"
-        )
+    plan = build_run_plan(algorithm, config)
+    resume_steps = _resume_steps(checkpoint_dir, resume, plan) if resume else {}
     dataset, eos = _dataset(config)
     run = RunState(
         config=config,
         trainer=trainer,
         algorithm=algorithm,
         options=options,
-        plan=build_run_plan(algorithm, config),
+        plan=plan,
         kl=make_kl_controller(
             options.kl_coef, options.adaptive_kl, options.kl_target, options.kl_horizon
         ),
@@ -104,11 +108,27 @@ def prepare_run(config: MindRLConfig, trainer: str, resume: bool) -> RunState:
         checkpoint_dir=checkpoint_dir,
         dataset=dataset,
         dataset_eos=eos,
+        resume_steps=resume_steps,
     )
     return run
 
 
-def launch_run(run: RunState, device_name: str, resume: bool) -> None:
+def _resume_steps(checkpoint_dir: Path, resume: bool | str, plan: RunPlan) -> dict[str, Path]:
+    """The checked step folder of every trained role (``resume``: True for the run's latest,
+    or a path from --resume-from), before any process starts."""
+    source = checkpoint_dir if resume is True else Path(resume)
+    roles = [role for role in ("actor", "critic") if role in plan.model_roles]
+    if resume is True and not (checkpoint_dir / "actor" / "latest").exists():
+        raise RunSetupError(
+            f"--resume: no checkpoint under {checkpoint_dir}; run without --resume to start afresh"
+        )
+    try:
+        return checkpoint.resolve_run(source, roles)
+    except checkpoint.CheckpointError as exc:
+        raise RunSetupError(f"--resume: {exc}") from None
+
+
+def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
     """Connect Ray, start the dock and the workers, and resume if asked.
 
     Each phase prints one line first: a large model's start-up takes minutes (imports,
@@ -129,7 +149,7 @@ def launch_run(run: RunState, device_name: str, resume: bool) -> None:
     phase("building engines and loading weights (every role, together)")
     _setup_workers(run)
     if resume:
-        phase("resuming from the latest checkpoint")
+        phase(f"resuming from {run.resume_steps['actor']}")
         _resume(run)
     phase("ready")
     _announce(run, device_name)
@@ -306,9 +326,9 @@ def _updates_per_iteration(config: MindRLConfig, role: str) -> int:
 def _resume(run: RunState) -> None:
     timeout = run.plan.stage_deadline_s
     positions = []
-    for group in run.trained_groups():
-        positions += group.call(
-            "load_checkpoint", str(run.checkpoint_dir), stage="resume", timeout_s=timeout
+    for role, step_dir in run.resume_steps.items():
+        positions += run.groups[role].call(
+            "load_checkpoint", str(step_dir), stage="resume", timeout_s=timeout
         )
     iterations = {p["next_iteration"] for p in positions}
     if len(iterations) != 1:

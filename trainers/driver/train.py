@@ -37,9 +37,13 @@ INTERRUPT_SAVE_TIMEOUT_S = 120.0
 
 
 def train(
-    config: MindRLConfig, trainer: str, device: str | None = None, resume: bool = False
+    config: MindRLConfig, trainer: str, device: str | None = None, resume: bool | str = False
 ) -> int:
-    """Run ``config`` with algorithm ``trainer``; returns the process exit code."""
+    """Run ``config`` with algorithm ``trainer``; returns the process exit code.
+
+    ``resume``: True continues from the latest checkpoint, a path from that checkpoint (a
+    run's checkpoints folder or one role's step folder).
+    """
     device_name = resolve_device(device)
     run: RunState | None = None
     runner: IterationRunner | None = None
