@@ -1,7 +1,7 @@
 """Dr. GRPO: GRPO "done right" (Liu et al. 2025, "Understanding R1-Zero-Like Training: A
-Critical Perspective", arXiv:2503.20783, §3.1 and Eq. 3).
+Critical Perspective", arXiv:2503.20783, §3.1).
 
-The paper shows two biases in GRPO's objective (its Eq. 2): dividing each response's loss
+The paper shows two biases in GRPO's objective: dividing each response's loss
 by its own length ``|o_i|`` favours long wrong answers (their per-token penalty shrinks)
 and dividing the advantage by the group's reward std over-weights prompts that are too
 easy or too hard. Dr. GRPO removes both:

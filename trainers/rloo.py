@@ -1,5 +1,6 @@
 """RLOO: REINFORCE with a leave-one-out baseline (Kool et al. 2019, "Buy 4 REINFORCE
-samples, get a baseline for free!"; Ahmadian et al. 2024, arXiv:2402.14740, Eq. 7).
+samples, get a baseline for free!"; Ahmadian et al. 2024, arXiv:2402.14740, its RLOO
+estimator).
 
 Each prompt's k responses form a group (by id, as in GRPO). Response ``i`` scores
 ``s_i = sum_t r_it * mask_it``; its baseline is the mean score of the *other* responses
