@@ -7,6 +7,7 @@ call that outlives its deadline raises :class:`StageTimeoutError`; nothing ever 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -177,10 +178,27 @@ def checked_get(ref: Any, name: str, stage: str) -> Any:
         raise StageFailedError(
             f"worker {name} failed during stage '{stage}': {last_line(exc)}", str(exc)
         ) from None
-    except ray.exceptions.RayError as exc:  # e.g. OutOfMemoryError: the node killed it
+    except ray.exceptions.OutOfMemoryError as exc:
+        raise WorkerDiedError(out_of_memory_line(name, stage, str(exc))) from None
+    except ray.exceptions.RayError as exc:  # e.g. a node lost
         raise WorkerDiedError(
             f"worker {name} was lost during stage '{stage}': {first_line(exc)}"
         ) from None
+
+
+def out_of_memory_line(name: str, stage: str, ray_text: str) -> str:
+    """One line for a worker the node's memory monitor killed: who, when, how full the
+    node was, where its measured peaks are and what lowers them (not Ray's paragraph)."""
+    used = re.search(r"([\d.]+GB used / [\d.]+GB limit)", ray_text)
+    node = f" (node memory {used.group(1)})" if used else ""
+    role = name.split("[")[0]
+    knobs = "rollout.kv_cache_mib or, on a CPU, rollout.swap=false"
+    if role != "reward":
+        knobs = f"{role}.micro_batch_size, {knobs}"
+    return (
+        f"worker {name} was killed for memory during stage '{stage}'{node}; each role's "
+        f"peak is in metrics.jsonl under 'memory'; lower it with {knobs} (docs/memory.md)"
+    )
 
 
 def first_line(exc: BaseException) -> str:
