@@ -1,0 +1,83 @@
+"""``dock.pipeline: stream`` on the shared Ray cluster: the samples, advantages and metrics
+of a sync run, with each stage's busy time and the overlap it gained.
+
+One sync and one stream run (module fixtures, one per test so each test holds a single
+run's start-up within the suite's per-test timeout).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mindrl import run_plan
+from mindrl.metrics import read_metrics
+from tests.trainers.test_pipeline import tiny_config
+from trainers.driver.train import train
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
+
+#: Record keys that are timings or memory, free to differ between two runs.
+MEASURED = {"tps", "iteration_time_s", "time", "busy", "overlap", "overhead"}
+#: A reference model makes ref_logp a scoring stage that can stream too.
+WITH_REFERENCE = ("iterations=2", "algorithm.kl_coef=0.05")
+
+
+def outcomes(record: dict) -> dict:
+    """What the samples and their advantages decide: every number but timings/memory."""
+    return {
+        k: v
+        for k, v in record.items()
+        if k not in MEASURED and not k.endswith("_mib") and isinstance(v, int | float)
+    }
+
+
+def run_records(run_dir, *overrides: str) -> list[dict]:
+    assert train(tiny_config(run_dir, "grpo", *WITH_REFERENCE, *overrides), "grpo", "cpu") == 0
+    return read_metrics(run_dir / "run" / "metrics.jsonl")
+
+
+@pytest.fixture(scope="module")
+def sync_records(ray_cluster, tmp_path_factory) -> list[dict]:
+    return run_records(tmp_path_factory.mktemp("sync"))
+
+
+@pytest.fixture(scope="module")
+def stream_records(ray_cluster, tmp_path_factory) -> list[dict]:
+    with pytest.MonkeyPatch.context() as patch:
+        # The reference role as if on devices of its own: its chunked path streams too.
+        patch.setattr(run_plan, "ROLES_OFF_GENERATION_DEVICES", {"reward", "reference"})
+        return run_records(tmp_path_factory.mktemp("stream"), "dock.pipeline=stream")
+
+
+def check_busy(record: dict) -> None:
+    busy = record["busy"]
+    assert {"rollout", "reward", "ref_logp", "advantage", "update"} <= set(busy)
+    assert all(seconds > 0 for seconds in busy.values())
+    assert busy["rollout"] <= record["iteration_time_s"]
+
+
+def test_sync_reports_every_stages_busy_time_and_no_overlap(sync_records):
+    assert len(sync_records) == 2
+    for record in sync_records:
+        check_busy(record)
+        assert record["overlap"] == {"total": 0.0}
+
+
+def test_streaming_trains_on_the_samples_and_advantages_of_sync_and_reports_overlap(
+    sync_records, stream_records
+):
+    assert len(stream_records) == len(sync_records)
+    for s, t in zip(sync_records, stream_records, strict=True):
+        # Same responses, rewards, reference log-probs and advantages -> same losses and
+        # KL; reward_mean only differs in the float32 order of the per-chunk sums.
+        assert outcomes(t) == pytest.approx(outcomes(s), rel=1e-5, abs=1e-7)
+        assert t["pg_loss"] == s["pg_loss"]  # same samples and advantages, bit for bit
+        check_busy(t)
+        assert set(t["overlap"]) == {"reward", "ref_logp", "total"}
+        assert t["overlap"]["total"] == pytest.approx(
+            t["overlap"]["reward"] + t["overlap"]["ref_logp"]
+        )
+        for stage in ("reward", "ref_logp"):
+            # Overlap is stage work that ran during generation: never more than either.
+            assert 0.0 <= t["overlap"][stage] <= t["busy"][stage] + 1e-6
+            assert t["overlap"][stage] <= t["time"]["rollout"] + 1e-6
