@@ -189,6 +189,10 @@ def deepseek_v3_hf_config(model: ModelConfig) -> dict:
         "rope_parameters": rope,
         "tie_word_embeddings": model.tie_word_embeddings,
         "num_nextn_predict_layers": 0,  # RL trains no multi-token-prediction layer
+        # DeepSeek's own config.json fields that vLLM reads (transformers implies them):
+        # without them vLLM builds softmax routing and no expert bias.
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
         "torch_dtype": model.dtype,
     }
     return AutoConfig.for_model("deepseek_v3", **fields).to_dict()
