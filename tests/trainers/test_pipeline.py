@@ -170,6 +170,12 @@ def test_ppo_with_reference_epochs_and_minibatches_runs_every_stage(tmp_path):
     # and the KL to the reference see a ratio != 1 and log-probs != the reference's.
     assert records[-1]["kl"] > 0
     assert "critic_value_mean" in records[-1]
+    # Every role's memory peak is in every record; the actor's ledger holds its weights.
+    memory = records[-1]["memory"]
+    assert set(memory) == {"actor", "reference", "critic", "reward"}
+    assert all(peak["host_peak_mib"] > 100 for peak in memory.values())
+    assert memory["actor"]["device_peak_mib"] > 0
+    assert "host_peak_mib" not in records[-1]  # booked per role, not averaged as a metric
 
 
 def test_dapo_refills_dropped_groups_and_says_how_many_batches_it_drew(tmp_path):
