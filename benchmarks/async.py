@@ -361,7 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     model = ClusterModel(**{k: getattr(args, f"sim_{k}") for k in asdict(ClusterModel())})
     report: dict[str, Any] = {"machine": machine(), "simulated": simulate(model)}
     if not args.simulate_only:
-        report |= measure(args)
+        from trainers.driver.setup import RunSetupError
+
+        try:
+            report |= measure(args)
+        except (RunSetupError, RuntimeError) as error:  # e.g. Ray could not start here
+            print(f"async: error: {error}", file=sys.stderr)
+            return 1
         print_measured(report)
     print_simulated(report["simulated"])
     if args.json:
