@@ -71,3 +71,20 @@ def tp2_then_dp2(rank: int, world: int, root: str) -> dict:
         "uninterrupted": uninterrupted,
         "resumed": after_resume,
     }
+
+
+def trained_and_saved(rank: int, world: int, root: str) -> dict:
+    """One rank: 2 steps at the shared weights, save, then the engine's own HF state dict
+    and response log-probs of a batch (what an export must reproduce)."""
+    engine = _engine(ParallelSpec(), seed=1)
+    _losses(engine, 0, 2)
+    engine.save_checkpoint(root, data_position={"next_step": 2})
+    batch = data_stream(DENSE, 9)
+    result = {
+        "hf": engine.hf_state_dict(),
+        "input_ids": batch.input_ids,
+        "logprobs": engine.forward(batch)["logprobs"],
+        "mask": batch.response_mask,
+    }
+    _finish()
+    return result

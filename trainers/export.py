@@ -1,0 +1,86 @@
+"""``mindrl-export CHECKPOINT OUT_DIR [--role critic]``: a saved checkpoint as an HF folder.
+
+A checkpoint holds the full weights under canonical Megatron names and the architecture
+(``backends/megatron/checkpoint.py``), so any checkpoint exports, whatever TP / PP / EP /
+DP layout saved it. The policy becomes ``<Family>ForCausalLM``; the critic (value head)
+``<Family>ForTokenClassification`` with one label, its ``score`` the value head.
+
+Exit codes: 0 written, 2 a missing or corrupt checkpoint (one line naming it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+from backends.megatron import GPTSpec, checkpoint
+from backends.megatron.families import get_family
+from backends.megatron.hf_io import save_hf_folder
+from mindrl.workers.model_setup import hf_config_for
+
+
+def export_checkpoint(path: str | Path, out_dir: str | Path, role: str = "actor") -> Path:
+    """Write the HF folder (``config.json`` + ``model.safetensors``) of a checkpoint.
+
+    Args:
+        path: a run's checkpoints folder (``role``'s latest), a role's folder (its latest)
+            or one step folder.
+        out_dir: the HF folder to write (created).
+
+    Raises:
+        CheckpointError: nothing to export there, or a corrupt checkpoint.
+    """
+    saved = checkpoint.open_checkpoint(path, role)
+    spec = GPTSpec(**saved.meta["spec"])
+    state, config = hf_model(saved.load("model"), spec, value_head=saved.meta["value_head"])
+    save_hf_folder(state, config, out_dir)
+    return Path(out_dir)
+
+
+def hf_model(
+    full: dict[str, torch.Tensor], spec: GPTSpec, value_head: bool = False
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """HF state dict and ``config.json`` of full canonical weights."""
+    family = get_family(spec.family)
+    config = hf_config_for(spec)
+    if not value_head:
+        return family.megatron_to_hf(full, spec), config
+    # The critic: the backbone without an LM head, and the value head as a 1-label score.
+    backbone = family.megatron_to_hf(full, dataclasses.replace(spec, tie_word_embeddings=True))
+    state = {**backbone, "score.weight": full["output_layer.weight"]}
+    architecture = config["architectures"][0].replace("ForCausalLM", "ForTokenClassification")
+    config |= {
+        "architectures": [architecture],
+        "id2label": {"0": "value"},
+        "label2id": {"value": 0},
+        "tie_word_embeddings": False,
+    }
+    return state, config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mindrl-export", description="Write a mindrl checkpoint as an HF model folder."
+    )
+    parser.add_argument(
+        "checkpoint",
+        help="A run's checkpoints folder (its latest), a role's folder or one step folder.",
+    )
+    parser.add_argument("out_dir", help="HF folder to write.")
+    parser.add_argument("--role", default="actor", choices=["actor", "critic"])
+    args = parser.parse_args(argv)
+    try:
+        out = export_checkpoint(args.checkpoint, args.out_dir, args.role)
+    except checkpoint.CheckpointError as exc:
+        print(f"mindrl-export: error: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
