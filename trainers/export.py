@@ -51,7 +51,9 @@ def hf_model(
         return family.megatron_to_hf(full, spec), config
     # The critic: the backbone without an LM head, and the value head as a 1-label score.
     backbone = family.megatron_to_hf(full, dataclasses.replace(spec, tie_word_embeddings=True))
-    state = {**backbone, "score.weight": full["output_layer.weight"]}
+    head = full["output_layer.weight"]
+    # transformers' score layer has a bias; the value head has none, so it is zero.
+    state = {**backbone, "score.weight": head, "score.bias": head.new_zeros(head.shape[0])}
     architecture = config["architectures"][0].replace("ForCausalLM", "ForTokenClassification")
     config |= {
         "architectures": [architecture],

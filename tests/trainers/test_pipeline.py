@@ -85,6 +85,11 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     assert [r["iteration"] for r in got] == [3, 4, 5]
     for key in ("reward_mean", "pg_loss", "grad_norm", "entropy"):
         assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], abs=1e-6)
+    # The run ends with the trained policy as an HF folder that transformers loads.
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(resumed / "run" / "hf")
+    assert hf.config.num_hidden_layers == config.model.num_layers
 
 
 def test_resume_without_a_checkpoint_is_a_one_line_user_error(tmp_path, capsys):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from backends.device.registry import resolve_device
 from mindrl.config.schema import MindRLConfig
-from mindrl.data import PromptSourceError
+from mindrl.data import PromptSourceError, load_tokenizer
 from mindrl.dock import DockError
 from mindrl.metrics import MetricsLogger, format_progress_line, print_progress_line
 from mindrl.metrics.sinks import SinkError
@@ -28,12 +28,14 @@ from mindrl.workers.group import StageFailedError, StageTimeoutError, WorkerDied
 from mindrl.workers.model_setup import ModelSetupError
 from trainers.driver.iteration import IterationRunner
 from trainers.driver.setup import RunSetupError, RunState, launch_run, prepare_run, stop_run
+from trainers.export import export_checkpoint
 
 #: Failures of the run itself (exit 1), as opposed to user mistakes (exit 2).
 RUN_FAILURES = (WorkerDiedError, StageTimeoutError, StageFailedError, DockError)
 USER_MISTAKES = (RunSetupError, ModelSetupError, PromptSourceError, LayoutError, SinkError)
 #: How long a Ctrl-C checkpoint may take before the run gives up on it.
 INTERRUPT_SAVE_TIMEOUT_S = 120.0
+HF_DIR = "hf"  # RUN_DIR/hf: the trained policy, loadable by transformers and vLLM
 
 
 def train(
@@ -80,9 +82,20 @@ def _loop(run: RunState, runner: IterationRunner) -> int:
                 save_checkpoint(run)
         if run.finished_iteration >= run.start_iteration:
             save_checkpoint(run)
+            _write_hf(run)
     _plot(run.run_dir)
     print(f"mindrl-train: done; metrics in {run.run_dir}, checkpoints in {run.checkpoint_dir}")
     return 0
+
+
+def _write_hf(run: RunState) -> None:
+    """The trained policy as an HF folder, ``RUN_DIR/hf``, from the final checkpoint, with
+    the tokenizer's files when the tokenizer came from an HF folder or a GGUF file."""
+    out = export_checkpoint(run.checkpoint_dir, run.run_dir / HF_DIR)
+    source = run.config.model.tokenizer
+    if not source.startswith("builtin:"):  # made in code: no files a user could load
+        load_tokenizer(source).save_pretrained(out)
+    print(f"mindrl-train: trained model (HF) in {out}", file=sys.stderr)
 
 
 def save_checkpoint(run: RunState, timeout_s: float | None = None) -> None:
@@ -121,6 +134,8 @@ def _report_failure(exc: Exception, run: RunState | None) -> None:
     details = getattr(exc, "details", None)
     if run is not None:
         log = Path(run.run_dir) / "error.log"
+        # A worker can die during start-up, before the metrics logger made the folder.
+        log.parent.mkdir(parents=True, exist_ok=True)
         # Stamped: a later successful run in the same folder leaves this file behind.
         stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         header = f"mindrl-train failed at {stamp} after iteration {run.finished_iteration}\n"
