@@ -150,11 +150,11 @@ def test_an_unknown_verifier_is_a_one_line_user_error_before_any_worker_starts(t
     assert "Traceback" not in err
 
 
-def test_generation_ep_beyond_the_tp_group_is_a_one_line_user_error(tmp_path, capsys):
+def test_generation_ep_with_the_hf_engine_is_a_one_line_user_error(tmp_path, capsys):
     config = tiny_config(tmp_path, "grpo", "iterations=2", *MOE, "rollout.ep=2")
     assert train(config, "grpo", device="cpu") == 2
     err = capsys.readouterr().err
-    assert "rollout.ep=2" in err and "set rollout.ep to rollout.tp (1)" in err
+    assert "rollout.ep=2 needs the vllm engine" in err and "set rollout.ep: 1" in err
     assert "Traceback" not in err
 
 

@@ -164,6 +164,12 @@ def _preflight(config: MindRLConfig) -> None:
             f"{rollout.engine!r}, vllm is {installed} here): set rollout.engine: vllm "
             "(scripts/install_vllm_cpu.sh on a CPU), or rollout.tp: 1 for the hf engine"
         )
+    if rollout.ep != 1 and engine_name(rollout.engine) != "vllm":
+        raise RunSetupError(
+            f"rollout.ep={rollout.ep} needs the vllm engine (rollout.engine is "
+            f"{rollout.engine!r}; the hf engine keeps every expert on every rank): set "
+            "rollout.ep: 1, or rollout.engine: vllm on GPU / NPU"
+        )
     if rollout.ep > 1 and rollout.ep % rollout.tp:
         raise RunSetupError(
             f"rollout.ep={rollout.ep}: a vLLM expert-parallel group is whole TP groups "
