@@ -88,6 +88,12 @@ class RunPlan:
         """Stage -> the worker group serving it (its TD controller sits on that node)."""
         return {stage.name: stage.role for stage in self.stages}
 
+    def scoring_stages(self) -> tuple[str, ...]:
+        """Stages that score the generated sequences with a model (reference, old-policy
+        and value log-probs), in plan order: those between ``reward`` and ``advantage``."""
+        names = self.stage_names
+        return names[names.index("reward") + 1 : names.index("advantage")]
+
     def streaming_stages(self, until_filter: bool = False) -> tuple[str, ...]:
         """Stages that take samples in chunks while the rollout generates (``dock.pipeline:
         stream``), in plan order.

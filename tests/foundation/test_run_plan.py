@@ -29,6 +29,7 @@ def test_two_minibatches_add_the_old_logprob_stage_and_the_update_reads_it():
     plan = plan_for("grpo", "data.global_batch_size=4", "actor.mini_batch_size=2")
     assert plan.needs_old_logprob
     assert plan.stage("old_logp").role == "actor"
+    assert plan.scoring_stages() == ("ref_logp", "old_logp")
     assert "old_logprob" in plan.stage("update").reads
 
 
@@ -40,6 +41,7 @@ def test_ppo_adds_the_critic_stages_and_its_advantages_read_values_and_write_ret
     assert plan.stage("advantage").reads == ("reward", "response_ids", "values")
     assert plan.stage("advantage").writes == ("advantages", "returns")
     assert plan.model_roles == ("actor", "reference", "critic")
+    assert plan.scoring_stages() == ("ref_logp", "values")
 
 
 def test_dapo_has_no_reference_and_holds_two_prompt_batches_for_dynamic_sampling():

@@ -93,9 +93,6 @@ class Sampled:
     prompt_tokens: float = 0.0
 
 
-#: Stages that score the sampled sequences with a model, in the order they run.
-SCORE_STAGES = ("ref_logp", "old_logp", "values")
-
 #: Report keys that are timing or memory, booked by the ledger, not metrics of the iteration.
 TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"}) | MEMORY_KEYS
 
@@ -286,8 +283,8 @@ class IterationRunner:
 
     # ---- scoring, advantages, updates --------------------------------------------------------
     def _score_stages(self, indexes: np.ndarray, ledger: Ledger) -> None:
-        for name in SCORE_STAGES:
-            if name in self.plan.stage_names and name not in self.streamed:
+        for name in self.plan.scoring_stages():
+            if name not in self.streamed:
                 self._stage(ledger, name, self._score_stage, name, indexes)
 
     def _by_dp_rank(self, stage: str, role: str, fields: list[str], n: int) -> list:
