@@ -17,6 +17,8 @@ Formulas:
   for ``A < 0``: ``l = min(l, -A clip_c)``.
 * Value loss per token: ``0.5 * max((v - R)^2, (clamp(v, old - clip, old + clip) - R)^2)``.
 * Aggregation, see :func:`aggregate_loss`.
+* Policy lag (``rollout.max_staleness > 0``), see :func:`behaviour_weights`: each token's
+  policy loss is multiplied by ``w = min(exp(old - behaviour), cap)``, detached.
 
 :class:`PolicyGradientAlgorithm` (bottom) is the base of each algorithm file; the contract
 it fulfils, :class:`mindrl.algorithm.Algorithm`, lives in mindrl/ so the workers can type it.
@@ -138,6 +140,39 @@ def _at_least_one(count: Number, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(count, dtype=like.dtype, device=like.device).clamp(min=1)
 
 
+def behaviour_weights(
+    old_logprob: torch.Tensor, behaviour_logprob: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance weights for the policy lag of an off-policy sample, detached.
+
+    A sample generated ``s`` updates ago was drawn from the behaviour policy ``mu`` (the
+    rollout's weights), not from the old / proximal policy ``pi_old`` the clipped loss is
+    centred on. The decoupled PPO objective of AReaL (Fu et al. 2025, arXiv:2505.24298,
+    the section on decoupled PPO) separates the two:
+
+        J = E_{a ~ mu} [ (pi_old / mu) * min(r A, clip(r, 1 - e_low, 1 + e_high) A) ],
+        r = pi_theta / pi_old,
+
+    and truncated importance sampling (TIS; Yao et al. 2025, "Your Efficient RL Framework
+    Secretly Brings You Off-Policy RL Training") caps the behaviour ratio at ``C`` so one
+    token with ``mu`` far below ``pi_old`` cannot dominate the step:
+
+        w_t = min(pi_old(a_t) / mu(a_t), C) = min(exp(old_t - behaviour_t), C).
+
+    With one optimizer step per iteration ``pi_old = pi_theta`` (detached): ``r = 1`` and
+    the gradient is TIS's ``min(pi_theta / mu, C) A grad log pi_theta``. The weight is a
+    constant of the step (no gradient flows through it); ``log`` differences are clamped
+    to [-20, 20] like the ratio, so ``exp`` never overflows.
+
+    Args:
+        old_logprob: log pi_old of the sampled tokens, ``[batch, T]``.
+        behaviour_logprob: log mu, what the rollout engine reported, ``[batch, T]``.
+        cap: ``C`` (> 0); tokens above it are truncated to it.
+    """
+    log_ratio = (old_logprob - behaviour_logprob).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return log_ratio.exp().clamp(max=cap)
+
+
 def policy_loss(
     old_logprob: torch.Tensor,
     logprob: torch.Tensor,
@@ -148,6 +183,7 @@ def policy_loss(
     clip_c: float | None = None,
     mode: str = "token-mean",
     num_tokens: Number | None = None,
+    behaviour: tuple[torch.Tensor, float] | None = None,
     **agg_kwargs: Number | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with asymmetric clip range and optional dual clip.
@@ -160,12 +196,16 @@ def policy_loss(
         clip_low, clip_high: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]``.
         clip_c: dual-clip bound (> 1) for negative advantages; None disables it.
         mode, num_tokens, agg_kwargs: passed to :func:`aggregate_loss`.
+        behaviour: ``(behaviour_logprob, cap)`` for samples of an older policy: each
+            token's loss (after both clips) is weighted by :func:`behaviour_weights`.
 
     Returns:
         The loss and detached scalar tensors (no device sync; ``float()`` them when
         logging): ``clip_fraction`` (tokens where the clipped branch is larger),
         ``dual_clip_fraction`` (tokens capped by ``clip_c``) and ``approx_kl``
-        (masked mean of ``old - logp``, the k1 estimate of KL(old || pi)).
+        (masked mean of ``old - logp``, the k1 estimate of KL(old || pi)); with
+        ``behaviour`` also ``is_weight_mean`` and ``is_truncated_fraction`` (weights at
+        the cap).
 
     Raises:
         ValueError: ``clip_c`` is set but not > 1.
@@ -182,13 +222,19 @@ def policy_loss(
         cap = -advantages * clip_c
         dual = (advantages < 0) & (per_token > cap)
         per_token = torch.where(dual, cap, per_token)
-    loss = aggregate_loss(per_token, mask, mode, num_tokens, **agg_kwargs)
     as_fraction = lambda flags: masked_mean(flags.to(logprob.dtype), mask).detach()  # noqa: E731
     metrics = {
         "clip_fraction": as_fraction(clipped > unclipped),
         "dual_clip_fraction": as_fraction(dual),
         "approx_kl": masked_mean(-log_ratio, mask).detach(),
     }
+    if behaviour is not None:
+        behaviour_logprob, is_cap = behaviour
+        weights = behaviour_weights(old_logprob, behaviour_logprob, is_cap)
+        per_token = weights * per_token
+        metrics["is_weight_mean"] = masked_mean(weights, mask).detach()
+        metrics["is_truncated_fraction"] = as_fraction(weights >= is_cap)
+    loss = aggregate_loss(per_token, mask, mode, num_tokens, **agg_kwargs)
     return loss, metrics
 
 
@@ -255,7 +301,10 @@ class PolicyGradientAlgorithm(Algorithm):
         Args:
             logprob: ``[batch, T]`` log-probs of the policy being trained.
             batch: ``advantages``, ``response_mask``, ``old_logprob`` (absent: on-policy,
-                ``logprob.detach()`` is used) and ``ref_logprob`` when KL is used.
+                ``logprob.detach()`` is used), ``ref_logprob`` when KL is used and
+                ``behaviour_logprob`` for samples of an older policy (off-policy: the
+                loss is weighted by :func:`behaviour_weights`, capped at
+                ``options.behaviour_is_cap``).
             options: resolved options (see :meth:`resolve`).
             num_tokens: global-batch token count for token-mean (see aggregate_loss).
             entropy: ``[batch, T]`` per-token entropy, for the bonus and the metric.
@@ -268,9 +317,11 @@ class PolicyGradientAlgorithm(Algorithm):
         old = batch.get("old_logprob")
         old = logprob.detach() if old is None else old
         mode = options.loss_agg_mode
+        behaviour = batch.get("behaviour_logprob")
+        behaviour = None if behaviour is None else (behaviour, options.behaviour_is_cap)
         loss, metrics = policy_loss(
             old, logprob, batch["advantages"], mask, options.clip_low, options.clip_high,
-            options.clip_c, mode, num_tokens, num_seqs=num_seqs,
+            options.clip_c, mode, num_tokens, behaviour, num_seqs=num_seqs,
         )  # fmt: skip
         metrics["pg_loss"] = loss.detach()
         if options.kl_coef > 0:

@@ -206,6 +206,24 @@ class RolloutConfig:
     )
     swap: bool = option(True, "Allgather-swap training weights to host during generation.")
     reshard_bucket_mib: float = option(512.0, "Upper bound of the all-gather buffer.", gt=0)
+    placement: str = option(
+        "collocated",
+        "collocated: the actor's ranks generate between updates (allgather-swap). "
+        "disaggregated: rollout.devices of the world's devices run rollout workers with "
+        "their own engine; the trainer ranks send them the weights after every update.",
+        choices=("collocated", "disaggregated"),
+    )
+    devices: int = option(
+        0, "Disaggregated: devices (CPU: processes) that generate; the rest train.", ge=0
+    )
+    max_staleness: int = option(
+        0,
+        "Most updates a trained sample's weights may lag behind the trained ones. 0: "
+        "on-policy (generation waits for the new weights). k > 0 (disaggregated): the next "
+        "batch generates while this one trains; the loss corrects the lag "
+        "(algorithm.behaviour_is_cap).",
+        ge=0,
+    )
 
 
 @dataclass
@@ -238,6 +256,12 @@ class AlgorithmConfig:
         choices=(None, "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     )
     entropy_coef: float = option(0.0, "Entropy bonus coefficient.", ge=0)
+    behaviour_is_cap: float = option(
+        2.0,
+        "Off-policy samples (rollout.max_staleness > 0): cap C of the truncated importance "
+        "weight min(pi_old / pi_behaviour, C) on each token's loss (trainers/core.py).",
+        gt=0,
+    )
     norm_adv_by_std: bool | None = option(
         None, "GRPO family: divide group advantages by the group std; None: trainer default."
     )

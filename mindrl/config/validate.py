@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mindrl.config.placement import check_placement, train_world_size
 from mindrl.config.schema import MindRLConfig, ModelConfig, ParallelConfig, RoleConfig
 
 if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
@@ -20,7 +21,7 @@ def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) ->
     ``algorithm`` (the run's) decides the algorithm-dependent checks (a critic's layout,
     groups of at least two); without one, every role is checked and groups are not.
     """
-    world = config.world_size
+    world = train_world_size(config)
     needs_critic = algorithm is None or algorithm.needs_critic
     roles = ["actor", "reference"] + (["critic"] if needs_critic else [])
     problems: list[str] = []
@@ -31,6 +32,7 @@ def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) ->
     problems += check_batch(config, algorithm)
     problems += check_lengths(config)
     problems += check_ignored_role_settings(config)
+    problems += check_placement(config, algorithm)
     if algorithm is not None and algorithm.offline:
         problems.append(
             f"--trainer {algorithm.name} trains on offline preference pairs with no generation "
@@ -161,7 +163,7 @@ def check_generation_layout(config: MindRLConfig, world: int) -> list[str]:
 
 
 def check_batch(config: MindRLConfig, algorithm: Algorithm | None) -> list[str]:
-    data, world = config.data, config.world_size
+    data, world = config.data, train_world_size(config)
     problems = []
     if algorithm is not None and algorithm.uses_groups and data.n_samples_per_prompt < 2:
         problems.append(

@@ -52,9 +52,13 @@ def aggregate(loss, mask, mode, num_tokens=None, num_seqs=None, norm_len=None) -
     return sum(per_seq) / max(non_empty if num_seqs is None else num_seqs, 1)
 
 
-def policy_loss(old, logp, adv, mask, lo, hi, c, mode="token-mean", num_tokens=None):
-    """(loss, clip_fraction, dual_clip_fraction, approx_kl)."""
+def policy_loss(
+    old, logp, adv, mask, lo, hi, c, mode="token-mean", num_tokens=None, behaviour=None, cap=None
+):
+    """(loss, clip_fraction, dual_clip_fraction, approx_kl); with ``behaviour`` log-probs
+    each token's loss is weighted by min(exp(old - behaviour), cap) (decoupled PPO + TIS)."""
     old, logp, adv, mask = rows(old), rows(logp), rows(adv), rows(mask)
+    behaviour = old if behaviour is None else rows(behaviour)
     losses, clipped_flags, dual_flags, kls = [], [], [], []
     for i in range(len(mask)):
         loss_row, clip_row, dual_row, kl_row = [], [], [], []
@@ -65,7 +69,8 @@ def policy_loss(old, logp, adv, mask, lo, hi, c, mode="token-mean", num_tokens=N
             unclipped, clipped = -a * r, -a * min(max(r, 1 - lo), 1 + hi)
             loss = max(unclipped, clipped)
             dual = c is not None and a < 0 and loss > -a * c
-            loss_row.append(-a * c if dual else loss)
+            weight = 1.0 if cap is None else tis_weight(old[i][t], behaviour[i][t], cap)
+            loss_row.append(weight * (-a * c if dual else loss))
             clip_row.append(float(clipped > unclipped))
             dual_row.append(float(dual))
             kl_row.append(-log_ratio)
@@ -79,6 +84,11 @@ def policy_loss(old, logp, adv, mask, lo, hi, c, mode="token-mean", num_tokens=N
         masked_mean(dual_flags, mask),
         masked_mean(kls, mask),
     )
+
+
+def tis_weight(old: float, behaviour: float, cap: float) -> float:
+    """pi_old / mu per token, truncated at ``cap``."""
+    return min(math.exp(min(max(old - behaviour, -20.0), 20.0)), cap)
 
 
 def value_loss(values, old, returns, mask, clip, mode="token-mean"):

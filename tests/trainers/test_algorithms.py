@@ -130,6 +130,19 @@ def test_actor_loss_is_policy_loss_plus_kl_minus_entropy(mode):
     assert metrics["pg_loss"].item() == pytest.approx(pg)
 
 
+def test_actor_loss_weights_lagged_samples_by_their_truncated_behaviour_ratio():
+    mask, (logp, adv, behaviour) = random_inputs(2, count=3)
+    logp, behaviour = logp * 0.5 - 1, behaviour * 0.5 - 1
+    grpo = get_algorithm("grpo")
+    options = grpo.resolve({"kl_coef": 0.0, "behaviour_is_cap": 1.5})
+    batch = {"advantages": adv, "response_mask": mask, "behaviour_logprob": behaviour}
+    loss, metrics = grpo.actor_loss(logp, batch, options)
+    # No old log-probs: the trained policy is the proximal one (old = logp, ratio 1).
+    want, *_ = ref.policy_loss(logp, logp, adv, mask, 0.2, 0.2, 3.0, behaviour=behaviour, cap=1.5)
+    assert loss.item() == pytest.approx(want)
+    assert 0 < metrics["is_truncated_fraction"].item() < 1
+
+
 def test_actor_loss_on_policy_without_old_logprob_is_minus_the_mean_advantage():
     mask, (logp, adv) = random_inputs(1, count=2)
     dapo = get_algorithm("dapo")

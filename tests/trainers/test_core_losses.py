@@ -205,3 +205,79 @@ def test_value_loss_matches_the_loop_reference(mode, dtype):
     assert loss.item() == pytest.approx(want, rel=1e-5)
     assert metrics["value_clip_fraction"].item() == pytest.approx(clip_frac)
     assert 0 < clip_frac < 1
+
+
+# ---- off-policy samples: truncated importance weights for the policy lag -------------------
+
+
+def lagged_inputs(seed: int):
+    """Policy inputs plus behaviour log-probs some way off the old ones, both ways."""
+    old, logp, adv, mask = policy_inputs(seed)
+    behaviour = old + torch.linspace(-1.5, 1.0, old.numel(), dtype=old.dtype).view_as(old)
+    return old, logp, adv, mask, behaviour
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cap", [2.0, 1.1])
+def test_lagged_policy_loss_matches_the_loop_reference(mode, cap):
+    old, logp, adv, mask, behaviour = lagged_inputs(10)
+    loss, metrics = policy_loss(
+        old, logp, adv, mask, 0.2, 0.28, 3.0, mode, behaviour=(behaviour, cap)
+    )
+    want, clip_frac, _, _ = ref.policy_loss(
+        old, logp, adv, mask, 0.2, 0.28, 3.0, mode, behaviour=behaviour, cap=cap
+    )
+    weights = [[ref.tis_weight(o, b, cap) for o, b in zip(orow, brow, strict=True)]
+               for orow, brow in zip(ref.rows(old), ref.rows(behaviour), strict=True)]  # fmt: skip
+    truncated = [[float(w >= cap) for w in row] for row in weights]
+    assert loss.item() == pytest.approx(want)
+    assert metrics["clip_fraction"].item() == pytest.approx(clip_frac)
+    assert metrics["is_weight_mean"].item() == pytest.approx(ref.masked_mean(weights, mask))
+    assert metrics["is_truncated_fraction"].item() == pytest.approx(
+        ref.masked_mean(truncated, mask)
+    )
+    assert 0 < metrics["is_truncated_fraction"].item() < 1  # the cap bites on some tokens only
+
+
+def test_lagged_policy_loss_in_float32_matches_the_float64_reference():
+    old, logp, adv, mask, behaviour = lagged_inputs(11)
+    as32 = [t.float() for t in (old, logp, adv, mask, behaviour)]
+    loss, _ = policy_loss(*as32[:4], 0.2, 0.28, 3.0, behaviour=(as32[4], 2.0))
+    want, *_ = ref.policy_loss(old, logp, adv, mask, 0.2, 0.28, 3.0, behaviour=behaviour, cap=2.0)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(want, rel=1e-5, abs=1e-5)
+
+
+def test_samples_of_the_trained_policy_get_weight_one_and_the_plain_loss():
+    old, logp, adv, mask = policy_inputs(12)
+    plain, _ = policy_loss(old, logp, adv, mask, 0.2, 0.28, 3.0)
+    lagged, metrics = policy_loss(old, logp, adv, mask, 0.2, 0.28, 3.0, behaviour=(old, 2.0))
+    assert lagged.item() == plain.item()
+    assert metrics["is_weight_mean"].item() == 1.0
+
+
+def test_the_weight_is_a_constant_of_the_step_so_one_step_gives_the_tis_gradient():
+    # One optimizer step: old = logp (detached), r = 1, and the gradient of each token is
+    # TIS's -min(pi / mu, C) * A / n (Yao et al. 2025), not the plain -A / n.
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
+    behaviour = torch.tensor([[-1.5, -1.0, -3.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
+    loss, _ = policy_loss(
+        logp.detach(), logp, adv, torch.ones(1, 3), 0.2, 0.2, behaviour=(behaviour, 2.0)
+    )
+    loss.backward()
+    weights = [math.exp(0.5), math.exp(-1.0), 2.0]  # e^2.5 > 2 is truncated to the cap
+    want = [-w * a / 3 for w, a in zip(weights, [1.0, -2.0, 0.5], strict=True)]
+    assert logp.grad[0].tolist() == pytest.approx(want)
+
+
+def test_no_gradient_flows_through_the_weight_even_from_old_logprobs_with_a_graph():
+    # old is logp itself (graph and all): the ratio is identically 1, so the only path a
+    # gradient could take is through the weight, which must be a constant.
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    behaviour = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
+    loss, _ = policy_loss(
+        logp, logp, torch.ones(1, 2), torch.ones(1, 2), behaviour=(behaviour, 2.0)
+    )
+    loss.backward()
+    assert logp.grad[0].tolist() == [0.0, 0.0]

@@ -1,0 +1,68 @@
+"""Start-up refuses impossible placements and staleness settings, one line each."""
+
+from __future__ import annotations
+
+import pytest
+
+from mindrl.config import ConfigError, load_config
+from mindrl.config.placement import rollout_world_size, train_world_size
+from trainers.registry import get_algorithm
+
+TINY = "configs/tiny.yaml"
+DISAGGREGATED = [
+    "rollout.placement=disaggregated",
+    "rollout.devices=1",
+    "actor.parallel.tp=1",
+    "reference.parallel.tp=1",
+    "critic.parallel.tp=1",
+]
+
+
+def problems_of(overrides: list[str], trainer: str = "grpo") -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        load_config(TINY, overrides, algorithm=get_algorithm(trainer))
+    return err.value.problems
+
+
+def test_a_negative_staleness_is_refused_in_one_line():
+    assert problems_of(["rollout.max_staleness=-1"]) == [
+        "configs/tiny.yaml: rollout.max_staleness: must be >= 0, got -1"
+    ]
+
+
+def test_staleness_without_disaggregated_placement_is_refused_naming_the_placement():
+    (problem,) = problems_of(["rollout.max_staleness=1"])
+    assert "rollout.max_staleness=1 needs rollout.placement: disaggregated" in problem
+
+
+@pytest.mark.parametrize("devices", [0, 2, 3])
+def test_more_rollout_devices_than_the_cluster_leaves_room_for_are_refused(devices):
+    (problem,) = problems_of([*DISAGGREGATED, f"rollout.devices={devices}"])
+    assert f"rollout.devices={devices}: a disaggregated run needs at least one" in problem
+    assert "set 1 <= rollout.devices <= 1" in problem
+
+
+def test_rollout_devices_with_collocated_placement_would_do_nothing_and_are_refused():
+    (problem,) = problems_of(["rollout.devices=1"])
+    assert problem.endswith("remove it or set the placement")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "trainer", "what"),
+    [
+        (["dock.pipeline=stream"], "grpo", "dock.pipeline: stream"),
+        ([], "dapo", "dynamic sampling (DAPO)"),
+    ],
+)
+def test_what_disaggregated_runs_cannot_do_yet_is_refused_as_not_yet_supported(
+    overrides, trainer, what
+):
+    (problem,) = problems_of([*DISAGGREGATED, *overrides], trainer)
+    assert f"disaggregated with {what} is not yet supported" in problem
+
+
+def test_disaggregated_roles_train_on_the_devices_the_rollout_leaves():
+    config = load_config(TINY, [*DISAGGREGATED, "rollout.max_staleness=1"], get_algorithm("grpo"))
+    assert (train_world_size(config), rollout_world_size(config)) == (1, 1)
+    collocated = load_config(TINY, [], get_algorithm("grpo"))
+    assert (train_world_size(collocated), rollout_world_size(collocated)) == (2, 2)
