@@ -157,6 +157,8 @@ def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
 
 def _preflight(config: MindRLConfig) -> None:
     rollout = config.rollout
+    if rollout.placement == "disaggregated":  # issue 15: rollout workers come next
+        raise RunSetupError("rollout.placement: disaggregated is not yet supported")
     if rollout.tp != 1 and engine_name(rollout.engine) != "vllm":
         installed = "installed" if "vllm" in available_engines() else "not installed"
         raise RunSetupError(
