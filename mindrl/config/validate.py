@@ -32,6 +32,7 @@ def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) ->
     problems += check_batch(config, algorithm)
     problems += check_lengths(config)
     problems += check_ignored_role_settings(config)
+    problems += check_validation(config, algorithm)
     problems += check_placement(config, algorithm)
     if algorithm is not None and algorithm.offline:
         problems.append(
@@ -185,6 +186,31 @@ def check_batch(config: MindRLConfig, algorithm: Algorithm | None) -> list[str]:
                 f"{data.global_batch_size}"
             )
     return problems
+
+
+def check_validation(config: MindRLConfig, algorithm: Algorithm | None = None) -> list[str]:
+    """Validation needs held-out prompts, and held-out prompts need validation to run.
+
+    No default source: only a synthetic task could make a held-out split, and evaluating
+    a file source on its own training prompts would report training reward as validation.
+    """
+    data = config.data
+    if data.val_every and algorithm is not None and algorithm.offline:
+        return [
+            f"data.val_every: --trainer {algorithm.name} trains on stored pairs and builds no "
+            "generation engine, which validation generates with; set data.val_every: 0"
+        ]
+    if data.val_every and data.val_source is None:
+        return [
+            f"data.val_every: {data.val_every} needs data.val_source (held-out prompts: "
+            "'synthetic:<task>' or a .jsonl / .parquet file); set it, or data.val_every: 0"
+        ]
+    if not data.val_every and data.val_source is not None:
+        return [
+            f"data.val_source: {data.val_source!r} is set but data.val_every is 0, so no "
+            "validation runs; set data.val_every (iterations between validations) or remove it"
+        ]
+    return []
 
 
 def check_lengths(config: MindRLConfig) -> list[str]:

@@ -43,3 +43,28 @@ def prompt_dataset(config: MindRLConfig, tokenizer: PreTrainedTokenizerBase) -> 
         max_prompt_length=config.rollout.max_prompt_length,
         chat=config.data.chat_template,
     )
+
+
+#: A synthetic validation source is made with the run's seed plus this, so it is another
+#: draw of the task than the training prompts (a small task such as tiny-next has few
+#: distinct prompts, so the two overlap: its validation measures the policy, not transfer).
+VALIDATION_SEED_OFFSET = 1
+
+
+def validation_records(config: MindRLConfig) -> list[PromptRecord]:
+    """The held-out prompts of ``data.val_source`` (a synthetic task makes
+    ``data.val_num_prompts`` of them; a file gives all its records).
+
+    Raises:
+        PromptSourceError: an unreadable source (no source: the config check refuses it).
+    """
+    data = config.data
+    assert data.val_source is not None, "validation without data.val_source"
+    return load_prompt_records(
+        data.val_source,
+        prompt_key=data.prompt_key,
+        answer_key=data.answer_key,
+        template=data.template,
+        num_prompts=data.val_num_prompts,
+        seed=config.seed + VALIDATION_SEED_OFFSET,
+    )

@@ -10,6 +10,7 @@ from typing import IO, Any
 from tqdm.auto import tqdm
 
 from mindrl.metrics.memory import MEMORY_RECORD_KEY, format_memory
+from mindrl.metrics.validation import VAL_PREFIX
 
 # (metric key, label, format) of the progress line, in print order. A key a trainer
 # does not report (e.g. KL with kl_coef 0 not measured) prints as "-".
@@ -21,6 +22,8 @@ PROGRESS_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("clip_fraction", "clip", ".3f"),
     ("tps", "tps", ".0f"),
 )
+#: Validation results printed when a record has them (after the iterations it ran).
+VAL_PROGRESS_KEYS = (f"{VAL_PREFIX}reward_mean", f"{VAL_PREFIX}pass@")
 STAGE_TIMES_KEY = "time"  # record["time"] = {stage: seconds}
 ITERATION_TIME_KEY = "iteration_time_s"
 
@@ -73,7 +76,8 @@ def _format_value(value: Any, spec: str) -> str:
 
 def format_progress_line(iteration: int, metrics: Mapping[str, Any]) -> str:
     """One line: iteration, reward, response length, KL, entropy, clip fraction, TPS,
-    iteration time, the time of every stage and each role's memory peak.
+    validation results when there are any, iteration time, the time of every stage and
+    each role's memory peak.
 
     Example: ``iter 12 | reward 0.734 | resp_len 2.1 | kl - | ... | time 4.21s
     (rollout 2.10 reward 0.05 update 1.90)``.
@@ -81,6 +85,11 @@ def format_progress_line(iteration: int, metrics: Mapping[str, Any]) -> str:
     parts = [f"iter {iteration:>4d}"]
     parts += [
         f"{label} {_format_value(metrics.get(key), spec)}" for key, label, spec in PROGRESS_FIELDS
+    ]
+    parts += [
+        f"{key} {_format_value(value, '.3f')}"
+        for key, value in metrics.items()
+        if key.startswith(VAL_PROGRESS_KEYS)
     ]
     stages = metrics.get(STAGE_TIMES_KEY) or {}
     total = metrics.get(ITERATION_TIME_KEY)

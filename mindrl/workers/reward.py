@@ -78,9 +78,28 @@ class RewardWorker:
     def _model_scores(self, data: Any, responses: list[list[int]]) -> torch.Tensor:
         """The reward model's score of each decoded prompt + response."""
         prompt_rows = zip(data["prompt_ids"], data["prompt_ids_lengths"].tolist(), strict=True)
-        prompts = [self.tokenizer.decode(row[:n].tolist()) for row, n in prompt_rows]
+        return self._model_scores_of([row[:n].tolist() for row, n in prompt_rows], responses)
+
+    def _model_scores_of(self, prompts: list[list[int]], responses: list[list[int]]):
         texts = decode_responses(responses, self.tokenizer)
-        return self.reward_model.score(prompts, texts)
+        return self.reward_model.score([self.tokenizer.decode(p) for p in prompts], texts)
+
+    def score_held_out(
+        self, prompts: list[list[int]], responses: list[list[int]], truths: list[str]
+    ) -> tuple[list[float], list[bool] | None]:
+        """Validation: the rewards of responses the driver hands over (never in the dock,
+        so never trained on), scored exactly like training's, and whether each passed:
+        every rule verifier gave it full credit (1.0; None without rule verifiers)."""
+        verifiers = self.config.reward.verifiers
+        rewards = score_batch(responses, truths, verifiers, tokenizer=self.tokenizer)
+        if self.reward_model is not None:
+            rewards = rewards + self._model_scores_of(prompts, responses)
+        if not verifiers:
+            return rewards.tolist(), None
+        passed = torch.ones(len(responses), dtype=torch.bool)
+        for name in verifiers:
+            passed &= score_batch(responses, truths, [name], tokenizer=self.tokenizer) >= 1.0
+        return rewards.tolist(), passed.tolist()
 
     def _timing(self, start: float) -> dict[str, float]:
         return stage_report(start, self.dock)

@@ -173,6 +173,22 @@ class ModelWorker:
             **self._timing(start),
         }
 
+    def generate_held_out(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> list[list[int]]:
+        """Validation: ``params.n`` responses per prompt (prompt-major) with the current
+        weights, returned to the driver, never put into the dock, so never trained on.
+
+        Every actor rank calls it (the reshard is a collective); ``params.seed`` is the
+        validation's own, and the engines seed sampling per call without touching the
+        process's RNG, so training's sampling does not move.
+        """
+        self.rollout.refresh_weights()
+        results = self.rollout.generate(prompts, params) if prompts else []
+        self.rollout.restore_training_state()
+        memory_window(self.device)  # its transients are not the next stage's peak
+        return [list(r.token_ids) for r in results]
+
     def _timing(self, start: float) -> dict[str, float]:
         return stage_report(start, self.dock, self.device)
 

@@ -233,3 +233,47 @@ def test_a_role_setting_that_would_do_nothing_is_refused_naming_why():
     load_config(
         None, ["critic.optim.lr=1e-5", "critic.ppo_epochs=2"], algorithm=get_algorithm("ppo")
     )  # read
+
+
+def test_validation_is_off_by_default_greedy_and_one_response_per_prompt():
+    data = load_config(None, [], algorithm=get_algorithm("grpo")).data
+    assert (data.val_every, data.val_source, data.val_n, data.val_temperature) == (0, None, 1, 0.0)
+
+
+def test_validation_without_held_out_prompts_is_one_line_naming_the_fix():
+    assert problems_of(None, ["data.val_every=5"]) == [
+        "<defaults>: data.val_every: 5 needs data.val_source (held-out prompts: "
+        "'synthetic:<task>' or a .jsonl / .parquet file); set it, or data.val_every: 0"
+    ]
+
+
+def test_held_out_prompts_without_validation_would_do_nothing_and_are_refused():
+    (problem,) = problems_of(None, ["data.val_source=synthetic:tiny"])
+    assert "data.val_source: 'synthetic:tiny' is set but data.val_every is 0" in problem
+
+
+def test_out_of_range_validation_options_are_listed_together():
+    problems = problems_of(None, ["data.val_every=-1", "data.val_n=0", "data.val_temperature=-0.5"])
+    assert problems == [
+        "<defaults>: data.val_every: must be >= 0, got -1",
+        "<defaults>: data.val_n: must be >= 1, got 0",
+        "<defaults>: data.val_temperature: must be >= 0, got -0.5",
+    ]
+
+
+def test_a_validation_run_loads_with_its_options():
+    data = load_config(
+        None,
+        ["data.val_every=2", "data.val_source=synthetic:tiny-copy", "data.val_n=4"],
+        algorithm=get_algorithm("grpo"),
+    ).data
+    assert (data.val_every, data.val_source, data.val_n) == (2, "synthetic:tiny-copy", 4)
+
+
+def test_validation_of_an_offline_trainer_is_refused_for_want_of_a_generation_engine():
+    overrides = ["data.val_every=2", "data.val_source=synthetic:tiny"]
+    problems = problems_of(None, overrides, trainer="dpo")
+    assert any(
+        "data.val_every: --trainer dpo trains on stored pairs and builds no generation engine" in p
+        for p in problems
+    )

@@ -55,6 +55,13 @@ def test_progress_line_marks_unreported_metrics():
     assert line.startswith("iter    1 | reward 0.250 | resp_len - | kl - |")
 
 
+def test_progress_line_shows_validation_after_the_iterations_it_ran():
+    metrics = {"reward_mean": 0.5, "val/reward_mean": 0.8125, "val/pass@4": 0.9, "val/time_s": 3}
+    line = format_progress_line(9, metrics)
+    assert "| tps - | val/reward_mean 0.812 | val/pass@4 0.900 | time -s" in line
+    assert "val/time_s" not in line
+
+
 class Terminal(io.StringIO):
     """A stream that says it is a terminal, as an interactive stderr does."""
 

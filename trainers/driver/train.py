@@ -28,6 +28,7 @@ from mindrl.workers.group import StageFailedError, StageTimeoutError, WorkerDied
 from mindrl.workers.model_setup import ModelSetupError
 from trainers.driver.iteration import IterationRunner
 from trainers.driver.setup import RunSetupError, RunState, launch_run, prepare_run, stop_run
+from trainers.driver.validation import Validator
 from trainers.export import export_checkpoint
 
 #: Failures of the run itself (exit 1), as opposed to user mistakes (exit 2).
@@ -51,9 +52,10 @@ def train(
     runner: IterationRunner | None = None
     try:
         run = prepare_run(config, trainer, resume)
+        validator = Validator.for_run(run)  # a bad val_source stops the run before Ray
         launch_run(run, device_name, resume)
         runner = IterationRunner(run)
-        return _loop(run, runner)
+        return _loop(run, runner, validator)
     except USER_MISTAKES as exc:
         _error(str(exc))
         return 2
@@ -68,15 +70,17 @@ def train(
             stop_run(run)
 
 
-def _loop(run: RunState, runner: IterationRunner) -> int:
+def _loop(run: RunState, runner: IterationRunner, validator: Validator) -> int:
     config = run.config
     resume_at = run.start_iteration if run.resumed else None
     with MetricsLogger.for_run(run.run_dir, config.logging, resume_at) as log:
         for iteration in range(run.start_iteration, config.iterations):
             metrics = runner.run_iteration(iteration)
+            # Trained: a Ctrl-C during validation saves this iteration, not the one before.
+            run.finished_iteration = iteration
+            metrics |= validator.after(iteration)
             log.log(iteration, metrics)
             print_progress_line(format_progress_line(iteration, metrics))
-            run.finished_iteration = iteration
             every = config.checkpoint.every
             if every and (iteration + 1) % every == 0 and iteration + 1 < config.iterations:
                 save_checkpoint(run)
