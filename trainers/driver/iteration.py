@@ -111,6 +111,9 @@ class IterationRunner:
         self.streamed = self.plan.streaming_stages(bool(run.options.dynamic_sampling))
         self.streamed = self.streamed if stream else ()
         self.stream = StreamScheduler(run, self.streamed, self.timeout) if stream else None
+        #: Each stage's largest memory peaks over the whole run (the end-of-run check
+        #: against the planner, mindrl.planner.check).
+        self.stage_peaks: dict[str, dict[str, float]] = {}
 
     # ---- the iteration -------------------------------------------------------------------
     def run_iteration(self, iteration: int) -> dict[str, Any]:
@@ -340,6 +343,8 @@ class IterationRunner:
     def _record(
         self, metrics: dict[str, Any], sampled: Sampled, ledger: Ledger, seconds: float
     ) -> dict[str, Any]:
+        for stage, peaks in ledger.memory.items():
+            book_peaks(self.stage_peaks, stage, [peaks])
         n = max(sampled.samples, 1)
         prompt_len, response_len = sampled.prompt_tokens / n, sampled.response_tokens / n
         record = {

@@ -23,9 +23,11 @@ from mindrl.data import PromptSourceError, load_tokenizer
 from mindrl.dock import DockError
 from mindrl.metrics import MetricsLogger, format_progress_line, print_progress_line
 from mindrl.metrics.sinks import SinkError
+from mindrl.planner.check import check_memory, format_memory_check
 from mindrl.reshard import LayoutError
 from mindrl.workers.group import StageFailedError, StageTimeoutError, WorkerDiedError
 from mindrl.workers.model_setup import ModelSetupError
+from trainers.driver.cli import UserError, device_bytes_for_plan
 from trainers.driver.iteration import IterationRunner
 from trainers.driver.setup import RunSetupError, RunState, launch_run, prepare_run, stop_run
 from trainers.driver.validation import Validator
@@ -55,7 +57,9 @@ def train(
         validator = Validator.for_run(run)  # a bad val_source stops the run before Ray
         launch_run(run, device_name, resume)
         runner = IterationRunner(run)
-        return _loop(run, runner, validator)
+        code = _loop(run, runner, validator)
+        _print_memory_check(run, runner, device_name)
+        return code
     except USER_MISTAKES as exc:
         _error(str(exc))
         return 2
@@ -90,6 +94,20 @@ def _loop(run: RunState, runner: IterationRunner, validator: Validator) -> int:
     _plot(run.run_dir)
     print(f"mindrl-train: done; metrics in {run.run_dir}, checkpoints in {run.checkpoint_dir}")
     return 0
+
+
+def _print_memory_check(run: RunState, runner: IterationRunner, device_name: str) -> None:
+    """The planner's memory per device beside the run's measured peaks (never fatal: a
+    config the planner cannot size still trained)."""
+    try:
+        bytes_per_device = device_bytes_for_plan(run.config, device_name)
+        checks = check_memory(
+            run.config, run.plan, bytes_per_device, runner.stage_peaks, device_name == "cpu"
+        )
+    except (UserError, ValueError, KeyError) as exc:
+        _error(f"no planned-vs-measured memory: {exc}")
+        return
+    print(f"mindrl-train: {format_memory_check(checks)}")
 
 
 def _write_hf(run: RunState) -> None:
