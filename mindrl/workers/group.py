@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -17,10 +17,27 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from backends.device import Device
+from mindrl.metrics.memory import format_memory
 
 
 class WorkerDiedError(RuntimeError):
     """A worker process died while a stage was waiting on it."""
+
+
+class WorkerOutOfMemoryError(WorkerDiedError):
+    """The node's memory monitor killed a worker; :meth:`line` adds its role's peak."""
+
+    def __init__(self, name: str, stage: str, ray_text: str) -> None:
+        super().__init__(out_of_memory_line(name, stage, ray_text))
+        self.name, self.stage, self.ray_text = name, stage, ray_text
+
+    @property
+    def role(self) -> str:
+        return self.name.split("[")[0]
+
+    def line(self, role_peak: Mapping[str, float] | None) -> str:
+        """The one line, with the role's largest measured peaks (MiB) when known."""
+        return out_of_memory_line(self.name, self.stage, self.ray_text, role_peak)
 
 
 class StageTimeoutError(RuntimeError):
@@ -179,25 +196,32 @@ def checked_get(ref: Any, name: str, stage: str) -> Any:
             f"worker {name} failed during stage '{stage}': {last_line(exc)}", str(exc)
         ) from None
     except ray.exceptions.OutOfMemoryError as exc:
-        raise WorkerDiedError(out_of_memory_line(name, stage, str(exc))) from None
+        raise WorkerOutOfMemoryError(name, stage, str(exc)) from None
     except ray.exceptions.RayError as exc:  # e.g. a node lost
         raise WorkerDiedError(
             f"worker {name} was lost during stage '{stage}': {first_line(exc)}"
         ) from None
 
 
-def out_of_memory_line(name: str, stage: str, ray_text: str) -> str:
+def out_of_memory_line(
+    name: str, stage: str, ray_text: str, role_peak: Mapping[str, float] | None = None
+) -> str:
     """One line for a worker the node's memory monitor killed: who, when, how full the
-    node was, where its measured peaks are and what lowers them (not Ray's paragraph)."""
+    node was, its role's measured peak (``role_peak``: MiB by memory key, the largest
+    seen so far; else where the peaks are) and what lowers it (not Ray's paragraph)."""
     used = re.search(r"([\d.]+GB used / [\d.]+GB limit)", ray_text)
     node = f" (node memory {used.group(1)})" if used else ""
     role = name.split("[")[0]
     knobs = "rollout.kv_cache_mib or, on a CPU, rollout.swap=false"
     if role != "reward":
         knobs = f"{role}.micro_batch_size, {knobs}"
+    if role_peak:
+        peak = f"peak measured so far: {format_memory({role: role_peak})}"
+    else:
+        peak = "each role's peak is in metrics.jsonl under 'memory'"
     return (
-        f"worker {name} was killed for memory during stage '{stage}'{node}; each role's "
-        f"peak is in metrics.jsonl under 'memory'; lower it with {knobs} (docs/memory.md)"
+        f"worker {name} was killed for memory during stage '{stage}'{node}; {peak}; "
+        f"lower it with {knobs} (docs/memory.md)"
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mindrl.workers.group import out_of_memory_line
+from mindrl.workers.group import WorkerDiedError, WorkerOutOfMemoryError, out_of_memory_line
 
 RAY_TEXT = (
     "Task was killed due to the node running low on memory.\n"
@@ -28,3 +28,18 @@ def test_a_reward_worker_is_not_told_about_micro_batches():
     line = out_of_memory_line("reward[0]", "reward", "killed: out of memory")
     assert "micro_batch_size" not in line
     assert "(node memory" not in line
+
+
+def test_with_its_roles_measured_peak_the_line_gives_it_instead_of_pointing_at_the_log():
+    line = out_of_memory_line(
+        "actor[0]", "rollout", RAY_TEXT, {"host_peak_mib": 5800.0, "device_peak_mib": 600.0}
+    )
+    assert "peak measured so far: actor 5.66G (device 0.59G);" in line
+    assert "metrics.jsonl" not in line
+
+
+def test_the_error_the_driver_catches_rebuilds_its_line_with_the_peak():
+    error = WorkerOutOfMemoryError("critic[1]", "values", RAY_TEXT)
+    assert isinstance(error, WorkerDiedError) and error.role == "critic"
+    assert str(error) == out_of_memory_line("critic[1]", "values", RAY_TEXT)
+    assert "critic 2.00G" in error.line({"host_peak_mib": 2048.0})

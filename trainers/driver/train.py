@@ -22,10 +22,16 @@ from mindrl.config.schema import MindRLConfig
 from mindrl.data import PromptSourceError, load_tokenizer
 from mindrl.dock import DockError
 from mindrl.metrics import MetricsLogger, format_progress_line, print_progress_line
+from mindrl.metrics.memory import peaks_by_role
 from mindrl.metrics.sinks import SinkError
 from mindrl.planner.check import check_memory, format_memory_check
 from mindrl.reshard import LayoutError
-from mindrl.workers.group import StageFailedError, StageTimeoutError, WorkerDiedError
+from mindrl.workers.group import (
+    StageFailedError,
+    StageTimeoutError,
+    WorkerDiedError,
+    WorkerOutOfMemoryError,
+)
 from mindrl.workers.model_setup import ModelSetupError
 from trainers.driver.cli import UserError, device_bytes_for_plan
 from trainers.driver.iteration import IterationRunner
@@ -64,7 +70,7 @@ def train(
         _error(str(exc))
         return 2
     except RUN_FAILURES as exc:
-        _report_failure(exc, run)
+        _report_failure(exc, run, runner)
         return 1
     except KeyboardInterrupt:
         _on_interrupt(run)
@@ -151,8 +157,10 @@ def _on_interrupt(run: RunState | None) -> None:
         )
 
 
-def _report_failure(exc: Exception, run: RunState | None) -> None:
-    _error(str(exc))
+def _report_failure(
+    exc: Exception, run: RunState | None, runner: IterationRunner | None = None
+) -> None:
+    _error(_failure_line(exc, run, runner))
     details = getattr(exc, "details", None)
     if run is not None:
         log = Path(run.run_dir) / "error.log"
@@ -163,6 +171,14 @@ def _report_failure(exc: Exception, run: RunState | None) -> None:
         header = f"mindrl-train failed at {stamp} after iteration {run.finished_iteration}\n"
         log.write_text(header + (details or "".join(traceback.format_exception(exc))))
         _error(f"details in {log}; the last complete checkpoint is under {run.checkpoint_dir}")
+
+
+def _failure_line(exc: Exception, run: RunState | None, runner: IterationRunner | None) -> str:
+    """The one line; a worker killed for memory also gets its role's peak so far."""
+    if isinstance(exc, WorkerOutOfMemoryError) and run is not None and runner is not None:
+        peaks = peaks_by_role(runner.stage_peaks, run.plan.stage_roles())
+        return exc.line(peaks.get(exc.role))
+    return str(exc)
 
 
 def _plot(run_dir: Path) -> None:
