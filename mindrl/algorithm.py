@@ -48,8 +48,9 @@ class Algorithm(ABC):
     :meth:`uses_reference` decides for resolved ones); ``uses_groups`` (advantages compare
     the responses of one prompt, so a prompt needs at least two); ``defaults`` (values for
     :class:`AlgorithmConfig` fields a recipe leaves unset, by field name); ``own_options``
-    (options only this algorithm reads; switched on elsewhere they are refused); ``offline``
-    (trains on stored data, no generation).
+    (options only this algorithm reads; switched on elsewhere they are refused);
+    ``reads_options`` (all the options it reads, when only a few); ``offline`` (trains on
+    stored data, no generation).
     """
 
     name: ClassVar[str]
@@ -59,8 +60,12 @@ class Algorithm(ABC):
     defaults: ClassVar[Mapping[str, object]] = {}
     own_options: ClassVar[frozenset[str]] = frozenset()
     #: Trains on stored data (preference pairs) instead of generating: no rollout,
-    #: reward or advantage stage. The run driver does not run such trainers yet.
+    #: reward or advantage stage (mindrl/run_plan.py, trainers/driver/offline.py).
     offline: ClassVar[bool] = False
+    #: The options this algorithm reads when it reads only a few (an offline loss reads
+    #: none of the policy-gradient ones); a set value outside them is refused. None:
+    #: every option but those other algorithms own.
+    reads_options: ClassVar[frozenset[str] | None] = None
     #: Options that belong to one algorithm each: switched on, they name their owner.
     OPTION_OWNERS: ClassVar[Mapping[str, str]] = {
         "dynamic_sampling": "dapo",
@@ -80,12 +85,27 @@ class Algorithm(ABC):
                 another algorithm implements (e.g. dynamic sampling outside dapo).
         """
         values = _section_values(section)
+        self._refuse_unread_options(values)
         for key, value in values.items():
             if value is None and key not in NULLABLE_OPTIONS:
                 values[key] = self.defaults.get(key, BASE_DEFAULTS.get(key))
         options = AlgorithmConfig(**values)
         self._refuse_foreign_options(options)
         return options
+
+    def _refuse_unread_options(self, values: Mapping[str, object]) -> None:
+        """A value set (not the section's default) for an option this algorithm never reads
+        would silently do nothing; other algorithms' own options get their owner's message."""
+        if self.reads_options is None:
+            return
+        defaults = _section_values(None)
+        for key, value in values.items():
+            unread = key not in self.reads_options and key not in self.OPTION_OWNERS
+            if unread and value != defaults[key]:
+                raise ValueError(
+                    f"algorithm.{key}: {self.name} does not read it (it reads only "
+                    f"{', '.join(sorted(self.reads_options))}), so it has no effect; remove it"
+                )
 
     def _refuse_foreign_options(self, options: AlgorithmConfig) -> None:
         for key, owner in self.OPTION_OWNERS.items():

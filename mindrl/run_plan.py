@@ -52,6 +52,7 @@ class RunPlan:
         uses_groups: advantages compare the responses of one prompt.
         sample_batches: prompt batches the dock holds (DAPO refills dropped groups).
         stage_deadline_s: how long a stage's workers may take before the run ends.
+        offline: trains on stored samples (DPO's pairs): no rollout, reward or advantage.
     """
 
     trainer: str
@@ -64,6 +65,7 @@ class RunPlan:
     uses_groups: bool
     sample_batches: int
     stage_deadline_s: float
+    offline: bool = False
 
     def stage(self, name: str) -> StagePlan:
         """The stage called ``name``.
@@ -92,6 +94,8 @@ class RunPlan:
         """Stages that score the generated sequences with a model (reference, old-policy
         and value log-probs), in plan order: those between ``reward`` and ``advantage``."""
         names = self.stage_names
+        if self.offline:  # stored sequences: every stage before the update scores them
+            return names[: names.index("update")]
         return names[names.index("reward") + 1 : names.index("advantage")]
 
     def streaming_stages(self, until_filter: bool = False) -> tuple[str, ...]:
@@ -105,6 +109,8 @@ class RunPlan:
         (``until_filter``: DAPO) only ``reward`` streams: the filter needs every reward
         before the model stages score the groups it keeps.
         """
+        if self.offline:  # nothing is generated, so nothing can overlap generation
+            return ()
         names = self.stage_names
         between = self.stages[names.index("rollout") + 1 : names.index("advantage")]
         if until_filter:
@@ -118,6 +124,8 @@ class RunPlan:
 
 def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
     """The plan of ``algorithm`` (its options resolved from ``config``) on ``config``."""
+    if algorithm.offline:
+        return _offline_plan(algorithm, config)
     options = algorithm.resolve(config.algorithm)
     needs_reference = algorithm.uses_reference(options)
     needs_critic = algorithm.needs_critic
@@ -137,6 +145,34 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         uses_groups=algorithm.uses_groups,
         sample_batches=sample_batches(options),
         stage_deadline_s=stage_deadline_s(config),
+    )
+
+
+#: Samples per stored pair: the chosen and the rejected response, adjacent in the dock.
+PAIR_SIZE = 2
+
+
+def _offline_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
+    """An offline algorithm's plan: the driver puts each pair as two samples (one dock
+    group: chosen at the even index, rejected after it), the reference scores them and
+    the actor trains. Its loss compares the policy with the reference only, so there is
+    no old_logp stage whatever the epochs and mini-batches."""
+    stages = (
+        StagePlan("ref_logp", "reference", SEQUENCE, ("ref_logprob",)),
+        StagePlan("update", "actor", (*SEQUENCE, "ref_logprob"), ()),
+    )
+    return RunPlan(
+        trainer=algorithm.name,
+        stages=stages,
+        needs_reference=True,
+        needs_critic=False,
+        needs_old_logprob=False,
+        model_roles=("actor", "reference"),
+        group_size=PAIR_SIZE,
+        uses_groups=True,
+        sample_batches=1,
+        stage_deadline_s=stage_deadline_s(config),
+        offline=True,
     )
 
 

@@ -101,6 +101,7 @@ class DPO(Algorithm):
     uses_groups = True  # a pair is a group of two responses to one prompt
     defaults: ClassVar[dict[str, object]] = {"dpo_beta": 0.1, "dpo_loss": "sigmoid"}
     own_options = frozenset({"dpo_beta", "dpo_loss"})
+    reads_options = own_options  # no clipping, KL coefficient, advantages or entropy bonus
     offline = True  # stored pairs: no generation, reward or advantage stage
 
     def uses_reference(self, options: AlgorithmConfig) -> bool:

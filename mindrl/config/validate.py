@@ -6,10 +6,18 @@ prefixes the file name and reports them all together.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from mindrl.config.placement import check_placement, train_world_size
-from mindrl.config.schema import MindRLConfig, ModelConfig, ParallelConfig, RoleConfig
+from mindrl.config.schema import (
+    DataConfig,
+    DockConfig,
+    MindRLConfig,
+    ModelConfig,
+    ParallelConfig,
+    RoleConfig,
+)
 
 if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
     from mindrl.algorithm import Algorithm
@@ -34,11 +42,81 @@ def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) ->
     problems += check_ignored_role_settings(config)
     problems += check_validation(config, algorithm)
     problems += check_placement(config, algorithm)
+    if algorithm is not None:
+        problems += check_algorithm_options(config, algorithm)
     if algorithm is not None and algorithm.offline:
+        problems += check_offline(config, algorithm)
+    return problems
+
+
+def check_algorithm_options(config: MindRLConfig, algorithm: Algorithm) -> list[str]:
+    """The algorithm section as ``algorithm`` resolves it: an option it does not read, or
+    one only another algorithm implements, is one problem line, not a traceback."""
+    try:
+        algorithm.resolve(config.algorithm)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
+
+
+#: Settings an offline algorithm (stored pairs: nothing generated, scored or grouped)
+#: never reads, by section: (why, the section's fields it does read). A set value would
+#: silently do nothing, so it is refused like an unread algorithm option.
+OFFLINE_UNREAD = {
+    "rollout": ("generates nothing", ("max_prompt_length", "max_response_length")),
+    "reward": ("scores nothing (a pair's preference is its label)", ()),
+}
+OFFLINE_UNREAD_DATA = {
+    "n_samples_per_prompt": "a pair's two responses are its group",
+    "prompt_key": "a pairs file's fields are prompt, chosen and rejected",
+    "answer_key": "a pairs file's fields are prompt, chosen and rejected",
+    "template": "a pair's prompt is used as written",
+}
+
+
+def check_offline(config: MindRLConfig, algorithm: Algorithm) -> list[str]:
+    """Unread settings of an offline run, and batch sizes that would split a pair: the
+    chosen and rejected rows of a pair must meet in one micro-batch on one rank."""
+    name = algorithm.name
+    problems = []
+    for section, (why, read) in OFFLINE_UNREAD.items():
+        given, defaults = getattr(config, section), type(getattr(config, section))()
+        for field in dataclasses.fields(given):
+            if field.name not in read and getattr(given, field.name) != getattr(
+                defaults, field.name
+            ):
+                problems.append(
+                    f"{section}.{field.name}: --trainer {name} trains on stored pairs and {why}, "
+                    "so this setting has no effect; remove it"
+                )
+    for key, why in OFFLINE_UNREAD_DATA.items():
+        if getattr(config.data, key) != getattr(DataConfig(), key):
+            problems.append(f"data.{key}: {why} for --trainer {name}; remove it")
+    if config.dock.pipeline != DockConfig().pipeline:
         problems.append(
-            f"--trainer {algorithm.name} trains on offline preference pairs with no generation "
-            "stage, which the run driver does not run yet (issue 17); its loss and pair data "
-            f"are in trainers/{algorithm.name}.py and mindrl/data/pairs.py"
+            f"dock.pipeline: {config.dock.pipeline} overlaps scoring with generation and "
+            f"--trainer {name} generates nothing; remove it"
+        )
+    return problems + check_whole_pairs(config)
+
+
+def check_whole_pairs(config: MindRLConfig) -> list[str]:
+    """Pairs per optimizer step split evenly over the actor's DP ranks, and an even
+    micro-batch: a pair never straddles two ranks or two micro-batches."""
+    actor = config.actor
+    problems = []
+    if actor.micro_batch_size % 2:
+        problems.append(
+            f"actor.micro_batch_size: {actor.micro_batch_size} rows would split a pair (its "
+            "chosen and rejected rows) over two micro-batches; use an even number"
+        )
+    dp = data_parallel_size(actor.parallel, config.world_size)
+    pairs = actor.mini_batch_size or config.data.global_batch_size
+    if dp and pairs % dp:
+        key = "actor.mini_batch_size" if actor.mini_batch_size else "data.global_batch_size"
+        problems.append(
+            f"{key}: {pairs} pairs per optimizer step cannot be split evenly over the "
+            f"actor's {dp} data-parallel ranks"
         )
     return problems
 

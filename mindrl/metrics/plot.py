@@ -20,6 +20,12 @@ PANELS: tuple[tuple[str, str], ...] = (
     ("kl", "KL"),
     ("response_length_mean", "response length (tokens)"),
 )
+#: The panels of an offline preference run (DPO), which has no reward or KL to plot.
+PREFERENCE_PANELS: tuple[tuple[str, str], ...] = (
+    ("preference_accuracy", "preference accuracy"),
+    ("reward_margin", "reward margin (chosen - rejected)"),
+    ("loss", "loss"),
+)
 FIGURE_SIZE_IN = (12.0, 3.5)
 DPI = 100  # -> a 1200 x 350 pixel PNG
 
@@ -30,7 +36,8 @@ def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], lis
 
 
 def plot_metrics(jsonl_path: str | Path, png_path: str | Path) -> Path:
-    """Render the reward, KL and response-length curves of a metrics JSONL to a PNG.
+    """Render the reward, KL and response-length curves of a metrics JSONL to a PNG (a
+    preference run's: accuracy, reward margin and loss).
 
     A metric the run did not record gets an empty panel saying so.
 
@@ -43,8 +50,10 @@ def plot_metrics(jsonl_path: str | Path, png_path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     records = read_metrics(jsonl_path)
-    figure, axes = plt.subplots(1, len(PANELS), figsize=FIGURE_SIZE_IN, dpi=DPI)
-    for axis, (key, title) in zip(axes, PANELS, strict=True):
+    preference = any("preference_accuracy" in r for r in records)
+    panels = PREFERENCE_PANELS if preference else PANELS
+    figure, axes = plt.subplots(1, len(panels), figsize=FIGURE_SIZE_IN, dpi=DPI)
+    for axis, (key, title) in zip(axes, panels, strict=True):
         iterations, values = _series(records, key)
         if values:
             axis.plot(iterations, values, marker="." if len(values) < 50 else None)

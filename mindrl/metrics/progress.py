@@ -24,6 +24,15 @@ PROGRESS_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 #: Validation results printed when a record has them (after the iterations it ran).
 VAL_PROGRESS_KEYS = (f"{VAL_PREFIX}reward_mean", f"{VAL_PREFIX}pass@")
+#: The line of an offline preference run (DPO): no reward, generation or clipping.
+PREFERENCE_PROGRESS_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("loss", "loss", ".4f"),
+    ("preference_accuracy", "pref_acc", ".3f"),
+    ("chosen_reward", "chosen", ".3f"),
+    ("rejected_reward", "rejected", ".3f"),
+    ("reward_margin", "margin", ".3f"),
+    ("entropy", "entropy", ".3f"),
+)
 STAGE_TIMES_KEY = "time"  # record["time"] = {stage: seconds}
 ITERATION_TIME_KEY = "iteration_time_s"
 
@@ -77,15 +86,15 @@ def _format_value(value: Any, spec: str) -> str:
 def format_progress_line(iteration: int, metrics: Mapping[str, Any]) -> str:
     """One line: iteration, reward, response length, KL, entropy, clip fraction, TPS,
     validation results when there are any, iteration time, the time of every stage and
-    each role's memory peak.
+    each role's memory peak. A preference run (DPO) shows its loss, preference accuracy,
+    rewards and margin in place of reward .. TPS.
 
     Example: ``iter 12 | reward 0.734 | resp_len 2.1 | kl - | ... | time 4.21s
     (rollout 2.10 reward 0.05 update 1.90)``.
     """
+    fields = PREFERENCE_PROGRESS_FIELDS if "preference_accuracy" in metrics else PROGRESS_FIELDS
     parts = [f"iter {iteration:>4d}"]
-    parts += [
-        f"{label} {_format_value(metrics.get(key), spec)}" for key, label, spec in PROGRESS_FIELDS
-    ]
+    parts += [f"{label} {_format_value(metrics.get(key), spec)}" for key, label, spec in fields]
     parts += [
         f"{key} {_format_value(value, '.3f')}"
         for key, value in metrics.items()

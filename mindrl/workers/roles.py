@@ -143,7 +143,7 @@ class ModelWorker:
         )
         if initial.hf_state is not None:
             self.engine.load_hf_state_dict(initial.hf_state)
-        if self.role == "actor":
+        if self.role == "actor" and not algorithm.offline:  # stored pairs: nothing to generate
             self.rollout = Rollout(self.engine, self.config, initial, self.size)
         del initial
         memory_window(self.device)  # the weight conversion's transients go back to the OS now

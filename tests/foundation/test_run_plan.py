@@ -85,3 +85,12 @@ def test_the_planner_counts_the_per_token_fields_this_run_stores():
     assert response_fields(plan_for("grpo")) == 4
     # ppo adds values and returns
     assert response_fields(plan_for("ppo")) == 6
+
+
+def test_dpo_trains_on_stored_pairs_with_no_generation_reward_or_advantage_stage():
+    plan = plan_for("dpo", "data.global_batch_size=4", "actor.mini_batch_size=2")
+    assert plan.offline and plan.stage_names == ("ref_logp", "update")
+    assert plan.model_roles == ("actor", "reference") and not plan.needs_old_logprob
+    assert plan.stage("update").reads == (*SEQUENCE, "ref_logprob")
+    assert plan.group_size == 2  # a pair: chosen and rejected, adjacent in the dock
+    assert plan.scoring_stages() == ("ref_logp",) and plan.streaming_stages() == ()

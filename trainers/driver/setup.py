@@ -23,6 +23,7 @@ from backends.megatron import checkpoint
 from mindrl.algorithm import Algorithm
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
+from mindrl.data.pairs import pair_dataset
 from mindrl.data.run_prompts import prompt_dataset
 from mindrl.dock import RL_FIELDS, DockClient, FieldSpec, create_dock, shutdown_dock
 from mindrl.rewards.registry import get_verifier
@@ -94,7 +95,7 @@ def prepare_run(config: MindRLConfig, trainer: str, resume: bool | str) -> RunSt
     checkpoint_dir = Path(config.checkpoint.dir or run_dir / "checkpoints")
     plan = build_run_plan(algorithm, config)
     resume_steps = _resume_steps(checkpoint_dir, resume, plan) if resume else {}
-    dataset, eos = _dataset(config)
+    dataset, eos = _dataset(config, plan.offline)
     run = RunState(
         config=config,
         trainer=trainer,
@@ -142,7 +143,8 @@ def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
     phase(f"connecting to Ray ({_ray_address(run.config) or 'local'})")
     run.ray_started_here = _connect_ray(run.config, device_name)
     roles = run.plan.model_roles
-    phase(f"starting worker processes: {' + '.join(roles)} x {run.config.world_size}, reward")
+    reward = "" if run.plan.offline else ", reward"
+    phase(f"starting worker processes: {' + '.join(roles)} x {run.config.world_size}{reward}")
     _place_workers(run, device_name)
     phase("starting the transfer dock")
     _start_dock(run, _controller_nodes(run))
@@ -198,11 +200,12 @@ def _preflight(config: MindRLConfig) -> None:
             raise RunSetupError(f"model.gguf_package: {exc}") from None
 
 
-def _dataset(config: MindRLConfig) -> tuple[PromptDataset, int]:
-    """The prompts, and the tokenizer's end-of-sequence id (generation stops there)."""
+def _dataset(config: MindRLConfig, offline: bool = False) -> tuple[PromptDataset, int]:
+    """The prompts (an offline run's: its pairs), and the tokenizer's end-of-sequence id
+    (generation stops there; a pair's responses end with it)."""
     try:
         tokenizer = load_tokenizer(config.model.tokenizer)
-        dataset = prompt_dataset(config, tokenizer)
+        dataset = (pair_dataset if offline else prompt_dataset)(config, tokenizer)
         return dataset, tokenizer.eos_token_id
     except ValueError as exc:
         raise RunSetupError(str(exc)) from None
@@ -290,6 +293,8 @@ def _place_workers(run: RunState, device_name: str) -> None:
         (rendezvous,) = group.call("rendezvous", stage="start-up", timeout_s=timeout, ranks=[0])
         run.rendezvous[role] = rendezvous[:2]
         run.worker_nodes[role] = rendezvous[2]
+    if run.plan.offline:
+        return  # stored pairs carry their preference: no reward workers
     reward = WorkerGroup(
         "reward",
         ray.remote(RewardWorker),
@@ -319,7 +324,8 @@ def _setup_workers(run: RunState) -> None:
         run.dp_ranks[role] = [info["dp_rank"] for info in infos]
         if role == "actor":
             run.gen_dp_ranks = [info["gen_dp_rank"] for info in infos]
-    run.groups["reward"].call("attach", run.dock_handle, stage="start-up", timeout_s=timeout)
+    if "reward" in run.groups:
+        run.groups["reward"].call("attach", run.dock_handle, stage="start-up", timeout_s=timeout)
 
 
 def _updates_per_iteration(config: MindRLConfig, role: str) -> int:
@@ -358,8 +364,13 @@ def _announce(run: RunState, device_name: str) -> None:
     nodes = len({w.node_id for w in run.dock_handle.warehouses})
     lines = [
         f"mindrl-train {run.trainer}: {config.world_size} {device_name} ranks; actor TP{actor.tp} "
-        f"PP{actor.pp} DP{len(set(run.dp_ranks['actor']))} -> rollout "
-        f"TP{config.rollout.tp} DP{len(set(run.gen_dp_ranks))} ({config.rollout.engine})",
+        f"PP{actor.pp} DP{len(set(run.dp_ranks['actor']))} -> "
+        + (
+            "no generation (stored pairs)"
+            if run.plan.offline
+            else f"rollout TP{config.rollout.tp} DP{len(set(run.gen_dp_ranks))} "
+            f"({config.rollout.engine})"
+        ),
         f"  roles {', '.join(run.groups)}; dock {config.dock.kind} with "
         f"{len(run.dock_handle.warehouses)} warehouse(s) on {nodes} node(s)",
         f"  metrics -> {run.run_dir}; checkpoints -> {run.checkpoint_dir}"

@@ -35,6 +35,7 @@ from mindrl.workers.group import (
 from mindrl.workers.model_setup import ModelSetupError
 from trainers.driver.cli import UserError, device_bytes_for_plan
 from trainers.driver.iteration import IterationRunner
+from trainers.driver.offline import make_runner
 from trainers.driver.setup import RunSetupError, RunState, launch_run, prepare_run, stop_run
 from trainers.driver.validation import Validator
 from trainers.export import export_checkpoint
@@ -62,7 +63,7 @@ def train(
         run = prepare_run(config, trainer, resume)
         validator = Validator.for_run(run)  # a bad val_source stops the run before Ray
         launch_run(run, device_name, resume)
-        runner = IterationRunner(run)
+        runner = make_runner(run)
         code = _loop(run, runner, validator)
         _print_memory_check(run, runner, device_name)
         return code

@@ -1,0 +1,65 @@
+"""DPO end to end: stored pairs through the dock, the reference's log-probs, the actor's
+preference loss; no generation stage (trainers/driver/offline.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mindrl.config import load_config
+from mindrl.metrics import read_metrics
+from trainers.driver.cli import CONFIG_DIR, main
+from trainers.driver.offline import split_whole_pairs
+from trainers.driver.train import train
+from trainers.registry import get_algorithm
+
+TINY_DPO = CONFIG_DIR / "tiny_dpo.yaml"
+
+
+def tiny_dpo(run_dir: Path, *overrides: str):
+    quiet = ["logging.progress_bar=false", "logging.backends=[]", "checkpoint.every=0"]
+    return load_config(
+        TINY_DPO, [f"logging.dir={run_dir}", *quiet, *overrides], algorithm=get_algorithm("dpo")
+    )
+
+
+def test_whole_pairs_go_to_each_data_parallel_rank_in_order():
+    parts = split_whole_pairs(np.array([4, 5, 0, 1, 6, 7, 2, 3]), parts=2)
+    assert [p.tolist() for p in parts] == [[4, 5, 0, 1], [6, 7, 2, 3]]
+    with pytest.raises(ValueError, match="not 2 equal runs of whole pairs"):
+        split_whole_pairs(np.arange(6), parts=2)
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_cluster")
+def test_tiny_dpo_learns_the_preference_end_to_end(tmp_path, capsys):
+    # 12 iterations of 32 pairs: ~0.3 s each after start-up on the 2-core box.
+    assert train(tiny_dpo(tmp_path / "run", "iterations=12"), "dpo", device="cpu") == 0
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    accuracy = [r["preference_accuracy"] for r in records]
+    # Iteration 0 scores the policy before its first step: it is the reference, so every
+    # implicit reward is 0, no pair is ranked right and the loss is log 2.
+    assert accuracy[0] == 0.0 and records[0]["reward_margin"] == 0.0
+    assert records[0]["loss"] == pytest.approx(np.log(2), abs=1e-5)
+    # Measured on this box: 0.91 over iterations 8-11 (0.97 and up from ~30 on).
+    assert np.mean(accuracy[-4:]) >= 0.8, accuracy
+    last = records[-1]
+    assert last["chosen_reward"] > 0 > last["rejected_reward"] and last["loss"] < 0.6
+    assert set(last["time"]) == {"ref_logp", "update"}  # no rollout, reward or advantage
+    assert "| pref_acc " in capsys.readouterr().out
+    assert (tmp_path / "run" / "hf" / "config.json").exists()
+
+
+def test_a_pairs_file_missing_a_field_stops_dpo_in_one_line_before_any_worker(tmp_path, capsys):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "next 1 =", "chosen": "2"}\n')
+    code = main(
+        ["--trainer", "dpo", "--config", str(TINY_DPO), f"data.source={pairs}",
+         f"logging.dir={tmp_path / 'run'}"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"mindrl-train: error: {pairs}:1: no field 'rejected'" in err
+    assert "starting worker processes" not in err
