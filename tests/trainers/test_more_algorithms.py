@@ -343,10 +343,15 @@ def test_dpo_trains_on_consecutive_chosen_rejected_rows_against_the_reference():
         dpo.actor_loss(logp[:3], {"response_mask": mask[:3], "ref_logprob": ref_logp[:3]}, options)
 
 
-def test_the_config_check_refuses_the_offline_dpo_trainer_with_the_reason():
-    problems = validate_config(MindRLConfig(), get_algorithm("dpo"))
-    assert [p for p in problems if "dpo trains on offline preference pairs" in p] != []
-    assert not [p for p in validate_config(MindRLConfig(), get_algorithm("rloo")) if "offline" in p]
+def test_the_config_check_runs_dpo_on_defaults_and_refuses_a_generation_setting_it_ignores():
+    assert validate_config(MindRLConfig(), get_algorithm("dpo")) == []
+    config = MindRLConfig()
+    config.rollout.temperature = 0.5
+    assert validate_config(config, get_algorithm("dpo")) == [
+        "rollout.temperature: --trainer dpo trains on stored pairs and generates nothing, so "
+        "this setting has no effect; remove it"
+    ]
+    assert validate_config(config, get_algorithm("rloo")) == []  # rloo samples with it
 
 
 def test_reinforce_pp_with_kl_reads_reference_and_rollout_log_probs_at_the_advantage_stage():
