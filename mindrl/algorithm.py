@@ -21,10 +21,12 @@ from typing import ClassVar
 
 import torch
 
-from mindrl.config.schema import AlgorithmConfig
+from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 
 #: Fields whose ``None`` is a setting (dual clip off), not "the algorithm's default".
 NULLABLE_OPTIONS = frozenset({"clip_c"})
+#: The aggregation that divides each response's token-loss sum by a constant length.
+SUM_NORM = "seq-mean-token-sum-norm"
 #: Where neither the recipe nor the algorithm sets a field that defaults to ``None``.
 BASE_DEFAULTS: Mapping[str, object] = {
     "kl_coef": 0.0,
@@ -91,6 +93,11 @@ class Algorithm(ABC):
                 values[key] = self.defaults.get(key, BASE_DEFAULTS.get(key))
         options = AlgorithmConfig(**values)
         self._refuse_foreign_options(options)
+        if options.norm_len is not None and options.loss_agg_mode != SUM_NORM:
+            raise ValueError(
+                f"algorithm.norm_len: only {SUM_NORM} divides by a constant length and "
+                f"{self.name} aggregates with {options.loss_agg_mode}; remove it"
+            )
         return options
 
     def _refuse_unread_options(self, values: Mapping[str, object]) -> None:
@@ -182,6 +189,17 @@ class Algorithm(ABC):
     ) -> LossAndMetrics:
         """The value model's loss on one micro-batch (algorithms with ``needs_critic``)."""
         raise NotImplementedError(f"{self.name} trains no critic")
+
+
+def run_options(algorithm: Algorithm, config: MindRLConfig) -> AlgorithmConfig:
+    """The options a run trains with: ``algorithm``'s resolution of the config's section,
+    with the length constant of ``seq-mean-token-sum-norm`` left unset taken from
+    ``rollout.max_response_length``: Dr. GRPO divides by the generation budget (Liu et
+    al. 2025, §3.1), the same for every batch, not by a batch's padded width."""
+    options = algorithm.resolve(config.algorithm)
+    if options.loss_agg_mode == SUM_NORM and options.norm_len is None:
+        options = dataclasses.replace(options, norm_len=config.rollout.max_response_length)
+    return options
 
 
 def option_names() -> tuple[str, ...]:

@@ -319,19 +319,20 @@ class PolicyGradientAlgorithm(Algorithm):
         mode = options.loss_agg_mode
         behaviour = batch.get("behaviour_logprob")
         behaviour = None if behaviour is None else (behaviour, options.behaviour_is_cap)
+        counts = {"num_seqs": num_seqs, "norm_len": options.norm_len}
         loss, metrics = policy_loss(
             old, logprob, batch["advantages"], mask, options.clip_low, options.clip_high,
-            options.clip_c, mode, num_tokens, behaviour, num_seqs=num_seqs,
+            options.clip_c, mode, num_tokens, behaviour, **counts,
         )  # fmt: skip
         metrics["pg_loss"] = loss.detach()
         if options.kl_coef > 0:
             kl = kl_penalty(logprob, batch["ref_logprob"], options.kl_kind)
-            kl_loss = aggregate_loss(kl, mask, mode, num_tokens, num_seqs=num_seqs)
+            kl_loss = aggregate_loss(kl, mask, mode, num_tokens, **counts)
             loss = loss + options.kl_coef * kl_loss
             metrics["kl"] = masked_mean(kl, mask).detach()
         if entropy is not None:
             metrics["entropy"] = masked_mean(entropy, mask).detach()
             if options.entropy_coef > 0:
-                bonus = aggregate_loss(entropy, mask, mode, num_tokens, num_seqs=num_seqs)
+                bonus = aggregate_loss(entropy, mask, mode, num_tokens, **counts)
                 loss = loss - options.entropy_coef * bonus
         return loss, metrics

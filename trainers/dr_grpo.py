@@ -10,7 +10,9 @@ easy or too hard. Dr. GRPO removes both:
   :func:`trainers.grpo.compute_advantages` with ``norm_by_std=False``);
 * loss: each response's token-loss *sum*, divided by one constant for every response,
   then averaged over responses: :func:`trainers.core.aggregate_loss`'s
-  ``seq-mean-token-sum-norm`` (the constant is the padded response width of the batch).
+  ``seq-mean-token-sum-norm``; the constant is the generation budget,
+  ``rollout.max_response_length``, the same for every batch
+  (``algorithm.norm_len`` sets another; :func:`mindrl.algorithm.run_options`).
 
 Everything else is GRPO's: the clipped surrogate, KL to the reference when ``kl_coef``
 is set (default off, as in the paper's recipe).

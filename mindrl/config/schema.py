@@ -255,6 +255,12 @@ class AlgorithmConfig:
         "Loss aggregation; None: trainer default.",
         choices=(None, "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     )
+    norm_len: int | None = option(
+        None,
+        "seq-mean-token-sum-norm (Dr. GRPO): the constant each response's token-loss sum is "
+        "divided by; None: rollout.max_response_length (the generation budget).",
+        ge=1,
+    )
     entropy_coef: float = option(0.0, "Entropy bonus coefficient.", ge=0)
     behaviour_is_cap: float = option(
         2.0,

@@ -53,8 +53,9 @@ def aggregate(loss, mask, mode, num_tokens=None, num_seqs=None, norm_len=None) -
 
 
 def policy_loss(
-    old, logp, adv, mask, lo, hi, c, mode="token-mean", num_tokens=None, behaviour=None, cap=None
-):
+    old, logp, adv, mask, lo, hi, c, mode="token-mean", num_tokens=None, behaviour=None, cap=None,
+    norm_len=None,
+):  # fmt: skip
     """(loss, clip_fraction, dual_clip_fraction, approx_kl); with ``behaviour`` log-probs
     each token's loss is weighted by min(exp(old - behaviour), cap) (decoupled PPO + TIS)."""
     old, logp, adv, mask = rows(old), rows(logp), rows(adv), rows(mask)
@@ -79,7 +80,7 @@ def policy_loss(
         dual_flags.append(dual_row)
         kls.append(kl_row)
     return (
-        aggregate(losses, mask, mode, num_tokens),
+        aggregate(losses, mask, mode, num_tokens, norm_len=norm_len),
         masked_mean(clipped_flags, mask),
         masked_mean(dual_flags, mask),
         masked_mean(kls, mask),

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from mindrl.algorithm import run_options
 from mindrl.config import MindRLConfig
 from mindrl.config.validate import validate_config
 from mindrl.data.pairs import load_preference_pairs, make_digit_pairs
@@ -295,6 +296,27 @@ def test_dr_grpo_loss_sums_each_response_and_divides_by_one_constant():
         / (dr.actor_loss(zero, {**short, "old_logprob": zero}, dr.resolve())[0])
     )
     assert ratio.item() == pytest.approx(2.0)
+
+
+def test_dr_grpo_divides_by_the_generation_budget_whatever_width_the_batch_is_padded_to():
+    config = MindRLConfig()
+    config.rollout.max_response_length = 12
+    dr = get_algorithm("dr_grpo")
+    options = run_options(dr, config)
+    assert options.norm_len == 12
+    assert run_options(get_algorithm("grpo"), config).norm_len is None  # token-mean
+    mask, (old, logp, adv) = random_inputs(24, count=3)  # 8 columns wide
+    old, logp = old * 0.2 - 1, logp * 0.2 - 1
+    batch = {"old_logprob": old, "advantages": adv, "response_mask": mask}
+    want, *_ = ref.policy_loss(
+        old, logp, adv, mask, 0.2, 0.2, 3.0, "seq-mean-token-sum-norm", norm_len=12
+    )
+    assert dr.actor_loss(logp, batch, options)[0].item() == pytest.approx(want)
+    wider = {name: torch.nn.functional.pad(value, (0, 3)) for name, value in batch.items()}
+    padded_logp = torch.nn.functional.pad(logp, (0, 3))
+    assert dr.actor_loss(padded_logp, wider, options)[0].item() == pytest.approx(want)
+    with pytest.raises(ValueError, match=r"algorithm\.norm_len: only seq-mean-token-sum-norm"):
+        get_algorithm("grpo").resolve({"norm_len": 4})
 
 
 def test_gspo_loss_is_the_sequence_objective_and_its_kl_reads_the_token_log_probs():

@@ -20,7 +20,7 @@ import ray
 from backends.device import get_device
 from backends.generation.registry import available_engines
 from backends.megatron import checkpoint
-from mindrl.algorithm import Algorithm
+from mindrl.algorithm import Algorithm, run_options
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
 from mindrl.data.pairs import pair_dataset
@@ -90,7 +90,7 @@ def prepare_run(config: MindRLConfig, trainer: str, resume: bool | str) -> RunSt
     """
     _preflight(config)
     algorithm = get_algorithm(trainer)
-    options = algorithm.resolve(config.algorithm)
+    options = run_options(algorithm, config)
     run_dir = Path(config.logging.dir.format(trainer=trainer))
     checkpoint_dir = Path(config.checkpoint.dir or run_dir / "checkpoints")
     plan = build_run_plan(algorithm, config)
