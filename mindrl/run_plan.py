@@ -143,7 +143,7 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         + (("critic",) if needs_critic else ()),
         group_size=config.data.n_samples_per_prompt,
         uses_groups=algorithm.uses_groups,
-        sample_batches=sample_batches(options),
+        sample_batches=sample_batches(options, config),
         stage_deadline_s=stage_deadline_s(config),
     )
 
@@ -181,9 +181,10 @@ def stage_deadline_s(config: MindRLConfig) -> float:
     return config.dock.timeout_s * STAGE_DEADLINE_DOCK_TIMEOUTS
 
 
-def sample_batches(options: AlgorithmConfig) -> int:
-    """Prompt batches the dock holds per iteration (dynamic sampling refills dropped groups)."""
-    return 2 if options.dynamic_sampling else 1
+def sample_batches(options: AlgorithmConfig, config: MindRLConfig) -> int:
+    """Prompt batches the dock holds per iteration (dynamic sampling refills dropped groups;
+    with rollout.max_staleness > 0 the next batch generates beside the one training)."""
+    return 2 if options.dynamic_sampling or config.rollout.max_staleness > 0 else 1
 
 
 def needs_old_logprob(config: MindRLConfig) -> bool:

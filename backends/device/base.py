@@ -140,6 +140,25 @@ class Device(ABC):
             **rendezvous,
         )
 
+    def transfer_group(
+        self, store: dist.Store, rank: int, size: int, timeout_s: float = 300.0
+    ) -> dist.ProcessGroup:
+        """A process group beside the default one (its processes may belong to other
+        default groups, or none): the trainer ranks send new weights to the rollout
+        workers through it. Here gloo over host tensors; a platform with a faster
+        device-to-device collective overrides it (and :attr:`transfer_on_device`)."""
+        timeout = datetime.timedelta(seconds=timeout_s)
+        return dist.ProcessGroupGloo(dist.PrefixStore("weights", store), rank, size, timeout)
+
+    #: Whether :meth:`transfer_group` moves device tensors (else host tensors).
+    transfer_on_device: bool = False
+
+    def broadcast(self, group: dist.ProcessGroup, tensor: torch.Tensor, src: int = 0) -> None:
+        """``tensor`` of rank ``src`` of ``group`` into every other rank's ``tensor``."""
+        options = dist.BroadcastOptions()
+        options.rootRank = src
+        group.broadcast([tensor], options).wait()
+
     def ray_actor_options(self, cpus_per_worker: float = 1.0) -> dict:
         """Ray actor options reserving one device for a worker (Ray then sets the
         worker's visible-devices variable). On CPU the device *is* one CPU slot."""

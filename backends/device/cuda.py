@@ -34,6 +34,18 @@ class CudaDevice(Device):
             )
         return None
 
+    #: NCCL moves the weights GPU to GPU (the base class: gloo through the host).
+    transfer_on_device = True
+
+    def transfer_group(self, store: Any, rank: int, size: int, timeout_s: float = 300.0) -> Any:
+        import datetime
+
+        import torch.distributed as dist
+
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = datetime.timedelta(seconds=timeout_s)
+        return dist.ProcessGroupNCCL(dist.PrefixStore("weights", store), rank, size, options)
+
     def ray_actor_options(self, cpus_per_worker: float = 1.0) -> dict:
         # GPUs are Ray's built-in resource: num_gpus makes Ray set CUDA_VISIBLE_DEVICES.
         return {"num_cpus": cpus_per_worker, "num_gpus": 1}

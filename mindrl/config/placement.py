@@ -67,6 +67,7 @@ def check_placement(config: MindRLConfig, algorithm: Algorithm | None = None) ->
             or (algorithm is not None and algorithm.defaults.get("dynamic_sampling"))
         ),
         "resources.nodes > 1": config.resources.nodes > 1,
+        "validation (data.val_every > 0)": config.data.val_every > 0,
     }
     return [
         f"rollout.placement: disaggregated with {what} is not yet supported; use "

@@ -45,11 +45,13 @@ class CentralBuffer:
         }
         self.changed = asyncio.Condition()
 
-    async def put(self, indexes: np.ndarray, columns: dict[str, Columns]) -> int:
+    async def put(
+        self, indexes: np.ndarray, columns: dict[str, Columns], version: int | None = None
+    ) -> int:
         lengths = self.store.put(indexes, columns)
         for state in self.states.values():
             if set(state.fields) & set(columns):
-                state.on_put(indexes, list(columns), 0, lengths)
+                state.on_put(indexes, list(columns), 0, lengths, version)
         async with self.changed:
             self.changed.notify_all()
         return len(indexes)
@@ -84,6 +86,9 @@ class CentralBuffer:
             "bytes_out": self.store.bytes_out,
             "metadata_bytes": metadata,
         }
+
+    def versions(self, stage: str, indexes: np.ndarray) -> np.ndarray:
+        return self.states[stage].version[indexes]
 
     def recycle(self, indexes: np.ndarray) -> None:
         for state in self.states.values():

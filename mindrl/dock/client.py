@@ -63,9 +63,13 @@ class DockClient:
         return np.searchsorted(self._firsts, indexes, side="right") - 1
 
     def put(
-        self, indexes: np.ndarray | torch.Tensor | list[int], data: TensorDict | dict[str, Any]
+        self,
+        indexes: np.ndarray | torch.Tensor | list[int],
+        data: TensorDict | dict[str, Any],
+        version: int | None = None,
     ) -> None:
-        """Store fields of samples ``indexes``.
+        """Store fields of samples ``indexes``; ``version``: the weights that generated them
+        (the stages' controllers keep it as metadata, :meth:`versions`).
 
         ``data`` maps a field to a padded tensor ``[n, max_len, ...]`` (with an optional
         ``<field>_lengths`` entry; without one every row is taken whole), to a list of
@@ -83,7 +87,7 @@ class DockClient:
         for w in np.unique(owners):
             rows = np.flatnonzero(owners == w)
             part = {name: take_rows(col, rows) for name, col in columns.items()}
-            refs.append(self._store(int(w), indexes[rows], part))
+            refs.append(self._store(int(w), indexes[rows], part, version))
             names.append(self._warehouse_name(int(w)))
             self.bytes_sent += sum(c.nbytes for c in part.values())
         self._get(refs, names, timeout_s=self.handle.timeout_s)
@@ -231,6 +235,20 @@ class DockClient:
             names = [f"TD controller of stage '{s}'" for s in stages]
         self._get(refs, names, self.handle.timeout_s)
 
+    def versions(self, stage: str, indexes: np.ndarray) -> np.ndarray:
+        """The weights version that generated each of ``indexes``, as ``stage``'s controller
+        recorded it (-1: the put named none)."""
+        indexes = np.asarray(indexes, dtype=np.int64)
+        if self.handle.central is not None:
+            ref, name = self.handle.central.versions.remote(stage, indexes), "centralized buffer"
+        else:
+            controller = self.handle.controllers.get(stage)
+            if controller is None:
+                raise DockError(f"no TD controller for stage '{stage}'")
+            ref, name = controller.versions.remote(indexes), f"TD controller of stage '{stage}'"
+        (versions,) = self._get([ref], [name], self.handle.timeout_s)
+        return versions
+
     def ready_count(self, stage: str, fields: list[str]) -> int:
         """How many samples have every one of ``fields`` stored, as ``stage`` sees it."""
         if self.handle.central is not None:
@@ -285,9 +303,11 @@ class DockClient:
         return {"endpoints": endpoints, "metadata_bytes": int(sum(metadata)), "client": client}
 
     # ---- plumbing -----------------------------------------------------------------------
-    def _store(self, w: int, indexes: np.ndarray, part: dict[str, Columns]) -> Any:
+    def _store(
+        self, w: int, indexes: np.ndarray, part: dict[str, Columns], version: int | None
+    ) -> Any:
         actor = self.handle.central or self.handle.warehouses[w].actor
-        return actor.put.remote(indexes, part)
+        return actor.put.remote(indexes, part, version)
 
     def _fetch(self, w: int, indexes: np.ndarray, fields: list[str]) -> Any:
         actor = self.handle.central or self.handle.warehouses[w].actor

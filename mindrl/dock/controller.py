@@ -17,7 +17,8 @@ from mindrl.dock.errors import DockError
 
 
 class ControllerState:
-    """Readiness and consumption bookkeeping of one stage over ``n_samples`` indexes.
+    """Readiness and consumption bookkeeping of one stage over ``n_samples`` indexes,
+    and the weights version that generated each sample (-1: not told; issue 15).
 
     Args:
         stage: the stage's name, used in every error.
@@ -55,18 +56,28 @@ class ControllerState:
         self.consumed = np.zeros(self.n_samples, dtype=bool)
         self.warehouse = np.full(self.n_samples, -1, dtype=np.int32)
         self.length = np.zeros(self.n_samples, dtype=np.int64)
+        self.version = np.full(self.n_samples, -1, dtype=np.int64)
         self.metadata_bytes = 0
 
     def on_put(
-        self, indexes: np.ndarray, fields: list[str], warehouse: int, lengths: np.ndarray
+        self,
+        indexes: np.ndarray,
+        fields: list[str],
+        warehouse: int,
+        lengths: np.ndarray,
+        version: int | None = None,
     ) -> None:
-        """Record that ``fields`` of ``indexes`` are now stored in ``warehouse``."""
+        """Record that ``fields`` of ``indexes`` are now stored in ``warehouse`` (generated
+        by weights ``version``, when the put says)."""
         for name in fields:
             if name in self.ready:
                 self.ready[name][indexes] = True
         self.warehouse[indexes] = warehouse
         self.length[indexes] = np.maximum(self.length[indexes], lengths)
         self.metadata_bytes += indexes.nbytes + lengths.nbytes + 8 * len(fields) + 4
+        if version is not None:
+            self.version[indexes] = version
+            self.metadata_bytes += 8
 
     def available(self, fields: list[str], whole_groups: bool = False) -> np.ndarray:
         """Mask of unconsumed indexes whose ``fields`` are all ready (whole groups only
@@ -130,6 +141,7 @@ class ControllerState:
         self.consumed[indexes] = False
         self.warehouse[indexes] = -1
         self.length[indexes] = 0
+        self.version[indexes] = -1
 
     def ready_count(self, fields: list[str]) -> int:
         """Samples whose ``fields`` are all stored, consumed or not (progress reports)."""
@@ -241,9 +253,14 @@ class TDController:
         self.changed = asyncio.Condition()
 
     async def on_put(
-        self, indexes: np.ndarray, fields: list[str], warehouse: int, lengths: np.ndarray
+        self,
+        indexes: np.ndarray,
+        fields: list[str],
+        warehouse: int,
+        lengths: np.ndarray,
+        version: int | None = None,
     ) -> None:
-        self.state.on_put(indexes, fields, warehouse, lengths)
+        self.state.on_put(indexes, fields, warehouse, lengths, version)
         async with self.changed:
             self.changed.notify_all()
 
@@ -267,6 +284,9 @@ class TDController:
 
     def locations(self, indexes: np.ndarray) -> np.ndarray:
         return self.state.warehouse[indexes]
+
+    def versions(self, indexes: np.ndarray) -> np.ndarray:
+        return self.state.version[indexes]
 
     def clear(self) -> None:
         self.state.clear()

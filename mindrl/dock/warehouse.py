@@ -123,8 +123,11 @@ class TDWarehouse:
         self.in_flight: list[tuple[str, ray.ObjectRef]] = []  # (stage, on_put ref)
         self._lock = threading.Lock()
 
-    def put(self, indexes: np.ndarray, columns: dict[str, Columns]) -> int:
-        """Validate and store (all or nothing), then announce to the controllers.
+    def put(
+        self, indexes: np.ndarray, columns: dict[str, Columns], version: int | None = None
+    ) -> int:
+        """Validate and store (all or nothing), then announce to the controllers (with
+        the weights ``version`` that generated the samples, when given).
 
         The announcement is not waited for: a claim waits until its samples are ready
         anyway, and :meth:`clear` drains it first, so no stale metadata outlives an
@@ -134,7 +137,7 @@ class TDWarehouse:
         lengths = self.store.put(indexes, columns)
         w, fields = self.store.warehouse_id, list(columns)
         sent = [
-            (stage, actor.on_put.remote(indexes, fields, w, lengths))
+            (stage, actor.on_put.remote(indexes, fields, w, lengths, version))
             for stage, (actor, tracked) in self.controllers.items()
             if set(tracked) & set(fields)
         ]

@@ -22,6 +22,7 @@ from backends.device import get_device
 from backends.generation import SamplingParams
 from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec, ResponseBatch
 from mindrl.algorithm import Algorithm
+from mindrl.config.placement import is_disaggregated
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig, RoleConfig
 from mindrl.dock import DockHandle
 from mindrl.run_plan import stage_deadline_s
@@ -32,6 +33,7 @@ from mindrl.workers.sequences import pack_rows, response_mask, unpadded
 from mindrl.workers.stage_report import memory_window, stage_report
 from mindrl.workers.timed_dock import TimedDockClient
 from mindrl.workers.updates import actor_update, critic_update
+from mindrl.workers.weight_transfer import WeightSource
 
 #: About this many samples per engine call, so the dock (and the progress bar) see results
 #: early; rounded to whole groups, so the engine prefills each group's prompt once.
@@ -68,7 +70,7 @@ def parallel_spec(role: RoleConfig) -> ParallelSpec:
     )
 
 
-class ModelWorker:
+class ModelWorker(WeightSource):
     """One rank of the ``role`` group (``actor``, ``reference`` or ``critic``).
 
     Args:
@@ -143,7 +145,9 @@ class ModelWorker:
         )
         if initial.hf_state is not None:
             self.engine.load_hf_state_dict(initial.hf_state)
-        if self.role == "actor" and not algorithm.offline:  # stored pairs: nothing to generate
+        if self.role == "actor" and is_disaggregated(self.config):
+            self._init_weight_source()  # rollout workers generate; this rank sends weights
+        elif self.role == "actor" and not algorithm.offline:  # stored pairs: nothing to generate
             self.rollout = Rollout(self.engine, self.config, initial, self.size)
         del initial
         memory_window(self.device)  # the weight conversion's transients go back to the OS now

@@ -17,7 +17,13 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from backends.generation import EngineConfig, GenerationResult, SamplingParams, get_engine_class
+from backends.generation import (
+    EngineConfig,
+    GenerationEngine,
+    GenerationResult,
+    SamplingParams,
+    get_engine_class,
+)
 from backends.generation.registry import available_engines
 from backends.megatron import GPTSpec, MegatronEngine
 from backends.megatron.families import get_family
@@ -60,6 +66,52 @@ def _mib_to_bytes(mib: float | None) -> int | None:
     return None if mib is None else int(mib * 2**20)
 
 
+def make_generation_engine(config: MindRLConfig, initial: InitialModel) -> GenerationEngine:
+    """The configured generation engine for the model, with no weights yet."""
+    return get_engine_class(engine_name(config.rollout.engine))(
+        EngineConfig(
+            model=pretrained_config(initial.hf_config),
+            max_model_len=config.rollout.max_prompt_length + config.rollout.max_response_length,
+            dtype=initial.spec.torch_dtype,
+            memory_fraction=config.rollout.memory_fraction,
+            kv_cache_bytes=_mib_to_bytes(config.rollout.kv_cache_mib),
+            tensor_parallel_size=config.rollout.tp,
+            expert_parallel=config.rollout.ep > 1,
+            expert_parallel_size=config.rollout.ep,
+            enforce_eager=True,
+            seed=config.seed,
+        )
+    )
+
+
+def make_resharder(
+    trainer: MegatronEngine, spec: GPTSpec, config: MindRLConfig, world: int, swap: bool
+) -> NaiveResharder | AllgatherSwapResharder:
+    """Training layout of ``world`` ranks -> generation layout (``rollout.tp``) over the
+    same ranks; with ``swap`` the training state goes to the host while generating."""
+    parallel = config.actor.parallel
+    train = TrainLayout(world, parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp)
+    gen = GenLayout(world, config.rollout.tp, config.rollout.ep, whole_vocab=True)
+    kwargs = {
+        "model": ModelShape(spec.num_attention_heads, spec.num_query_groups, spec.num_experts),
+        "bucket_bytes": int(config.rollout.reshard_bucket_mib * 2**20),
+    }
+    params = trainer.named_parameters()
+    layouts = trainer.param_layouts()
+    if not swap:
+        return NaiveResharder(params, layouts, train, gen, **kwargs)
+    extra = None
+    if config.actor.swap_optimizer and trainer.optimizer is not None:
+
+        def extra():
+            # The engine lists its optimizer's state: torch AdamW's moments, or the
+            # distributed optimizer's moment shards and fp32 main weights. Grads of a
+            # released step (DDP buffers resized to 0) have no bytes and are skipped.
+            return grad_tensors(params.values()) + trainer.optimizer_state_tensors()
+
+    return AllgatherSwapResharder(params, layouts, train, gen, swap_extra=extra, **kwargs)
+
+
 class Rollout:
     """Generation engine + resharder of one actor rank.
 
@@ -76,49 +128,10 @@ class Rollout:
         self.trainer, self.spec = trainer, initial.spec
         self.family = get_family(initial.spec.family)
         self.swap = config.rollout.swap
-        self.resharder = self._make_resharder(config, world)
+        self.resharder = make_resharder(trainer, initial.spec, config, world, self.swap)
         self.shard_spec = generation_shard_spec(initial.spec, config.rollout.tp)
-        self.generator = get_engine_class(engine_name(config.rollout.engine))(
-            EngineConfig(
-                model=pretrained_config(initial.hf_config),
-                max_model_len=config.rollout.max_prompt_length + config.rollout.max_response_length,
-                dtype=initial.spec.torch_dtype,
-                memory_fraction=config.rollout.memory_fraction,
-                kv_cache_bytes=_mib_to_bytes(config.rollout.kv_cache_mib),
-                tensor_parallel_size=config.rollout.tp,
-                expert_parallel=config.rollout.ep > 1,
-                expert_parallel_size=config.rollout.ep,
-                enforce_eager=True,
-                seed=config.seed,
-            )
-        )
+        self.generator = make_generation_engine(config, initial)
         self.seconds: dict[str, float] = {}
-
-    def _make_resharder(self, config: MindRLConfig, world: int):
-        parallel = config.actor.parallel
-        train = TrainLayout(world, parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp)
-        gen = GenLayout(world, config.rollout.tp, config.rollout.ep, whole_vocab=True)
-        kwargs = {
-            "model": ModelShape(
-                self.spec.num_attention_heads, self.spec.num_query_groups, self.spec.num_experts
-            ),
-            "bucket_bytes": int(config.rollout.reshard_bucket_mib * 2**20),
-        }
-        params = self.trainer.named_parameters()
-        layouts = self.trainer.param_layouts()
-        if not self.swap:
-            return NaiveResharder(params, layouts, train, gen, **kwargs)
-        extra = None
-        if config.actor.swap_optimizer and self.trainer.optimizer is not None:
-            trainer = self.trainer
-
-            def extra():
-                # The engine lists its optimizer's state: torch AdamW's moments, or the
-                # distributed optimizer's moment shards and fp32 main weights. Grads of a
-                # released step (DDP buffers resized to 0) have no bytes and are skipped.
-                return grad_tensors(params.values()) + trainer.optimizer_state_tensors()
-
-        return AllgatherSwapResharder(params, layouts, train, gen, swap_extra=extra, **kwargs)
 
     def refresh_weights(self) -> None:
         """Training shards -> generation shards -> engine; training state to the host."""

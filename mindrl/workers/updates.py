@@ -51,11 +51,16 @@ def _run_steps(worker: Any, rows: ResponseBatch, num_minibatches: int, make_loss
 
 
 def actor_update(worker: Any, rows: ResponseBatch, num_minibatches: int) -> dict[str, float]:
-    """Clipped policy-gradient steps with ``worker.algorithm.actor_loss``."""
+    """Clipped policy-gradient steps with ``worker.algorithm.actor_loss``; with
+    ``rollout.max_staleness > 0`` the rollout's log-probs are the behaviour policy's
+    (trainers/core.py, ``behaviour_weights``)."""
+    off_policy = worker.config.rollout.max_staleness > 0
 
     def make_loss(collected: list) -> Callable:
         def loss_fn(outputs: Rows, micro: ResponseBatch, counts: GlobalCounts) -> torch.Tensor:
             batch, logprob = micro.loss_inputs(), outputs["logprobs"]
+            if off_policy:  # samples may be from older weights: correct for the lag
+                batch["behaviour_logprob"] = batch["rollout_logprob"]
             loss, metrics = worker.algorithm.actor_loss(
                 logprob, batch, worker.options, num_tokens=counts.tokens,
                 entropy=outputs["entropy"], num_seqs=counts.sequences,

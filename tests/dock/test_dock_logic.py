@@ -36,6 +36,19 @@ def test_a_claim_takes_only_ready_unconsumed_samples_once():
     assert state.claim(["reward"], 10, whole_groups=False).tolist() == []
 
 
+def test_a_put_s_weights_version_is_kept_per_sample_until_recycled_or_cleared():
+    state = ControllerState("update", n_samples=6, group_size=2, fields=FIELDS)
+    lengths = np.array([2, 2])
+    state.on_put(np.array([0, 1]), ["response_ids"], 0, lengths, version=3)
+    state.on_put(np.array([2, 3]), ["response_ids"], 0, lengths, version=4)
+    state.on_put(np.array([0, 1]), ["reward"], 0, np.zeros(2, dtype=np.int64))  # says none
+    assert state.version.tolist() == [3, 3, 4, 4, -1, -1]
+    state.recycle(np.array([2, 3]))
+    assert state.version.tolist() == [3, 3, -1, -1, -1, -1]
+    state.clear()
+    assert state.version.tolist() == [-1] * 6
+
+
 def test_whole_group_claims_never_split_a_group():
     state = ControllerState("advantage", n_samples=8, group_size=4, fields=FIELDS)
     state.on_put(np.array([0, 1, 2, 3, 4, 5]), ["reward"], 0, np.zeros(6, dtype=np.int64))

@@ -21,6 +21,7 @@ from backends.device import get_device
 from backends.generation.registry import available_engines
 from backends.megatron import checkpoint
 from mindrl.algorithm import Algorithm, run_options
+from mindrl.config.placement import is_disaggregated, train_world_size
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
 from mindrl.data.pairs import pair_dataset
@@ -32,6 +33,7 @@ from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
 from mindrl.workers.rollout import engine_name
+from trainers.driver.rollout_placement import connect_rollout_workers, place_rollout_workers
 from trainers.kl_control import make_kl_controller
 from trainers.registry import get_algorithm
 
@@ -153,14 +155,15 @@ def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
     if resume:
         phase(f"resuming from {run.resume_steps['actor']}")
         _resume(run)
+    if is_disaggregated(run.config):
+        phase("connecting the rollout workers and sending them the weights")
+        connect_rollout_workers(run)
     phase("ready")
     _announce(run, device_name)
 
 
 def _preflight(config: MindRLConfig) -> None:
     rollout = config.rollout
-    if rollout.placement == "disaggregated":  # issue 15: rollout workers come next
-        raise RunSetupError("rollout.placement: disaggregated is not yet supported")
     if rollout.tp != 1 and engine_name(rollout.engine) != "vllm":
         installed = "installed" if "vllm" in available_engines() else "not installed"
         raise RunSetupError(
@@ -284,7 +287,7 @@ def _place_workers(run: RunState, device_name: str) -> None:
         group = WorkerGroup(
             role,
             ray.remote(ModelWorker),
-            config.world_size,
+            train_world_size(config),
             device,
             args=(role, config, device_name, per_iteration),
             cpus_per_worker=config.resources.cpus_per_worker,
@@ -293,6 +296,8 @@ def _place_workers(run: RunState, device_name: str) -> None:
         (rendezvous,) = group.call("rendezvous", stage="start-up", timeout_s=timeout, ranks=[0])
         run.rendezvous[role] = rendezvous[:2]
         run.worker_nodes[role] = rendezvous[2]
+    if is_disaggregated(config):
+        place_rollout_workers(run, device_name)
     if run.plan.offline:
         return  # stored pairs carry their preference: no reward workers
     reward = WorkerGroup(

@@ -18,6 +18,7 @@ import traceback
 from pathlib import Path
 
 from backends.device.registry import resolve_device
+from mindrl.config.placement import is_disaggregated
 from mindrl.config.schema import MindRLConfig
 from mindrl.data import PromptSourceError, load_tokenizer
 from mindrl.dock import DockError
@@ -33,6 +34,7 @@ from mindrl.workers.group import (
     WorkerOutOfMemoryError,
 )
 from mindrl.workers.model_setup import ModelSetupError
+from trainers.driver.async_iteration import DisaggregatedRunner
 from trainers.driver.cli import UserError, device_bytes_for_plan
 from trainers.driver.iteration import IterationRunner
 from trainers.driver.offline import make_runner
@@ -64,6 +66,8 @@ def train(
         validator = Validator.for_run(run)  # a bad val_source stops the run before Ray
         launch_run(run, device_name, resume)
         runner = make_runner(run)
+        if is_disaggregated(config):
+            runner = DisaggregatedRunner(run)
         code = _loop(run, runner, validator)
         _print_memory_check(run, runner, device_name)
         return code

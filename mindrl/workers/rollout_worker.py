@@ -1,0 +1,103 @@
+"""Disaggregated placement (issue 15): a rollout worker, one Ray actor per generating
+device, with a generation engine of its own and no training engine.
+
+It receives whole HF-named weights from actor rank 0 over the transfer group
+(:mod:`mindrl.workers.weight_transfer`) and remembers their version (the number of
+updates they include); every sample it puts into the dock carries that version, which
+the stages' TD controllers keep as metadata, so the update stage can tell how stale
+what it trains on is.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import ray
+import torch
+
+from backends.device import get_device
+from backends.generation import SamplingParams
+from mindrl.config.schema import MindRLConfig
+from mindrl.dock import DockHandle
+from mindrl.run_plan import stage_deadline_s
+from mindrl.workers.model_setup import initial_model
+from mindrl.workers.rendezvous import join_store
+from mindrl.workers.rollout import make_generation_engine
+from mindrl.workers.sequences import unpadded
+from mindrl.workers.stage_report import memory_window, stage_report
+from mindrl.workers.timed_dock import TimedDockClient
+from mindrl.workers.weight_transfer import Manifest, empty_like_manifest
+
+#: About this many samples per engine call, so the dock sees results early (as the
+#: collocated actor does, mindrl/workers/roles.py); rounded to whole groups.
+GENERATION_CHUNK = 64
+
+
+class RolloutWorker:
+    """Rollout rank ``rank`` of ``size``: the transfer group's rank ``rank + 1``."""
+
+    def __init__(self, rank: int, size: int, config: MindRLConfig, device_name: str) -> None:
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+        self.rank, self.size, self.config = rank, size, config
+        self.device = get_device(device_name)
+        self.version = -1  # no weights yet
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def setup(self, dock: DockHandle, address: str, port: int, manifest: Manifest) -> dict:
+        """Build the engine and join the transfer group (a collective with actor rank 0)."""
+        self.dock = TimedDockClient(dock)
+        initial = initial_model(self.config.model)
+        self.generator = make_generation_engine(self.config, initial)
+        del initial  # the weights come from the trainers, not from the initial checkpoint
+        memory_window(self.device)
+        self.manifest = manifest
+        timeout = stage_deadline_s(self.config)
+        store = join_store(address, port, self.size + 1, timeout)
+        self.transfer = self.device.transfer_group(store, self.rank + 1, self.size + 1, timeout)
+        self._store = store  # the group keeps using it
+        return {"node_id": self.node_id()}
+
+    def receive_weights(self, version: int) -> dict[str, float]:
+        """Take the weights actor rank 0 broadcasts (a collective) and load them."""
+        start = time.perf_counter()
+        where = self.device.device() if self.device.transfer_on_device else torch.device("cpu")
+        named = empty_like_manifest(self.manifest, where)
+        for _, tensor in named:
+            self.device.broadcast(self.transfer, tensor, 0)
+        self.generator.wake_up()
+        self.generator.load_weights(iter(named))
+        self.version = version
+        return {"busy_s": time.perf_counter() - start}
+
+    def generate(self, indexes: np.ndarray, params: SamplingParams) -> dict[str, float]:
+        """Sample one response per index with the current weights; put them (with their
+        version) into the dock."""
+        start = time.perf_counter()
+        group = self.config.data.n_samples_per_prompt
+        chunk_size = max(1, GENERATION_CHUNK // group) * group
+        tokens = 0
+        for first in range(0, len(indexes), chunk_size):
+            tokens += self._generate_chunk(indexes[first : first + chunk_size], params)
+        return {
+            "response_tokens": tokens,
+            "version": self.version,
+            **stage_report(start, self.dock, self.device),
+        }
+
+    def _generate_chunk(self, indexes: np.ndarray, params: SamplingParams) -> int:
+        batch = self.dock.fetch(indexes, ["prompt_ids"])
+        prompts = [r.tolist() for r in unpadded(batch["prompt_ids"], batch["prompt_ids_lengths"])]
+        seed = None if params.seed is None else params.seed + int(indexes[0])
+        results = self.generator.generate(
+            prompts, SamplingParams(**{**params.__dict__, "seed": seed})
+        )
+        responses = [torch.tensor(r.token_ids, dtype=torch.int64) for r in results]
+        logprobs = [torch.tensor(r.logprobs, dtype=torch.float32) for r in results]
+        self.dock.put(
+            indexes, {"response_ids": responses, "rollout_logprob": logprobs}, version=self.version
+        )
+        return sum(len(r) for r in responses)

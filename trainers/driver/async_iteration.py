@@ -1,0 +1,136 @@
+"""Iterations of a disaggregated run, with bounded off-policy asynchrony (issue 15).
+
+The rollout workers generate on devices of their own (trainers/driver/rollout_placement.py).
+With ``rollout.max_staleness: 0`` an iteration is today's, on-policy: the new weights go to
+the rollout workers, they generate, the batch is scored and trained on. With
+``max_staleness >= 1`` the next iteration's batch starts generating, with the weights the
+rollout workers hold, as soon as this batch's scoring stages have claimed their samples,
+and generates while this batch's advantages and update run; the driver collects it at
+the start of the next iteration and only then sends the new weights. One batch is in
+flight at a time, so a trained sample is at most one update old.
+
+Sample versions: a rollout worker stamps every sample it puts with the version of its
+weights (updates they include); the update stage's TD controller keeps it as metadata,
+and before each update the driver reads it back (``DockClient.versions``), checks the
+bound and records ``staleness_max`` / ``staleness_mean`` of what it trains on.
+
+The dock holds two batches (``RunPlan.sample_batches``): iteration ``k`` uses slots
+``(k % 2) * G ...``; a trained batch's indexes are recycled, not the whole dock cleared,
+so the batch in flight keeps its samples.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mindrl.metrics import mean_by_key
+from mindrl.workers.group import wait_all
+from trainers.driver.iteration import TIMING_KEYS, IterationRunner, Ledger, Sampled
+from trainers.driver.rollout_placement import ROLLOUT, push_weights
+from trainers.driver.setup import RunState
+
+
+class StalenessBoundError(RuntimeError):
+    """A sample older than ``rollout.max_staleness`` updates reached the update (a bug)."""
+
+
+@dataclass
+class InFlight:
+    """A batch whose generation was started: its indexes, what it drew, its calls."""
+
+    iteration: int
+    indexes: np.ndarray
+    sampled: Sampled
+    refs: list[Any] = field(default_factory=list)
+    started: float = 0.0
+
+
+class DisaggregatedRunner(IterationRunner):
+    """Runs iterations with generation on the rollout workers (see module docstring)."""
+
+    def __init__(self, run: RunState) -> None:
+        super().__init__(run)
+        self.rollout = run.groups[ROLLOUT]
+        self.max_staleness = self.config.rollout.max_staleness
+        self.weights_version = run.start_iteration  # what the rollout workers hold
+        self.in_flight: InFlight | None = None
+
+    def run_iteration(self, iteration: int) -> dict[str, Any]:
+        """One iteration; the trainer's weights include ``iteration`` updates."""
+        start = time.perf_counter()
+        ledger = Ledger()
+        if self.in_flight is None:
+            self._sync_weights(iteration, ledger)
+            self.in_flight = self._launch(iteration, ledger)
+        batch, self.in_flight = self.in_flight, None
+        self._collect(batch, ledger)
+        self._sync_weights(iteration, ledger)  # the rollout workers are idle now
+        indexes = batch.indexes
+        self._score_stages(indexes, ledger)
+        if self.max_staleness and iteration + 1 < self.config.iterations:
+            # Every stage that could claim the next batch's samples has claimed this one's.
+            self.in_flight = self._launch(iteration + 1, ledger)
+        self._stage(ledger, "advantage", self._advantages, indexes)
+        staleness = self._staleness(indexes, iteration)
+        update = self._stage(ledger, "update", self._update, indexes)
+        metrics = mean_by_key(update, skip=TIMING_KEYS)
+        if self.plan.needs_critic:
+            critic = self._stage(ledger, "critic_update", self._critic_update, indexes)
+            metrics |= mean_by_key(critic, skip=TIMING_KEYS)
+        self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
+        self._timed_dock(ledger, self.run.dock.recycle, indexes)
+        record = self._record(metrics, batch.sampled, ledger, time.perf_counter() - start)
+        return record | staleness
+
+    # ---- generation on the rollout workers -------------------------------------------------
+    def _sync_weights(self, iteration: int, ledger: Ledger) -> None:
+        """Send the trainer's weights (``iteration`` updates) unless the workers have them."""
+        if self.weights_version == iteration:
+            return
+        started = time.perf_counter()
+        report = push_weights(self.run, iteration)
+        ledger.add_stage("weight_transfer", time.perf_counter() - started, [report])
+        self.weights_version = iteration
+
+    def _launch(self, iteration: int, ledger: Ledger) -> InFlight:
+        """Put the prompts of ``iteration``'s batch and start generating it."""
+        first = (iteration % self.plan.sample_batches) * self.G
+        slots = list(range(first, first + self.G))
+        batch = InFlight(iteration, self._indexes(slots), Sampled(kept=slots, draws=1))
+        self._put_prompts(ledger, batch.indexes, self.run.dataset.next_batch(), batch.sampled)
+        args = self._generation_args(batch.indexes, iteration, 0)
+        batch.refs = self.rollout.submit_each("generate", args)
+        batch.started = time.perf_counter()
+        return batch
+
+    def _collect(self, batch: InFlight, ledger: Ledger) -> None:
+        """Wait for ``batch``'s generation and score it; what generation ran before this
+        wait overlapped the previous iteration's training."""
+        waited = time.perf_counter()
+        results = wait_all(batch.refs, self.rollout.names(), "rollout", self.timeout)
+        wall = time.perf_counter() - waited
+        ledger.add_stage("rollout", wall, results)
+        busy = max(r["busy_s"] for r in results)
+        ledger.overlap["rollout"] = max(min(busy, waited - batch.started), 0.0)
+        scored = self._stage(ledger, "reward", self._score_stage, "reward", batch.indexes)
+        batch.sampled.samples = len(batch.indexes)
+        batch.sampled.reward_sum = sum(r["reward_sum"] for r in scored)
+        batch.sampled.response_tokens = sum(r["response_tokens"] for r in scored)
+
+    # ---- the bound ---------------------------------------------------------------------------
+    def _staleness(self, indexes: np.ndarray, iteration: int) -> dict[str, float]:
+        """Updates between each sample's weights and the trained ones, from the update
+        stage's TD controller; a sample past the bound stops the run."""
+        versions = self.run.dock.versions("update", indexes)
+        lag = iteration - versions
+        if (versions < 0).any() or lag.max() > self.max_staleness:
+            raise StalenessBoundError(
+                f"iteration {iteration}: the update would train on samples of weights "
+                f"versions {sorted(set(versions.tolist()))} (-1: none recorded), past "
+                f"rollout.max_staleness={self.max_staleness}"
+            )
+        return {"staleness_max": int(lag.max()), "staleness_mean": float(lag.mean())}

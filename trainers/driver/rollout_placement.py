@@ -1,0 +1,69 @@
+"""Disaggregated placement (issue 15): starting the rollout workers and handing them weights.
+
+The model roles train on ``world - rollout.devices`` devices (trainers/driver/setup.py);
+the rollout workers (mindrl/workers/rollout_worker.py) take the other ``rollout.devices``.
+Actor rank 0 hosts a transfer group with them; :func:`push_weights` runs the hand-over:
+every actor rank gathers the generation tensors, rank 0 broadcasts them, every rollout
+worker loads them and from then on stamps its samples with their version.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import ray
+
+from backends.device import get_device
+from mindrl.workers.group import WorkerGroup, wait_all
+from mindrl.workers.rollout_worker import RolloutWorker
+
+if TYPE_CHECKING:  # setup.py imports this module
+    from trainers.driver.setup import RunState
+
+ROLLOUT = "rollout"  # the rollout workers' group in RunState.groups
+
+
+def place_rollout_workers(run: RunState, device_name: str) -> None:
+    """Start ``rollout.devices`` rollout workers, one device each."""
+    config = run.config
+    group = WorkerGroup(
+        ROLLOUT,
+        ray.remote(RolloutWorker),
+        config.rollout.devices,
+        get_device(device_name),
+        args=(config, device_name),
+        cpus_per_worker=config.resources.cpus_per_worker,
+    )
+    run.groups[ROLLOUT] = group
+    (run.worker_nodes[ROLLOUT],) = group.call(
+        "node_id", stage="start-up", timeout_s=run.plan.stage_deadline_s, ranks=[0]
+    )
+
+
+def connect_rollout_workers(run: RunState) -> None:
+    """The transfer group (actor rank 0 + every rollout worker) and the first weights:
+    version ``run.start_iteration``, the updates the actor's weights already include."""
+    timeout = run.plan.stage_deadline_s
+    actor, rollout = run.groups["actor"], run.groups[ROLLOUT]
+    receivers = rollout.size
+    (port,) = actor.call(
+        "open_weight_transfer", receivers, stage="start-up", timeout_s=timeout, ranks=[0]
+    )
+    manifest = actor.call("weight_manifest", stage="start-up", timeout_s=timeout)[0]
+    address = run.rendezvous["actor"][0]
+    refs = [actor.workers[0].join_weight_transfer.remote(receivers)]
+    refs += [w.setup.remote(run.dock_handle, address, port, manifest) for w in rollout.workers]
+    wait_all(refs, ["actor[0]", *rollout.names()], "start-up", timeout)
+    run.gen_dp_ranks = list(range(receivers))
+    push_weights(run, run.start_iteration)
+
+
+def push_weights(run: RunState, version: int) -> dict[str, float]:
+    """Hand the actor's current weights (``version`` updates) to every rollout worker."""
+    timeout = run.plan.stage_deadline_s
+    actor, rollout = run.groups["actor"], run.groups[ROLLOUT]
+    sends = [w.send_weights.remote() for w in actor.workers]
+    receives = [w.receive_weights.remote(version) for w in rollout.workers]
+    names = [*actor.names(), *rollout.names()]
+    results = wait_all(sends + receives, names, "weight transfer", timeout)
+    return {"busy_s": max(r["busy_s"] for r in results), "bytes": results[0]["bytes"]}
