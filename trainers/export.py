@@ -4,8 +4,10 @@ A checkpoint holds the full weights under canonical Megatron names and the archi
 (``backends/megatron/checkpoint.py``), so any checkpoint exports, whatever TP / PP / EP /
 DP layout saved it. The policy becomes ``<Family>ForCausalLM``; the critic (value head)
 ``<Family>ForTokenClassification`` with one label, its ``score`` the value head.
+``--tokenizer SPEC`` (a ``model.tokenizer`` value) adds that tokenizer's files.
 
-Exit codes: 0 written, 2 a missing or corrupt checkpoint (one line naming it).
+Exit codes: 0 written, 2 a missing or corrupt checkpoint or a missing tokenizer (one line
+naming it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch
 from backends.megatron import GPTSpec, checkpoint
 from backends.megatron.families import get_family
 from backends.megatron.hf_io import save_hf_folder
+from mindrl.data import load_tokenizer
+from mindrl.data.tokenizer import BUILTIN_PREFIX
 from mindrl.workers.model_setup import hf_config_for
 
 
@@ -39,6 +43,21 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, role: str = "actor"
     state, config = hf_model(saved.load("model"), spec, value_head=saved.meta["value_head"])
     save_hf_folder(state, config, out_dir)
     return Path(out_dir)
+
+
+def write_tokenizer(spec: str, out_dir: str | Path) -> bool:
+    """The files of tokenizer ``spec`` (a ``model.tokenizer`` value) into ``out_dir`` when
+    it came from an HF folder or a GGUF file (converted to ``tokenizer.json``), loadable
+    from ``out_dir`` (by its own class where transformers 5 would swap it by the model
+    type: qwen2); the built-in one is made in code and writes nothing (False).
+
+    Raises:
+        ValueError: a tokenizer folder or GGUF package that is not there.
+    """
+    if spec.startswith(BUILTIN_PREFIX):
+        return False
+    load_tokenizer(spec).save_pretrained(out_dir)
+    return True
 
 
 def hf_model(
@@ -74,10 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out_dir", help="HF folder to write.")
     parser.add_argument("--role", default="actor", choices=["actor", "critic"])
+    parser.add_argument(
+        "--tokenizer",
+        metavar="SPEC",
+        help="Also write this tokenizer's files (the run's model.tokenizer: an HF folder or "
+        "gguf:<package>).",
+    )
     args = parser.parse_args(argv)
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir, args.role)
-    except checkpoint.CheckpointError as exc:
+        if args.tokenizer:
+            write_tokenizer(args.tokenizer, out)
+    except ValueError as exc:  # a CheckpointError, or a tokenizer that is not there
         print(f"mindrl-export: error: {exc}", file=sys.stderr)
         return 2
     print(out)

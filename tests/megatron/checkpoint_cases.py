@@ -88,3 +88,27 @@ def trained_and_saved(rank: int, world: int, root: str) -> dict:
     }
     _finish()
     return result
+
+
+def value_loss(outputs: dict, batch, counts=None) -> torch.Tensor:
+    """Per-token squared error of the values to a target (the batch's advantages)."""
+    return (outputs["values"] - batch.fields["advantages"]) ** 2
+
+
+def critic_trained_and_saved(rank: int, world: int, root: str) -> dict:
+    """One rank: a critic (value head) trained 2 steps and saved, then its HF state dict,
+    its value head and response values of a batch (what a critic export must reproduce)."""
+    engine = MegatronEngine(DENSE, ParallelSpec(), OPTIM, value_head=True, seed=1)
+    for position in range(2):
+        engine.train_step(_dp_share(engine, position), value_loss, MICRO)
+    engine.save_checkpoint(root, data_position={"next_step": 2})
+    batch = data_stream(DENSE, 9)
+    result = {
+        "hf": engine.hf_state_dict(),
+        "value_head": engine.full_state_dict()["output_layer.weight"],
+        "input_ids": batch.input_ids,
+        "values": engine.forward(batch)["values"],
+        "mask": batch.response_mask,
+    }
+    _finish()
+    return result

@@ -20,7 +20,7 @@ from pathlib import Path
 from backends.device.registry import resolve_device
 from mindrl.config.placement import is_disaggregated
 from mindrl.config.schema import MindRLConfig
-from mindrl.data import PromptSourceError, load_tokenizer
+from mindrl.data import PromptSourceError
 from mindrl.dock import DockError
 from mindrl.metrics import MetricsLogger, format_progress_line, print_progress_line
 from mindrl.metrics.memory import peaks_by_role
@@ -40,7 +40,7 @@ from trainers.driver.iteration import IterationRunner
 from trainers.driver.offline import make_runner
 from trainers.driver.setup import RunSetupError, RunState, launch_run, prepare_run, stop_run
 from trainers.driver.validation import Validator
-from trainers.export import export_checkpoint
+from trainers.export import export_checkpoint, write_tokenizer
 
 #: Failures of the run itself (exit 1), as opposed to user mistakes (exit 2).
 RUN_FAILURES = (WorkerDiedError, StageTimeoutError, StageFailedError, DockError)
@@ -125,9 +125,7 @@ def _write_hf(run: RunState) -> None:
     """The trained policy as an HF folder, ``RUN_DIR/hf``, from the final checkpoint, with
     the tokenizer's files when the tokenizer came from an HF folder or a GGUF file."""
     out = export_checkpoint(run.checkpoint_dir, run.run_dir / HF_DIR)
-    source = run.config.model.tokenizer
-    if not source.startswith("builtin:"):  # made in code: no files a user could load
-        load_tokenizer(source).save_pretrained(out)
+    write_tokenizer(run.config.model.tokenizer, out)
     print(f"mindrl-train: trained model (HF) in {out}", file=sys.stderr)
 
 
