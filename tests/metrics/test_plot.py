@@ -46,3 +46,22 @@ def test_cli_reports_a_missing_run_in_one_line(tmp_path, capsys):
     error = capsys.readouterr().err
     assert error.startswith("mindrl-plot: no metrics file") and error.count("\n") == 1
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_preference_run_is_plotted_as_accuracy_margin_and_loss(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    with MetricsLogger(tmp_path / "dpo", backends=()) as logger:
+        for iteration in range(5):
+            record = {"preference_accuracy": iteration / 4, "reward_margin": 0.1, "loss": 0.6}
+            logger.log(iteration, record)
+    drawn, subplots = [], plt.subplots
+    monkeypatch.setattr(
+        plt, "subplots", lambda *a, **k: drawn.append(subplots(*a, **k)) or drawn[-1]
+    )
+    plot_metrics(tmp_path / "dpo" / "metrics.jsonl", tmp_path / "dpo.png")
+    ((_, axes),) = drawn
+    assert [axis.get_title() for axis in axes] == [
+        "preference accuracy", "reward margin (chosen - rejected)", "loss",
+    ]  # fmt: skip
+    assert [len(axis.lines[0].get_xdata()) for axis in axes] == [5, 5, 5]

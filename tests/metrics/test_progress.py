@@ -62,6 +62,23 @@ def test_progress_line_shows_validation_after_the_iterations_it_ran():
     assert "val/time_s" not in line
 
 
+def test_a_preference_run_shows_its_loss_accuracy_rewards_and_margin_instead_of_reward():
+    metrics = {
+        "loss": 0.25331,
+        "preference_accuracy": 0.96875,
+        "chosen_reward": 0.548,
+        "rejected_reward": -0.808,
+        "reward_margin": 1.356,
+        "entropy": 1.901,
+        "iteration_time_s": 0.26,
+        "time": {"ref_logp": 0.07, "update": 0.18},
+    }
+    assert format_progress_line(38, metrics) == (
+        "iter   38 | loss 0.2533 | pref_acc 0.969 | chosen 0.548 | rejected -0.808 | "
+        "margin 1.356 | entropy 1.901 | time 0.26s (ref_logp 0.07 update 0.18)"
+    )
+
+
 class Terminal(io.StringIO):
     """A stream that says it is a terminal, as an interactive stderr does."""
 
