@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from mindrl.config import MindRLConfig, ModelConfig, ParallelConfig
+from mindrl.config.placement import train_world_size
 from mindrl.config.validate import (
     data_parallel_size,
     expert_data_parallel_size,
@@ -114,7 +115,7 @@ def training_memory(config: MindRLConfig, role_name: str = "actor") -> TrainingM
     dense = stage.tp / parallel.tp + stage.replicated
     experts = stage.expert / (parallel.ep * parallel.etp)
     if role.optim.distributed_optimizer:
-        world = config.world_size
+        world = train_world_size(config)
         dense /= max(data_parallel_size(parallel, world), 1)
         experts /= max(expert_data_parallel_size(parallel, world), 1)
     return TrainingMemory(
@@ -159,6 +160,17 @@ def redundant_bytes(model: ModelConfig, train: ParallelConfig, gen_ep: int) -> i
     reusable = gen_ep % train.ep == 0 and train.etp == 1
     expert_redundant = expert_train - (model_params(model).expert / gen_ep if reusable else 0)
     return int((stage.tp / train.tp + max(expert_redundant, 0)) * DTYPE_BYTES[model.dtype])
+
+
+def rollout_device_memory(config: MindRLConfig, device_bytes: int) -> GenerationMemory:
+    """Disaggregated placement: a rollout device holds its generation weight shard and the
+    KV cache, nothing of training (no swap needed, nothing resident)."""
+    model, rollout = config.model, config.rollout
+    shard = int(
+        shard_counts(model_params(model), rollout.tp, rollout.ep) * DTYPE_BYTES[model.dtype]
+    )
+    budget = int(device_bytes * rollout.memory_fraction)
+    return GenerationMemory(shard, 0, budget - shard, kv_bytes_per_token(model, rollout.tp))
 
 
 def plan_memory(

@@ -23,6 +23,8 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
     console.print(placement_table(plan))
     console.print(layout_table(plan))
     console.print(memory_table(plan))
+    if plan["memory"].get("rollout_devices"):
+        console.print(disaggregated_memory_table(plan))
     console.print(flow_table(plan))
     for problem in plan["fit_problems"]:
         console.print(f"[bold red]does not fit:[/bold red] {problem}")
@@ -34,16 +36,24 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
 
 def placement_table(plan: dict) -> Table:
     """One row per run of nodes that host the same things (48 nodes stay readable)."""
-    table = Table(title="placement (roles collocated on every device)")
-    for col in ("nodes", "ranks", "roles", "TD warehouse", "TD controllers"):
+    mode = plan.get("rollout_placement", "collocated")
+    title = {
+        "collocated": "roles collocated on every device, which trains and generates in turn",
+        "disaggregated": "disaggregated: some devices train, the others generate; "
+        f"rollout.max_staleness {plan.get('max_staleness', 0)}",
+    }[mode]
+    table = Table(title=f"placement ({title})")
+    for col in ("nodes", "ranks", "roles", "does", "TD warehouse", "TD controllers"):
         table.add_column(col)
     for run in node_runs(plan["placement"]):
         first, last = run[0], run[-1]
         nodes = str(first["node"]) if len(run) == 1 else f"{first['node']}-{last['node']}"
+        does = [w for w, on in (("train", first["trains"]), ("generate", first["generates"])) if on]
         table.add_row(
             nodes,
             f"{first['ranks'][0]}-{last['ranks'][1]}",
             ", ".join(first["roles"]),
+            " + ".join(does),
             "one per node" if first["td_warehouse"] else "-",
             ", ".join(first["td_controllers"]) or "-",
         )
@@ -112,6 +122,21 @@ def memory_table(plan: dict) -> Table:
         "-",
         gb(mem["host_swap_bytes"]),
     )
+    return table
+
+
+def disaggregated_memory_table(plan: dict) -> Table:
+    """Per-device memory of the two kinds of device a disaggregated run has."""
+    mem, rollout = plan["memory"], plan["memory"]["rollout_devices"]
+    table = Table(title="per-device memory, disaggregated (no swap: nothing else generates)")
+    table.add_column("devices")
+    table.add_column("item")
+    table.add_column("bytes", justify="right")
+    table.add_row("train", "stage total (actor + resident roles)", gb(mem["training_stage_total"]))
+    table.add_row("generate", "weight shard", gb(rollout["shard"]))
+    table.add_row("generate", "KV-cache budget", gb(rollout["kv_cache_budget"]))
+    tokens = max(rollout["kv_cache_budget"], 0) // max(rollout["kv_bytes_per_token"], 1)
+    table.add_row("generate", "KV-cache tokens", f"{tokens:,}")
     return table
 
 

@@ -5,10 +5,13 @@ Everything here is analytic: no accelerator, no Ray, no model weights are needed
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from mindrl.config import MindRLConfig, ParallelConfig
+from mindrl.config.placement import is_disaggregated, rollout_world_size, train_world_size
 from mindrl.config.validate import data_parallel_size, expert_data_parallel_size
 from mindrl.dock.schema import RL_FIELDS
-from mindrl.planner.memory import MemoryPlan, plan_memory
+from mindrl.planner.memory import MemoryPlan, plan_memory, rollout_device_memory
 from mindrl.planner.params import model_params
 from mindrl.planner.sample_flow import sample_flow
 from mindrl.run_plan import RunPlan
@@ -39,25 +42,43 @@ def layout_dict(parallel: ParallelConfig, world: int) -> dict:
 
 
 def placement(config: MindRLConfig, plan: RunPlan) -> list[dict]:
-    """Per node: global ranks, collocated roles, and the dock pieces it hosts."""
+    """Per node (and, disaggregated, per device group on it): global ranks, the roles
+    placed there, whether they train and generate, and the dock pieces the node hosts."""
     per_node = config.resources.devices_per_node
     warehouses = config.dock.warehouses or config.resources.nodes
     nodes = []
     for node in range(config.resources.nodes):
-        nodes.append(
-            {
-                "node": node,
-                "ranks": [node * per_node, (node + 1) * per_node - 1],
-                "roles": list(planned_roles(plan)),
-                "td_warehouse": node < warehouses,
-                "td_controllers": list(plan.stage_names) if node == 0 else [],
-            }
-        )
+        first, last = node * per_node, (node + 1) * per_node - 1
+        dock = {
+            "td_warehouse": node < warehouses,
+            "td_controllers": list(plan.stage_names) if node == 0 else [],
+        }
+        if not is_disaggregated(config):
+            roles = list(planned_roles(plan))
+            nodes.append(device_group(node, first, last, roles, True, True, dock))
+            continue
+        # Disaggregated runs are single-node (config check): trainers first, then rollout.
+        split = first + train_world_size(config)
+        trainers = list(plan.model_roles)
+        nodes.append(device_group(node, first, split - 1, trainers, True, False, dock))
+        shown_once = {**dock, "td_controllers": []}  # the node's, listed on the row above
+        nodes.append(device_group(node, split, last, ["rollout"], False, True, shown_once))
     return nodes
+
+
+def device_group(
+    node: int, first: int, last: int, roles: list[str], trains: bool, generates: bool, dock: dict
+) -> dict:
+    return {"node": node, "ranks": [first, last], "roles": roles, **dock} | {
+        "trains": trains,
+        "generates": generates,
+    }
 
 
 def host_swap_bytes(memory: MemoryPlan, config: MindRLConfig) -> int:
     """Host bytes one node pins for allgather-swap: every device's swapped training state."""
+    if is_disaggregated(config):  # nothing generates on the training devices: no swap
+        return 0
     return memory.swap_bytes * config.resources.devices_per_node if config.rollout.swap else 0
 
 
@@ -82,6 +103,8 @@ def fit_problems(memory: MemoryPlan, config: MindRLConfig, host_bytes: int) -> l
             f"{over:.1f} GB more than the {memory.device_bytes / GB:.1f} GB available"
         )
     generation = memory.generation_swap if swap else memory.generation_naive
+    if is_disaggregated(config):
+        generation = rollout_device_memory(config, memory.device_bytes)
     if generation.kv_cache_budget <= 0:
         over = -generation.kv_cache_budget / GB
         problems.append(
@@ -99,7 +122,7 @@ def build_plan(
     host_bytes: int,
 ) -> dict:
     """The whole plan as a JSON-serialisable dict."""
-    world = config.world_size
+    world = train_world_size(config)  # the training layouts' world
     data = config.data
     memory = plan_memory(config, device_bytes, planned_roles(plan))
     flow = sample_flow(
@@ -115,7 +138,9 @@ def build_plan(
     return {
         "trainer": plan.trainer,
         "device": device_name,
-        "world_size": world,
+        "world_size": config.world_size,
+        "rollout_placement": config.rollout.placement,
+        "max_staleness": config.rollout.max_staleness,
         "nodes": config.resources.nodes,
         "devices_per_node": config.resources.devices_per_node,
         "placement": placement(config, plan),
@@ -133,13 +158,18 @@ def build_plan(
         "generation_layout": {
             "tp": config.rollout.tp,
             "ep": config.rollout.ep,
-            "dp": world // config.rollout.tp,
+            "dp": rollout_world_size(config) // config.rollout.tp,
             "pp": 1,
         },
         "memory": {
             **memory.as_dict(),
             "host_bytes": host_bytes,
             "host_swap_bytes": host_swap_bytes(memory, config),
+            "rollout_devices": (
+                asdict(rollout_device_memory(config, device_bytes))
+                if is_disaggregated(config)
+                else None
+            ),
         },
         "sample_flow": flow.as_dict(),
         "allgather_swap": config.rollout.swap,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from mindrl.config import ConfigError, load_config
@@ -66,3 +70,39 @@ def test_disaggregated_roles_train_on_the_devices_the_rollout_leaves():
     assert (train_world_size(config), rollout_world_size(config)) == (1, 1)
     collocated = load_config(TINY, [], get_algorithm("grpo"))
     assert (train_world_size(collocated), rollout_world_size(collocated)) == (2, 2)
+
+
+def dry_run(*overrides: str) -> dict:
+    args = ["--trainer", "grpo", "--config", "configs/qwen25_7b.yaml", "--dry-run", "--json"]
+    out = subprocess.run(
+        [sys.executable, "-m", "trainers.driver.cli", *args, *overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_planner_shows_which_devices_train_and_which_generate_per_mode():
+    collocated = dry_run()
+    assert [(g["ranks"], g["trains"], g["generates"]) for g in collocated["placement"]] == [
+        ([0, 7], True, True),
+        ([8, 15], True, True),
+    ]
+    assert collocated["memory"]["rollout_devices"] is None
+    plan = dry_run(
+        "resources.nodes=1", "rollout.placement=disaggregated", "rollout.devices=4",
+        "rollout.tp=1", "rollout.max_staleness=1",
+    )  # fmt: skip
+    groups = [(g["ranks"], g["roles"], g["trains"], g["generates"]) for g in plan["placement"]]
+    assert groups == [
+        ([0, 3], ["actor", "reference"], True, False),
+        ([4, 7], ["rollout"], False, True),
+    ]
+    assert plan["training_layouts"]["actor"]["dp"] == 1  # TP 4 over the 4 training devices
+    assert plan["generation_layout"]["dp"] == 4  # one whole model per rollout device
+    rollout = plan["memory"]["rollout_devices"]
+    assert rollout["shard"] == plan["model"]["params"] * 2  # bf16, nothing else resident
+    assert rollout["resident_training"] == 0
+    assert plan["memory"]["host_swap_bytes"] == 0  # nothing generates on training devices
