@@ -68,6 +68,10 @@ def check_placement(config: MindRLConfig, algorithm: Algorithm | None = None) ->
         ),
         "resources.nodes > 1": config.resources.nodes > 1,
         "validation (data.val_every > 0)": config.data.val_every > 0,
+        # GSPO's ratio is per sequence: a per-token behaviour weight does not apply to it.
+        "--trainer gspo and rollout.max_staleness > 0": (
+            algorithm is not None and algorithm.name == "gspo" and rollout.max_staleness > 0
+        ),
     }
     return [
         f"rollout.placement: disaggregated with {what} is not yet supported; use "

@@ -56,6 +56,12 @@ def test_rollout_devices_with_collocated_placement_would_do_nothing_and_are_refu
     [
         (["dock.pipeline=stream"], "grpo", "dock.pipeline: stream"),
         ([], "dapo", "dynamic sampling (DAPO)"),
+        (["rollout.max_staleness=1"], "gspo", "--trainer gspo and rollout.max_staleness > 0"),
+        (
+            ["data.val_every=5", "data.val_source=synthetic:tiny"],
+            "grpo",
+            "validation (data.val_every > 0)",
+        ),
     ],
 )
 def test_what_disaggregated_runs_cannot_do_yet_is_refused_as_not_yet_supported(

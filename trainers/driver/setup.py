@@ -146,7 +146,9 @@ def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
     run.ray_started_here = _connect_ray(run.config, device_name)
     roles = run.plan.model_roles
     reward = "" if run.plan.offline else ", reward"
-    phase(f"starting worker processes: {' + '.join(roles)} x {run.config.world_size}{reward}")
+    rollout = f", rollout x {run.config.rollout.devices}" if is_disaggregated(run.config) else ""
+    trainers = f"{' + '.join(roles)} x {train_world_size(run.config)}"
+    phase(f"starting worker processes: {trainers}{rollout}{reward}")
     _place_workers(run, device_name)
     phase("starting the transfer dock")
     _start_dock(run, _controller_nodes(run))
