@@ -26,6 +26,8 @@ PREFERENCE_PANELS: tuple[tuple[str, str], ...] = (
     ("reward_margin", "reward margin (chosen - rejected)"),
     ("loss", "loss"),
 )
+#: Curves drawn over a panel's own when a run recorded them: validation beside training.
+OVERLAYS: dict[str, tuple[str, str]] = {"reward_mean": ("val/reward_mean", "validation")}
 FIGURE_SIZE_IN = (12.0, 3.5)
 DPI = 100  # -> a 1200 x 350 pixel PNG
 
@@ -59,6 +61,7 @@ def plot_metrics(jsonl_path: str | Path, png_path: str | Path) -> Path:
             axis.plot(iterations, values, marker="." if len(values) < 50 else None)
         else:
             axis.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=axis.transAxes)
+        _overlay(axis, records, key)
         axis.set_title(title)
         axis.set_xlabel("iteration")
         axis.grid(alpha=0.3)
@@ -69,6 +72,15 @@ def plot_metrics(jsonl_path: str | Path, png_path: str | Path) -> Path:
     figure.savefig(png_path, dpi=DPI)
     plt.close(figure)
     return png_path
+
+
+def _overlay(axis: Any, records: Sequence[dict[str, Any]], key: str) -> None:
+    """Draw ``OVERLAYS[key]`` (e.g. validation reward) over the panel, when recorded."""
+    overlay, label = OVERLAYS.get(key, (None, ""))
+    iterations, values = _series(records, overlay) if overlay else ([], [])
+    if values:
+        axis.plot(iterations, values, marker="o", linestyle="--", label=label)
+        axis.legend(fontsize=7)
 
 
 def _resolve_jsonl(target: Path) -> Path:

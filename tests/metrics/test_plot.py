@@ -65,3 +65,24 @@ def test_a_preference_run_is_plotted_as_accuracy_margin_and_loss(tmp_path, monke
         "preference accuracy", "reward margin (chosen - rejected)", "loss",
     ]  # fmt: skip
     assert [len(axis.lines[0].get_xdata()) for axis in axes] == [5, 5, 5]
+
+
+def test_validation_reward_is_drawn_over_the_training_reward(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    with MetricsLogger(tmp_path / "run", backends=()) as logger:
+        for iteration in range(6):
+            record = {"reward_mean": iteration / 5, "kl": 0.0, "response_length_mean": 2.0}
+            if iteration % 3 == 2:
+                record["val/reward_mean"] = iteration / 10
+            logger.log(iteration, record)
+    drawn, subplots = [], plt.subplots
+    monkeypatch.setattr(
+        plt, "subplots", lambda *a, **k: drawn.append(subplots(*a, **k)) or drawn[-1]
+    )
+    plot_metrics(tmp_path / "run" / "metrics.jsonl", tmp_path / "curves.png")
+    ((_, (reward, kl, _)),) = drawn
+    assert list(reward.lines[1].get_xdata()) == [2, 5]
+    assert list(reward.lines[1].get_ydata()) == [0.2, 0.5]
+    assert reward.get_legend().get_texts()[0].get_text() == "validation"
+    assert len(kl.lines) == 1
