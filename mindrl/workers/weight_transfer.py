@@ -9,10 +9,12 @@ NCCL on GPUs). The rollout workers' side is :mod:`mindrl.workers.rollout_worker`
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 
+from backends.megatron.families import get_family
 from mindrl.workers.rendezvous import host_store
 from mindrl.workers.rollout import make_resharder
 
@@ -37,8 +39,6 @@ class WeightSource:
 
     def _init_weight_source(self) -> None:
         """Called by ``setup`` once the training engine exists."""
-        from backends.megatron.families import get_family
-
         self.resharder = make_resharder(self.engine, self.spec, self.config, self.size, swap=False)
         self.family = get_family(self.spec.family)
         self._transfer_store: Any = None
@@ -67,8 +67,6 @@ class WeightSource:
 
     def send_weights(self) -> dict[str, float]:
         """Every actor rank gathers; rank 0 broadcasts each tensor to the rollout workers."""
-        import time
-
         start = time.perf_counter()
         named = self._generation_tensors()
         if self._transfer is not None:
