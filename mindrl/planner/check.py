@@ -74,7 +74,8 @@ def check_memory(
 
 
 def format_memory_check(checks: list[StageCheck]) -> str:
-    """``memory planned vs measured per device: rollout 2.69G / 3.10G host (1.15x), ...``"""
+    """``memory planned / measured per device ...: rollout 2.69G / 3.10G host (1.15x), ...``;
+    empty when no planned stage was measured."""
     parts = []
     for check in checks:
         if check.measured is None:
@@ -86,4 +87,6 @@ def format_memory_check(checks: list[StageCheck]) -> str:
         if check.ratio is not None:
             text += f" ({check.ratio:.2f}x)"
         parts.append(text)
+    if not parts:
+        return ""
     return "memory planned / measured per device (actor, peak of the run): " + ", ".join(parts)

@@ -53,3 +53,8 @@ def test_the_line_names_each_measured_stage_with_its_ratio_and_skips_unmeasured_
     line = format_memory_check(checks)
     assert f"update {update.planned / GIB:.2f}G / 4.00G host ({update.ratio:.2f}x)" in line
     assert "rollout" not in line
+
+
+def test_nothing_is_printed_when_no_planned_stage_was_measured():
+    config, plan = smollm2_plan()
+    assert format_memory_check(check_memory(config, plan, 24 * GIB, {}, on_cpu=True)) == ""

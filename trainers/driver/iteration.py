@@ -343,8 +343,6 @@ class IterationRunner:
     def _record(
         self, metrics: dict[str, Any], sampled: Sampled, ledger: Ledger, seconds: float
     ) -> dict[str, Any]:
-        for stage, peaks in ledger.memory.items():
-            book_peaks(self.stage_peaks, stage, [peaks])
         n = max(sampled.samples, 1)
         prompt_len, response_len = sampled.prompt_tokens / n, sampled.response_tokens / n
         record = {
@@ -359,11 +357,17 @@ class IterationRunner:
             "busy": ledger.busy,
             "overlap": {**ledger.overlap, "total": sum(ledger.overlap.values(), 0.0)},
             "overhead": ledger.overhead(seconds),
-            MEMORY_RECORD_KEY: peaks_by_role(ledger.memory, self.plan.stage_roles()),
+            MEMORY_RECORD_KEY: self._memory_record(ledger),
         }
         if self.run.options.dynamic_sampling:
             record |= {"sample_batches": sampled.draws, "kept_groups": len(sampled.kept)}
         return record
+
+    def _memory_record(self, ledger: Ledger) -> dict[str, dict[str, float]]:
+        """The iteration's peaks per role; each stage's also raise the run's largest."""
+        for stage, peaks in ledger.memory.items():
+            book_peaks(self.stage_peaks, stage, [peaks])
+        return peaks_by_role(ledger.memory, self.plan.stage_roles())
 
     def _tps(self, sampled: Sampled, prompt_len: float, response_len: float, seconds: float):
         prompts = sampled.samples // self.N

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from mindrl.metrics import mean_by_key
-from mindrl.metrics.memory import MEMORY_RECORD_KEY, peaks_by_role
+from mindrl.metrics.memory import MEMORY_RECORD_KEY
 from trainers.driver.iteration import TIMING_KEYS, IterationRunner, Ledger
 from trainers.driver.setup import RunState
 
@@ -49,7 +49,7 @@ class OfflineIterationRunner(IterationRunner):
             "time": ledger.stages,
             "busy": ledger.busy,
             "overhead": ledger.overhead(seconds),
-            MEMORY_RECORD_KEY: peaks_by_role(ledger.memory, self.plan.stage_roles()),
+            MEMORY_RECORD_KEY: self._memory_record(ledger),
         }
 
     def _put_pairs(self, ledger: Ledger, indexes: np.ndarray) -> float:

@@ -118,7 +118,9 @@ def _print_memory_check(run: RunState, runner: IterationRunner, device_name: str
     except (UserError, ValueError, KeyError) as exc:
         _error(f"no planned-vs-measured memory: {exc}")
         return
-    print(f"mindrl-train: {format_memory_check(checks)}")
+    line = format_memory_check(checks)
+    if line:
+        print(f"mindrl-train: {line}")
 
 
 def _write_hf(run: RunState) -> None:
