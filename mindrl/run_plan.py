@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mindrl.algorithm import Algorithm
+from mindrl.algorithm import Algorithm, run_options
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 
 #: Fields every model stage reads: the packed sequence is prompt + response.
@@ -53,6 +53,7 @@ class RunPlan:
         sample_batches: prompt batches the dock holds (DAPO refills dropped groups).
         stage_deadline_s: how long a stage's workers may take before the run ends.
         offline: trains on stored samples (DPO's pairs): no rollout, reward or advantage.
+        options: the algorithm's options as the run trains with them (resolved once, here).
     """
 
     trainer: str
@@ -65,6 +66,7 @@ class RunPlan:
     uses_groups: bool
     sample_batches: int
     stage_deadline_s: float
+    options: AlgorithmConfig
     offline: bool = False
 
     def stage(self, name: str) -> StagePlan:
@@ -126,7 +128,7 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
     """The plan of ``algorithm`` (its options resolved from ``config``) on ``config``."""
     if algorithm.offline:
         return _offline_plan(algorithm, config)
-    options = algorithm.resolve(config.algorithm)
+    options = run_options(algorithm, config)
     needs_reference = algorithm.uses_reference(options)
     needs_critic = algorithm.needs_critic
     needs_old = needs_old_logprob(config)
@@ -145,6 +147,7 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         uses_groups=algorithm.uses_groups,
         sample_batches=sample_batches(options, config),
         stage_deadline_s=stage_deadline_s(config),
+        options=options,
     )
 
 
@@ -172,6 +175,7 @@ def _offline_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         uses_groups=True,
         sample_batches=1,
         stage_deadline_s=stage_deadline_s(config),
+        options=run_options(algorithm, config),
         offline=True,
     )
 

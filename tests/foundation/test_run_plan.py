@@ -94,3 +94,11 @@ def test_dpo_trains_on_stored_pairs_with_no_generation_reward_or_advantage_stage
     assert plan.stage("update").reads == (*SEQUENCE, "ref_logprob")
     assert plan.group_size == 2  # a pair: chosen and rejected, adjacent in the dock
     assert plan.scoring_stages() == ("ref_logp",) and plan.streaming_stages() == ()
+
+
+def test_the_plan_carries_the_options_the_run_trains_with_resolved_once():
+    config = load_config(None, ["rollout.max_response_length=12"])
+    plan = build_run_plan(get_algorithm("dr_grpo"), config)
+    assert plan.options.loss_agg_mode == "seq-mean-token-sum-norm"
+    assert plan.options.norm_len == 12  # Dr. GRPO's constant: the generation budget
+    assert build_run_plan(get_algorithm("grpo"), config).options.kl_coef == 0.001

@@ -274,7 +274,7 @@ class IterationRunner:
 
     def _trim(self, ledger: Ledger, kept: list[int]) -> list[int]:
         """At most G groups, and a sample count every data-parallel group size divides."""
-        sizes = [len(set(self.run.dp_ranks[role])) for role in self.run.dp_ranks]
+        sizes = [self.run.dp_size(role) for role in self.run.dp_ranks]
         step = int(np.lcm.reduce([*sizes, 1]))
         count = min(len(kept), self.G)
         while count and (count * self.N) % step:
@@ -291,11 +291,9 @@ class IterationRunner:
                 self._stage(ledger, name, self._score_stage, name, indexes)
 
     def _by_dp_rank(self, stage: str, role: str, fields: list[str], n: int) -> list:
-        ranks = self.run.dp_ranks[role]
-        parts = self.run.dock.claim(
-            stage, fields, n, dp_parts=len(set(ranks)), timeout_s=self.timeout
-        )
-        return [parts[r] for r in ranks]
+        dp_parts = self.run.dp_size(role)
+        parts = self.run.dock.claim(stage, fields, n, dp_parts=dp_parts, timeout_s=self.timeout)
+        return self.run.per_worker(role, parts)
 
     def _advantages(self, indexes: np.ndarray) -> list[dict]:
         fields = list(self.plan.stage("advantage").reads)

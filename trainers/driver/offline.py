@@ -71,9 +71,8 @@ class OfflineIterationRunner(IterationRunner):
         """Whole pairs per data-parallel rank, in pair order (the online claim balances
         single samples by length, which could part a pair)."""
         (taken,) = self.run.dock.claim(stage, fields, n, whole_groups=True, timeout_s=self.timeout)
-        ranks = self.run.dp_ranks[role]
-        parts = split_whole_pairs(taken, len(set(ranks)), self.plan.group_size)
-        return [parts[r] for r in ranks]
+        parts = split_whole_pairs(taken, self.run.dp_size(role), self.plan.group_size)
+        return self.run.per_worker(role, parts)
 
 
 def split_whole_pairs(indexes: np.ndarray, parts: int, pair_size: int = 2) -> list[np.ndarray]:

@@ -11,16 +11,17 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 
 from backends.device import get_device
 from backends.generation.registry import available_engines
 from backends.megatron import checkpoint
-from mindrl.algorithm import Algorithm, run_options
+from mindrl.algorithm import Algorithm
 from mindrl.config.placement import is_disaggregated, train_world_size
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 from mindrl.data import PromptDataset, load_tokenizer
@@ -36,6 +37,8 @@ from mindrl.workers.rollout import engine_name
 from trainers.driver.rollout_placement import connect_rollout_workers, place_rollout_workers
 from trainers.kl_control import make_kl_controller
 from trainers.registry import get_algorithm
+
+T = TypeVar("T")
 
 #: The dock's fields: the RL fields plus the prompt's record (for the ground truth).
 FIELDS: dict[str, FieldSpec] = {**RL_FIELDS, "record_id": FieldSpec("int64")}
@@ -72,6 +75,15 @@ class RunState:
     dataset_eos: int = 0
     resume_steps: dict[str, Path] = field(default_factory=dict)  # role -> checked step folder
 
+    def dp_size(self, role: str) -> int:
+        """Data-parallel groups of ``role``: the TP / PP peers of a DP rank form one."""
+        return len(set(self.dp_ranks[role]))
+
+    def per_worker(self, role: str, parts: Sequence[T]) -> list[T]:
+        """One part per data-parallel group -> one per worker of ``role``, in rank order
+        (the TP / PP peers of a DP rank get the same samples)."""
+        return [parts[r] for r in self.dp_ranks[role]]
+
     def trained_groups(self) -> list[WorkerGroup]:
         return [self.groups[name] for name in ("actor", "critic") if name in self.groups]
 
@@ -92,10 +104,10 @@ def prepare_run(config: MindRLConfig, trainer: str, resume: bool | str) -> RunSt
     """
     _preflight(config)
     algorithm = get_algorithm(trainer)
-    options = run_options(algorithm, config)
     run_dir = Path(config.logging.dir.format(trainer=trainer))
     checkpoint_dir = Path(config.checkpoint.dir or run_dir / "checkpoints")
     plan = build_run_plan(algorithm, config)
+    options = plan.options
     resume_steps = _resume_steps(checkpoint_dir, resume, plan) if resume else {}
     dataset, eos = _dataset(config, plan.offline)
     run = RunState(

@@ -53,14 +53,13 @@ def stage_call(run: RunState, stage: StagePlan) -> StageCall:
         return StageCall(
             stage.name, group, list(stage.reads), group.size, lambda parts: [(p,) for p in parts]
         )
-    ranks = run.dp_ranks[stage.role]  # TP / PP peers of a DP rank score the same samples
     (out_field,) = stage.writes
     return StageCall(
         stage.name,
         run.groups[stage.role],
         list(stage.reads),
-        len(set(ranks)),
-        lambda parts: [(parts[r], out_field) for r in ranks],
+        run.dp_size(stage.role),
+        lambda parts: [(p, out_field) for p in run.per_worker(stage.role, parts)],
     )
 
 
