@@ -3,13 +3,16 @@ rollout engine and the reward workers, logged as ``val/...``, without moving tra
 
 One run without and one with validation (module fixtures, one per test so each test
 holds a single run's start-up within the suite's per-test timeout). Validation samples
-at temperature 1 here, the stricter case: its sampling must not touch training's.
+at temperature 1 here, the stricter case: its sampling must not touch training's. The
+validated run also reads the built-in tokenizer from a folder (same ids, so the same
+training), which its end-of-run export must write into RUN_DIR/hf.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from mindrl.data import build_tiny_tokenizer
 from mindrl.metrics import read_metrics
 from tests.trainers.test_pipeline import tiny_config
 from trainers.driver.train import train
@@ -41,7 +44,9 @@ def plain_records(ray_cluster, tmp_path_factory) -> list[dict]:
 @pytest.fixture(scope="module")
 def validated(ray_cluster, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("validated")
-    return run_dir, run_records(run_dir, *VALIDATION, "logging.backends=[tensorboard]")
+    build_tiny_tokenizer().save_pretrained(run_dir / "tokenizer")
+    tokenizer = f"model.tokenizer={run_dir / 'tokenizer'}"
+    return run_dir, run_records(run_dir, *VALIDATION, "logging.backends=[tensorboard]", tokenizer)
 
 
 def test_a_run_without_validation_logs_no_val_metrics(plain_records):
@@ -72,3 +77,14 @@ def test_a_run_with_validation_trains_exactly_like_one_without(plain_records, va
     _, records = validated
     for key in TRAINING_KEYS:
         assert [r[key] for r in records] == [r[key] for r in plain_records], key
+
+
+def test_the_trained_model_folder_carries_a_tokenizer_that_came_from_a_folder(validated):
+    from transformers import AutoTokenizer
+
+    run_dir, _ = validated
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "run" / "hf")  # a llama config
+    text = "next 3 1 4 ="
+    assert (
+        tokenizer(text).input_ids == build_tiny_tokenizer()(text).input_ids == [1, 16, 7, 5, 8, 19]
+    )
