@@ -16,15 +16,7 @@ if TYPE_CHECKING:
 
 def prompt_records(config: MindRLConfig) -> list[PromptRecord]:
     """The run's prompt records (``data`` section, seeded by the run's seed)."""
-    data = config.data
-    return load_prompt_records(
-        data.source,
-        prompt_key=data.prompt_key,
-        answer_key=data.answer_key,
-        template=data.template,
-        num_prompts=data.num_prompts,
-        seed=config.seed,
-    )
+    return _records(config, config.data.source, config.data.num_prompts, config.seed)
 
 
 def prompt_dataset(config: MindRLConfig, tokenizer: PreTrainedTokenizerBase) -> PromptDataset:
@@ -60,11 +52,19 @@ def validation_records(config: MindRLConfig) -> list[PromptRecord]:
     """
     data = config.data
     assert data.val_source is not None, "validation without data.val_source"
+    return _records(
+        config, data.val_source, data.val_num_prompts, config.seed + VALIDATION_SEED_OFFSET
+    )
+
+
+def _records(config: MindRLConfig, source: str, num_prompts: int, seed: int) -> list[PromptRecord]:
+    """``source``'s records, read with the ``data`` section's keys and template."""
+    data = config.data
     return load_prompt_records(
-        data.val_source,
+        source,
         prompt_key=data.prompt_key,
         answer_key=data.answer_key,
         template=data.template,
-        num_prompts=data.val_num_prompts,
-        seed=config.seed + VALIDATION_SEED_OFFSET,
+        num_prompts=num_prompts,
+        seed=seed,
     )

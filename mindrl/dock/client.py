@@ -172,12 +172,7 @@ class DockClient:
             )
             name = "centralized buffer"
         else:
-            controller = self.handle.controllers.get(stage)
-            if controller is None:
-                raise DockError(
-                    f"no TD controller for stage '{stage}'; "
-                    f"stages: {sorted(self.handle.controllers)}"
-                )
+            controller = self._controller(stage)
             ref = controller.claim.remote(
                 fields, batch_size, whole_groups, self._local, timeout_s, dp_parts, step
             )
@@ -238,28 +233,32 @@ class DockClient:
     def versions(self, stage: str, indexes: np.ndarray) -> np.ndarray:
         """The weights version that generated each of ``indexes``, as ``stage``'s controller
         recorded it (-1: the put named none)."""
-        indexes = np.asarray(indexes, dtype=np.int64)
-        if self.handle.central is not None:
-            ref, name = self.handle.central.versions.remote(stage, indexes), "centralized buffer"
-        else:
-            controller = self.handle.controllers.get(stage)
-            if controller is None:
-                raise DockError(f"no TD controller for stage '{stage}'")
-            ref, name = controller.versions.remote(indexes), f"TD controller of stage '{stage}'"
-        (versions,) = self._get([ref], [name], self.handle.timeout_s)
-        return versions
+        return self._ask_stage(stage, "versions", np.asarray(indexes, dtype=np.int64))
 
     def ready_count(self, stage: str, fields: list[str]) -> int:
         """How many samples have every one of ``fields`` stored, as ``stage`` sees it."""
+        return self._ask_stage(stage, "ready_count", fields)
+
+    def _controller(self, stage: str) -> Any:
+        """``stage``'s TD controller (distributed dock)."""
+        controller = self.handle.controllers.get(stage)
+        if controller is None:
+            raise DockError(
+                f"no TD controller for stage '{stage}'; stages: {sorted(self.handle.controllers)}"
+            )
+        return controller
+
+    def _ask_stage(self, stage: str, method: str, *args: Any) -> Any:
+        """``method(*args)`` of ``stage``'s controller, or of the centralized buffer (which
+        takes the stage first), waited for within the dock's timeout."""
         if self.handle.central is not None:
-            ref, name = self.handle.central.ready_count.remote(stage, fields), "centralized buffer"
+            ref = getattr(self.handle.central, method).remote(stage, *args)
+            name = "centralized buffer"
         else:
-            controller = self.handle.controllers.get(stage)
-            if controller is None:
-                raise DockError(f"no TD controller for stage '{stage}'")
-            ref, name = controller.ready_count.remote(fields), f"TD controller of stage '{stage}'"
-        (count,) = self._get([ref], [name], self.handle.timeout_s)
-        return count
+            ref = getattr(self._controller(stage), method).remote(*args)
+            name = f"TD controller of stage '{stage}'"
+        (answer,) = self._get([ref], [name], self.handle.timeout_s)
+        return answer
 
     def clear(self) -> None:
         """Forget all samples and consumption in every actor (between iterations)."""

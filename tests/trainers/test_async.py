@@ -10,10 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mindrl.metrics import read_metrics
-from tests.trainers.test_pipeline import tiny_config
+from tests.trainers.test_pipeline import trained_records
 from trainers.driver.async_iteration import DisaggregatedRunner, StalenessBoundError
-from trainers.driver.train import train
 
 #: tiny with one device generating and one training (TP 1: one device per role).
 DISAGGREGATED = (
@@ -28,9 +26,9 @@ DISAGGREGATED = (
 @pytest.fixture(scope="module")
 def stale_records(ray_cluster, tmp_path_factory) -> list[dict]:
     run_dir = tmp_path_factory.mktemp("stale")
-    config = tiny_config(run_dir, "grpo", *DISAGGREGATED, "rollout.max_staleness=1", "iterations=4")
-    assert train(config, "grpo", "cpu") == 0
-    return read_metrics(run_dir / "run" / "metrics.jsonl")
+    return trained_records(
+        run_dir, "grpo", *DISAGGREGATED, "rollout.max_staleness=1", "iterations=4"
+    )
 
 
 @pytest.mark.ray

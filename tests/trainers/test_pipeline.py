@@ -52,6 +52,12 @@ def tiny_config(tmp_path: Path, trainer: str = "grpo", *overrides: str):
     )
 
 
+def trained_records(run_dir: Path, trainer: str, *overrides: str) -> list[dict]:
+    """Train the tiny config with ``overrides`` into ``run_dir``; its metrics records."""
+    assert train(tiny_config(run_dir, trainer, *overrides), trainer, "cpu") == 0
+    return read_metrics(run_dir / "run" / "metrics.jsonl")
+
+
 def rewards(run_dir: Path) -> list[float]:
     return [r["reward_mean"] for r in read_metrics(run_dir / "metrics.jsonl")]
 

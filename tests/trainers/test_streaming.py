@@ -10,9 +10,7 @@ from __future__ import annotations
 import pytest
 
 from mindrl import run_plan
-from mindrl.metrics import read_metrics
-from tests.trainers.test_pipeline import tiny_config
-from trainers.driver.train import train
+from tests.trainers.test_pipeline import trained_records
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -32,8 +30,7 @@ def outcomes(record: dict) -> dict:
 
 
 def run_records(run_dir, *overrides: str) -> list[dict]:
-    assert train(tiny_config(run_dir, "grpo", *WITH_REFERENCE, *overrides), "grpo", "cpu") == 0
-    return read_metrics(run_dir / "run" / "metrics.jsonl")
+    return trained_records(run_dir, "grpo", *WITH_REFERENCE, *overrides)
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,7 @@ from __future__ import annotations
 import pytest
 
 from mindrl.data import build_tiny_tokenizer
-from mindrl.metrics import read_metrics
-from tests.trainers.test_pipeline import tiny_config
-from trainers.driver.train import train
+from tests.trainers.test_pipeline import trained_records
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -32,8 +30,7 @@ TRAINING_KEYS = ("reward_mean", "response_length_mean", "pg_loss", "grad_norm", 
 
 
 def run_records(run_dir, *overrides: str) -> list[dict]:
-    assert train(tiny_config(run_dir, "grpo", *ITERATIONS, *overrides), "grpo", "cpu") == 0
-    return read_metrics(run_dir / "run" / "metrics.jsonl")
+    return trained_records(run_dir, "grpo", *ITERATIONS, *overrides)
 
 
 @pytest.fixture(scope="module")
