@@ -224,6 +224,16 @@ class RolloutConfig:
         "(algorithm.behaviour_is_cap).",
         ge=0,
     )
+    partial_rollout_budget: int | None = option(
+        None,
+        "Partial rollout: most new tokens a response gets per iteration (Kimi k1.5's "
+        "per-iteration output budget; MindSpeed RL's max_response_length / max_split). A "
+        "response still unfinished is paused in the dock and continued from its prefix next "
+        "iteration by that iteration's policy; only groups whose responses all finished "
+        "train, and the loss corrects the older tokens (algorithm.behaviour_is_cap). "
+        "None: off, every response generates to its end.",
+        ge=1,
+    )
 
 
 @dataclass
