@@ -35,6 +35,8 @@ BASE_DEFAULTS: Mapping[str, object] = {
     "norm_adv_by_std": True,
     "loss_agg_mode": "token-mean",
     "dynamic_sampling": False,
+    "entropy_coef": 0.0,
+    "lam": 1.0,
 }
 
 Number = int | float | torch.Tensor

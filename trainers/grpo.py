@@ -88,12 +88,7 @@ class GRPO(PolicyGradientAlgorithm):
     name = "grpo"
     uses_groups = True
     needs_reference = True
-    defaults: ClassVar[dict[str, object]] = {
-        "kl_coef": 0.001,
-        "clip_high": 0.2,
-        "loss_agg_mode": "token-mean",
-        "dynamic_sampling": False,
-    }
+    defaults: ClassVar[dict[str, object]] = {"kl_coef": 0.001}
 
     def compute_advantages(
         self, batch: Mapping[str, torch.Tensor], options: AlgorithmConfig

@@ -12,17 +12,19 @@ response) neither cuts nor shifts the recursion; its reward is ignored (put rewa
 valid tokens) and its advantage and return are 0. ``returns = A + V`` (unwhitened);
 the advantages are then whitened over all valid tokens of the batch (unbiased variance).
 
-Why the defaults are what they are (issue 17): ``lam`` 0.95, batch whitening and no
-entropy bonus are kept. On ``configs/tiny.yaml`` PPO ends near 0.75 (seed 1234) because
-its policy turns deterministic (entropy below 0.3 by iteration ~85) while 20-30 % of the
-prompts are still answered wrongly, and then nothing right is sampled for them. That
-timing is the recipe's (actor lr 1e-3, one Adam step per iteration), not PPO's: every
-online trainer measured on it crosses entropy 0.3 between iterations 59 and 115, GRPO
-included, whose 1.0 at seed 1234 is 0.50 at seed 7. ``lam`` 1 (verl's default) gave 0.91
-at seed 1234 but 0.65 at seed 7, a 5x faster critic 0.79 at seed 7 with an unstable
-value; an entropy bonus of 0.05 (with ``lam`` 1) delays the collapse and reaches >= 0.9
-at seeds 1234, 42 and 7 (last 10: 0.997, 0.95, 0.86); it is the candidate default, not yet
-made one (README, Algorithms).
+Why the defaults are what they are (issue 17): ``lam`` 1 (verl's default; GAE then is
+the Monte-Carlo return minus the value) and an entropy bonus of 0.05, with batch
+whitening. With the textbook ``lam`` 0.95 and no bonus PPO ended near 0.75 on
+``configs/tiny.yaml`` (seed 1234): its policy turned deterministic (entropy below 0.3
+by iteration ~85) while 20-30 % of the prompts were still answered wrongly, and then
+nothing right was sampled for them. That timing is the recipe's (actor lr 1e-3, one
+Adam step per iteration), not PPO's: every online trainer measured on it crosses
+entropy 0.3 between iterations 59 and 115, GRPO included, whose 1.0 at seed 1234 is
+0.50 at seed 7. ``lam`` 1 alone gave 0.91 at seed 1234 but 0.65 at seed 7, a 5x faster
+critic 0.79 at seed 7 with an unstable value; the bonus delays the collapse, and with
+``lam`` 1 it reached >= 0.9 at seeds 1234, 42 and 7 (last 10: 0.997, 0.95, 0.86; README,
+Algorithms). The base default stays ``entropy_coef`` 0 for the other trainers, each
+measured without it.
 """
 
 from __future__ import annotations
@@ -78,12 +80,8 @@ class PPO(PolicyGradientAlgorithm):
     name = "ppo"
     needs_critic = True
     needs_reference = True
-    defaults: ClassVar[dict[str, object]] = {
-        "kl_coef": 0.001,
-        "clip_high": 0.2,
-        "loss_agg_mode": "token-mean",
-        "dynamic_sampling": False,
-    }
+    # lam 1 and an entropy bonus of 0.05: why, in the module docstring.
+    defaults: ClassVar[dict[str, object]] = {"kl_coef": 0.001, "lam": 1.0, "entropy_coef": 0.05}
 
     def compute_advantages(
         self, batch: Mapping[str, torch.Tensor], options: AlgorithmConfig

@@ -271,7 +271,9 @@ class AlgorithmConfig:
         "divided by; None: rollout.max_response_length (the generation budget).",
         ge=1,
     )
-    entropy_coef: float = option(0.0, "Entropy bonus coefficient.", ge=0)
+    entropy_coef: float | None = option(
+        None, "Entropy bonus coefficient; None: trainer default (ppo, pf_ppo 0.05; others 0).", ge=0
+    )
     behaviour_is_cap: float = option(
         2.0,
         "Off-policy samples (rollout.max_staleness > 0): cap C of the truncated importance "
@@ -283,7 +285,7 @@ class AlgorithmConfig:
     )
     adv_eps: float = option(1e-6, "Added to the group std before dividing by it.", gt=0)
     gamma: float = option(1.0, "PPO discount.", ge=0, le=1)
-    lam: float = option(0.95, "PPO GAE lambda.", ge=0, le=1)
+    lam: float | None = option(None, "PPO GAE lambda; None: ppo's 1.0.", ge=0, le=1)
     value_clip: float = option(0.2, "PPO value-loss clip.", ge=0)
     dynamic_sampling: bool | None = option(None, "DAPO: drop groups with equal rewards.")
     max_sample_batches: int = option(

@@ -96,6 +96,36 @@ def test_dapo_defaults_apply_where_the_config_is_unset_and_explicit_values_win()
     assert dapo.resolve({"gamma": 0.9}).gamma == 0.9 and dapo.resolve(None).clip_high == 0.28
 
 
+def test_ppo_defaults_to_monte_carlo_gae_with_an_entropy_bonus_and_grpo_has_none():
+    ppo, pf_ppo, grpo = (get_algorithm(name) for name in ("ppo", "pf_ppo", "grpo"))
+    assert (ppo.resolve().lam, ppo.resolve().entropy_coef) == (1.0, 0.05)
+    assert (pf_ppo.resolve().lam, pf_ppo.resolve().entropy_coef) == (1.0, 0.05)
+    assert grpo.resolve().entropy_coef == 0.0
+    explicit = ppo.resolve(AlgorithmConfig(lam=0.95, entropy_coef=0.0))
+    assert (explicit.lam, explicit.entropy_coef) == (0.95, 0.0)
+
+
+def test_ppo_default_gae_is_the_discounted_return_minus_the_value_whitened():
+    mask, (rewards, values) = random_inputs(2, count=2)
+    ppo = get_algorithm("ppo")
+    batch = {"token_rewards": rewards, "values": values, "response_mask": mask}
+    out = ppo.compute_advantages(batch, ppo.resolve({"gamma": 0.9}))
+    # lam = 1: A_t = (sum over later valid k of gamma^steps r_k) - V_t, whitened over the batch.
+    returns, raw, where = [], [], []
+    for row in range(mask.shape[0]):
+        valid = [t for t in range(mask.shape[1]) if mask[row, t] > 0]
+        for i, t in enumerate(valid):
+            ret = sum(0.9**j * rewards[row, k].item() for j, k in enumerate(valid[i:]))
+            returns.append(ret)
+            raw.append(ret - values[row, t].item())
+            where.append((row, t))
+    mean = sum(raw) / len(raw)
+    std = (sum((a - mean) ** 2 for a in raw) / (len(raw) - 1)) ** 0.5
+    for (row, t), ret, adv in zip(where, returns, raw, strict=True):
+        assert out["returns"][row, t].item() == pytest.approx(ret, rel=1e-9)
+        assert out["advantages"][row, t].item() == pytest.approx((adv - mean) / std, rel=1e-6)
+
+
 def test_resolve_refuses_unknown_keys_and_dapo_features_on_other_algorithms():
     with pytest.raises(ValueError, match=r"unknown algorithm options \['clip_hi'\]"):
         get_algorithm("grpo").resolve({"clip_hi": 0.3})

@@ -270,7 +270,9 @@ def test_the_trainers_advantages_are_their_loop_references():
     torch.testing.assert_close(advantages("reinforce_pp", gamma=0.9), as64(want))
     scores = (rewards * mask).sum(-1)
     keep = torch.tensor(ref.pf_filter(scores, GROUP_IDS, 0.5, "best"))
-    want, _ = ref.gae(rewards, values, mask * keep[:, None], 1.0, 0.95)
+    want, _ = ref.gae(
+        rewards, values, mask * keep[:, None], 1.0, 1.0
+    )  # pf_ppo: PPO defaults, lam 1
     got = advantages("pf_ppo", pf_filter_mode="best")
     torch.testing.assert_close(got, as64(want))
 
