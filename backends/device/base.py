@@ -159,6 +159,11 @@ class Device(ABC):
         options.rootRank = src
         group.broadcast([tensor], options).wait()
 
+    def use_host_threads(self, devices_per_node: int) -> int:
+        """Set this worker's torch intra-op threads for a node of ``devices_per_node``
+        devices; the count in use. Accelerator workers keep Ray's (their ``num_cpus``)."""
+        return torch.get_num_threads()
+
     def ray_actor_options(self, cpus_per_worker: float = 1.0) -> dict:
         """Ray actor options reserving one device for a worker (Ray then sets the
         worker's visible-devices variable). On CPU the device *is* one CPU slot."""

@@ -70,6 +70,17 @@ class CpuDevice(Device):
     def reset_peak_memory_stats(self) -> None:
         self.ledger.reset_peak()
 
+    def use_host_threads(self, devices_per_node: int) -> int:
+        """A CPU "device" is a share of the node's cores: ``cores // devices_per_node``
+        threads (at least 1). Ray starts a 1-CPU worker with one thread (OMP_NUM_THREADS=1),
+        which left all but ``devices_per_node`` cores idle: one rank on a 2-core node
+        computed on one core. Roles collocated on a device take turns, so they share its
+        threads rather than split them."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = max(1, (cores or 1) // max(1, devices_per_node))
+        torch.set_num_threads(threads)
+        return threads
+
     def total_memory(self) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 

@@ -100,6 +100,7 @@ class ModelWorker(WeightSource):
         self.rank, self.size, self.role, self.config = rank, size, role, config
         self.section: RoleConfig = getattr(config, role)
         self.device = get_device(device_name)
+        self.device.use_host_threads(config.resources.devices_per_node)
         self.total_updates = updates_per_iteration * config.iterations
         self.engine: MegatronEngine | None = None
         self.rollout: Rollout | None = None

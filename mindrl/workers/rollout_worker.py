@@ -42,6 +42,7 @@ class RolloutWorker:
         warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
         self.rank, self.size, self.config = rank, size, config
         self.device = get_device(device_name)
+        self.device.use_host_threads(config.resources.devices_per_node)
         self.version = -1  # no weights yet
 
     def node_id(self) -> str:

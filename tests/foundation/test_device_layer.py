@@ -120,6 +120,18 @@ def test_cpu_memory_statistics_follow_the_ledger_of_tracked_tensors():
     assert device.max_memory_allocated() == device.memory_allocated()
 
 
+def test_a_cpu_worker_computes_on_its_share_of_the_cores(monkeypatch):
+    cpu = get_device("cpu")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    before = torch.get_num_threads()
+    try:
+        assert cpu.use_host_threads(devices_per_node=1) == 8 == torch.get_num_threads()
+        assert cpu.use_host_threads(devices_per_node=2) == 4 == torch.get_num_threads()
+        assert cpu.use_host_threads(devices_per_node=16) == 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_cpu_streams_events_and_pinned_buffers_are_usable_no_ops():
     device = get_device("cpu")
     stream = device.new_stream()
