@@ -1,5 +1,5 @@
 """Sync vs streaming iterations (``dock.pipeline``): measured here, and simulated on the
-paper's 16-device cluster.
+paper's 16-device cluster; with ``--partial-budget``, whole vs partial rollout measured.
 
 **Measured.** One process, one Ray session: the same config (``--config``, tiny by
 default) trains ``--iterations`` iterations with ``dock.pipeline=sync`` and then with
@@ -36,7 +36,18 @@ the actor's devices and still take turns. A what-if row puts the reference on 4 
 of its own (generation and update on the other 12): a placement mindrl does not build
 yet (issue 15, disaggregation), shown to say where streaming pays.
 
+**Partial rollout** (``--partial-budget B``): instead of sync vs stream, the same config
+trains with every response generated to its end (``whole``) and with
+``rollout.partial_rollout_budget=B`` (``partial``), ``--repeats`` times in alternating
+order in one Ray session. Per run kind: p50 / p90 / max iteration time after ``--warmup``
+iterations, the trained throughput (trained tokens / wall seconds, the records' ``tps``
+times their seconds), groups trained per iteration; ratios are partial / whole. Use a
+task with long-tailed response lengths, ``data.source=synthetic:longtail`` (1 prompt in 8
+asks for a 12-digit answer) with room for it, ``rollout.max_response_length=16``.
+
     .venv/bin/python benchmarks/async.py                       # tiny, 12 iterations x 1
+    .venv/bin/python benchmarks/async.py --partial-budget 4 --iterations 30 --warmup 5 \
+        --set data.source=synthetic:longtail rollout.max_response_length=16
     .venv/bin/python benchmarks/async.py --iterations 20 --repeats 2 --json out.json
     .venv/bin/python benchmarks/async.py --simulate-only
 """
@@ -62,6 +73,8 @@ sys.path.insert(0, str(ROOT))
 from mindrl.planner.sample_flow import dispatch_seconds, sample_flow  # noqa: E402
 
 MODES = ("sync", "stream")
+#: Partial rollout's comparison: label -> what the run adds to the config (and the budget).
+PARTIAL_KINDS = ("whole", "partial")
 #: Record keys that are timings or memory; every other metric must match across modes.
 MEASURED = {"tps", "iteration_time_s", "time", "busy", "overlap", "overhead"}
 
@@ -69,8 +82,11 @@ MEASURED = {"tps", "iteration_time_s", "time", "busy", "overlap", "overhead"}
 # ---------------------------------------------------------------- measured
 
 
-def train_once(config_path: Path, mode: str, iterations: int, run_dir: Path, extra: list[str]):
-    """Train in this process (Ray already up); the run's metrics records."""
+def train_once(
+    config_path: Path, mode: str, iterations: int, run_dir: Path, extra: list[str]
+) -> list[dict]:
+    """Train in this process (Ray already up); the run's metrics records. ``mode`` is a
+    ``dock.pipeline`` (sync, stream); ``extra`` the run's overrides."""
     from mindrl.config import load_config
     from mindrl.metrics import read_metrics
     from trainers.driver.train import train
@@ -129,8 +145,11 @@ def same_samples(a: list[dict], b: list[dict]) -> bool:
     )
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Both modes, ``--repeats`` times in alternating order, in one Ray session."""
+def run_alternating(
+    args: argparse.Namespace, kinds: dict[str, tuple[str, list[str]]]
+) -> tuple[dict[str, list[list[dict]]], Path]:
+    """Every run kind (label -> pipeline, overrides), ``--repeats`` times in alternating
+    order so a shift in machine load hits all alike, in one Ray session."""
     import ray
 
     from mindrl.config import load_config
@@ -140,17 +159,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     config = load_config(args.config, args.set, algorithm=get_algorithm("grpo"))
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="mindrl-async-"))
     _connect_ray(config, "cpu")
-    runs: dict[str, list[list[dict]]] = {mode: [] for mode in MODES}
+    labels = list(kinds)
+    runs: dict[str, list[list[dict]]] = {label: [] for label in labels}
     try:
         for repeat in range(args.repeats):
-            order = MODES if repeat % 2 == 0 else MODES[::-1]
-            for mode in order:
-                print(f"async: {mode} run {repeat + 1}/{args.repeats} ...", flush=True)
-                run_dir = work / f"{mode}-{repeat}"
-                records = train_once(args.config, mode, args.iterations, run_dir, args.set)
-                runs[mode].append(records)
+            for label in labels if repeat % 2 == 0 else labels[::-1]:
+                print(f"async: {label} run {repeat + 1}/{args.repeats} ...", flush=True)
+                mode, extra = kinds[label]
+                run_dir = work / f"{label}-{repeat}"
+                records = train_once(args.config, mode, args.iterations, run_dir, extra)
+                runs[label].append(records)
     finally:
         ray.shutdown()
+    return runs, work
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Both modes, ``--repeats`` times in alternating order, in one Ray session."""
+    runs, work = run_alternating(args, {mode: (mode, args.set) for mode in MODES})
     summaries = {
         mode: summarize([r for run in runs[mode] for r in run[args.warmup :]], 0) for mode in MODES
     }
@@ -165,6 +191,49 @@ def ratios(summaries: dict[str, dict]) -> dict[str, float]:
         "iteration_time": stream["iteration_s"] / sync["iteration_s"],
         "throughput": stream["tps"] / sync["tps"],
     }
+
+
+def iteration_percentiles(records: list[dict]) -> dict[str, float]:
+    """p50 / p90 / max iteration seconds (numpy's linear-interpolated percentiles)."""
+    seconds = np.array([r["iteration_time_s"] for r in records])
+    return {
+        "p50_s": float(np.percentile(seconds, 50)),
+        "p90_s": float(np.percentile(seconds, 90)),
+        "max_s": float(seconds.max()),
+    }
+
+
+def summarize_partial(records: list[dict], groups: int) -> dict[str, Any]:
+    """Iteration-time percentiles, trained throughput and groups trained per iteration
+    (a whole-rollout record trains every group: it carries no ``trained_groups``)."""
+    seconds = sum(r["iteration_time_s"] for r in records)
+    return {
+        "iterations_timed": len(records),
+        **iteration_percentiles(records),
+        "trained_tokens_per_s": sum(r["tps"] * r["iteration_time_s"] for r in records) / seconds,
+        "groups_per_iteration": statistics.fmean(r.get("trained_groups", groups) for r in records),
+        "reward_mean": statistics.fmean(r["reward_mean"] for r in records),
+    }
+
+
+def measure_partial(args: argparse.Namespace) -> dict[str, Any]:
+    """Whole vs partial rollout on one config, ``--repeats`` times, one Ray session."""
+    from mindrl.config import load_config
+    from trainers.registry import get_algorithm
+
+    budget = [f"rollout.partial_rollout_budget={args.partial_budget}"]
+    kinds = {"whole": ("sync", args.set), "partial": ("sync", [*args.set, *budget])}
+    runs, work = run_alternating(args, kinds)
+    groups = load_config(args.config, args.set, get_algorithm("grpo")).data.global_batch_size
+    summaries = {
+        kind: summarize_partial([r for run in runs[kind] for r in run[args.warmup :]], groups)
+        for kind in PARTIAL_KINDS
+    }
+    whole, partial = summaries["whole"], summaries["partial"]
+    ratios = {key: partial[key] / whole[key] for key in ("p50_s", "p90_s", "max_s")}
+    ratios["throughput"] = partial["trained_tokens_per_s"] / whole["trained_tokens_per_s"]
+    return {"config": str(args.config), "overrides": args.set, "budget": args.partial_budget,
+            "partial": summaries, "partial_ratios": ratios, "work_dir": str(work)}  # fmt: skip
 
 
 # ---------------------------------------------------------------- simulated
@@ -315,6 +384,27 @@ def print_measured(report: dict[str, Any]) -> None:
     )
 
 
+def print_partial(report: dict[str, Any]) -> None:
+    print(
+        f"\nmeasured on {report['machine']}: {report['config']} {' '.join(report['overrides'])}; "
+        f"partial: rollout.partial_rollout_budget={report['budget']}"
+    )
+    print(
+        f"  {'rollout':<8} {'p50':>8} {'p90':>8} {'max':>8} {'trained tok/s':>14} groups/it reward"
+    )
+    for kind, s in report["partial"].items():
+        print(
+            f"  {kind:<8} {s['p50_s']:>7.3f}s {s['p90_s']:>7.3f}s {s['max_s']:>7.3f}s "
+            f"{s['trained_tokens_per_s']:>14.1f} {s['groups_per_iteration']:>9.2f} "
+            f"{s['reward_mean']:.3f}"
+        )
+    r = report["partial_ratios"]
+    print(
+        f"  partial / whole: p50 {r['p50_s']:.3f}x, p90 {r['p90_s']:.3f}x, max {r['max_s']:.3f}x "
+        f"iteration time; trained throughput {r['throughput']:.3f}x"
+    )
+
+
 def print_simulated(sim: dict[str, Any]) -> None:
     m = sim["model"]
     print(
@@ -345,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--simulate-only", action="store_true")
+    parser.add_argument(
+        "--partial-budget",
+        type=int,
+        default=None,
+        help="measure whole vs partial rollout with this budget (new tokens per iteration) "
+        "instead of sync vs stream",
+    )
     for name, default in asdict(ClusterModel()).items():
         parser.add_argument(f"--sim-{name.replace('_', '-')}", type=type(default), default=default)
     return parser
@@ -355,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.iterations <= args.warmup or args.repeats < 1:
         print("async: error: --iterations must exceed --warmup, --repeats >= 1", file=sys.stderr)
         return 2
+    if args.partial_budget is not None and args.partial_budget < 1:
+        print("async: error: --partial-budget must be >= 1 (tokens)", file=sys.stderr)
+        return 2
     if not args.config.is_file():
         print(f"async: error: --config {args.config} is not a file", file=sys.stderr)
         return 2
@@ -363,12 +463,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.simulate_only:
         from trainers.driver.setup import RunSetupError
 
+        partial = args.partial_budget is not None
         try:
-            report |= measure(args)
+            report |= measure_partial(args) if partial else measure(args)
         except (RunSetupError, RuntimeError) as error:  # e.g. Ray could not start here
             print(f"async: error: {error}", file=sys.stderr)
             return 1
-        print_measured(report)
+        (print_partial if partial else print_measured)(report)
     print_simulated(report["simulated"])
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

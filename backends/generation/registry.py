@@ -17,6 +17,13 @@ ENGINES: dict[str, tuple[str, str, str | None]] = {
     "vllm": ("backends.generation.vllm_engine", "VLLMGenerationEngine", "vllm"),
 }
 
+#: Engines that continue a response from its prefix: given prompt + prefix as the prompt,
+#: they sample the rest and report the raw log-probs of the new tokens only, which is how
+#: partial rollout (rollout.partial_rollout_budget) resumes a paused response. An engine
+#: that rewrites or truncates its prompt (a text-in server with a chat template, a prompt
+#: cap below max_model_len) must not be listed.
+CONTINUES_PREFIX = frozenset({"hf", "vllm"})
+
 _INSTALL_HINT = {
     "vllm": (
         "install vLLM: on NVIDIA GPUs `pip install -e .[gpu]`, on Ascend NPUs "

@@ -22,6 +22,14 @@ def is_disaggregated(config: MindRLConfig) -> bool:
     return config.rollout.placement == "disaggregated"
 
 
+def tokens_may_lag(config: MindRLConfig) -> bool:
+    """Whether a trained token may come from older weights than the trained ones: a sample
+    generated before the last update (``rollout.max_staleness``) or a response continued
+    across updates (``rollout.partial_rollout_budget``). The loss then weights each token
+    by its behaviour ratio (algorithm.behaviour_is_cap)."""
+    return config.rollout.max_staleness > 0 or config.rollout.partial_rollout_budget is not None
+
+
 def train_world_size(config: MindRLConfig) -> int:
     """Devices the model roles (actor, reference, critic) train on."""
     if is_disaggregated(config):

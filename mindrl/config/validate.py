@@ -7,9 +7,10 @@ prefixes the file name and reports them all together.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
-from mindrl.config.placement import check_placement, train_world_size
+from mindrl.config.placement import check_placement, is_disaggregated, train_world_size
 from mindrl.config.schema import (
     DataConfig,
     DockConfig,
@@ -42,11 +43,59 @@ def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) ->
     problems += check_ignored_role_settings(config)
     problems += check_validation(config, algorithm)
     problems += check_placement(config, algorithm)
+    problems += check_partial_rollout(config, roles, algorithm)
     if algorithm is not None:
         problems += check_algorithm_options(config, algorithm)
     if algorithm is not None and algorithm.offline:
         problems += check_offline(config, algorithm)
     return problems
+
+
+def check_partial_rollout(
+    config: MindRLConfig, roles: list[str], algorithm: Algorithm | None = None
+) -> list[str]:
+    """Partial rollout (``rollout.partial_rollout_budget``) needs an engine that continues
+    a response from its prefix; what it does not support yet is one line each."""
+    budget = config.rollout.partial_rollout_budget
+    if budget is None or (algorithm is not None and algorithm.offline):
+        return []  # an offline run's rollout settings are refused by check_offline
+    key = f"rollout.partial_rollout_budget={budget}"
+    problems = [
+        f"{key}: generation engine '{name}' cannot continue a response from its prefix; "
+        f"use rollout.engine {' or '.join(sorted(prefix_engines))}"
+        for name, prefix_engines in _engines_without_prefix_continuation(config.rollout.engine)
+    ]
+    world, group = train_world_size(config), config.data.n_samples_per_prompt
+    dp = [data_parallel_size(getattr(config, role).parallel, world) for role in roles]
+    unsupported = {
+        "rollout.placement: disaggregated": is_disaggregated(config),
+        "dock.pipeline: stream": config.dock.pipeline == "stream",
+        "dynamic sampling (DAPO)": bool(
+            config.algorithm.dynamic_sampling
+            or (algorithm is not None and algorithm.defaults.get("dynamic_sampling"))
+        ),
+        # GSPO's ratio is per sequence: a per-token behaviour weight does not apply to it.
+        "--trainer gspo": algorithm is not None and algorithm.name == "gspo",
+        # Every finished group must train on its own, so the update never waits on a
+        # second group to fill its data-parallel split.
+        f"data.n_samples_per_prompt={group} not a multiple of every data-parallel size "
+        f"({', '.join(f'{r} {d}' for r, d in zip(roles, dp, strict=True))})": all(dp)
+        and group % math.lcm(*dp) != 0,
+    }
+    return problems + [
+        f"{key} with {what} is not yet supported; remove rollout.partial_rollout_budget for it"
+        for what, used in unsupported.items()
+        if used
+    ]
+
+
+def _engines_without_prefix_continuation(requested: str) -> list[tuple[str, frozenset[str]]]:
+    """The engines ``rollout.engine`` may resolve to that cannot continue a prefix (with
+    the ones that can); imported here, as the engines' registry needs transformers."""
+    from backends.generation.registry import CONTINUES_PREFIX, available_engines
+
+    candidates = available_engines() if requested == "auto" else [requested]
+    return [(name, CONTINUES_PREFIX) for name in candidates if name not in CONTINUES_PREFIX]
 
 
 def check_algorithm_options(config: MindRLConfig, algorithm: Algorithm) -> list[str]:

@@ -120,11 +120,13 @@ class PromptDataset:
             return np.arange(len(self.records))
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.records))
 
-    def next_batch(self) -> PromptBatch:
-        """The next G prompts; moves the position forward."""
-        if self.offset + self.batch_size > len(self.records):
+    def next_batch(self, count: int | None = None) -> PromptBatch:
+        """The next ``count`` prompts (G when None); moves the position forward. Partial
+        rollout asks for fewer: only as many as its paused groups left room for."""
+        count = self.batch_size if count is None else count
+        if self.offset + count > len(self.records):
             self.epoch, self.offset = self.epoch + 1, 0
-        chosen = self.epoch_order(self.epoch)[self.offset : self.offset + self.batch_size]
+        chosen = self.epoch_order(self.epoch)[self.offset : self.offset + count]
         batch = PromptBatch(
             prompt_ids=[list(self.prompt_ids[i]) for i in chosen],
             ground_truths=[self.records[i].answer for i in chosen],
@@ -133,7 +135,7 @@ class PromptDataset:
             epoch=self.epoch,
             offset=self.offset,
         )
-        self.offset += self.batch_size
+        self.offset += count
         return batch
 
     def __iter__(self) -> Iterator[PromptBatch]:

@@ -25,11 +25,16 @@ class DigitTaskSpec:
             token), ``copy`` (repeat the digits) or ``reverse`` (digits backwards).
         min_digits: Fewest digits in a prompt.
         max_digits: Most digits in a prompt.
+        long_share: Share of prompts that ask for a long answer instead (a long tail
+            of response lengths, what partial rollout is for); 0: none.
+        long_digits: Digits of such a long prompt.
     """
 
     operation: str
     min_digits: int
     max_digits: int
+    long_share: float = 0.0
+    long_digits: int = 0
 
     def __post_init__(self) -> None:
         if self.operation not in OPERATIONS:
@@ -39,6 +44,11 @@ class DigitTaskSpec:
                 f"digit task needs 1 <= min_digits <= max_digits, got "
                 f"{self.min_digits}..{self.max_digits}"
             )
+        if not 0 <= self.long_share <= 1 or (self.long_share and self.long_digits < 1):
+            raise ValueError(
+                f"digit task needs 0 <= long_share <= 1 and long_digits >= 1 with a long "
+                f"share, got {self.long_share}, {self.long_digits}"
+            )
 
 
 # Difficulties, easiest first. The answer length is what makes them harder for GRPO
@@ -47,6 +57,9 @@ DIGIT_TASKS: dict[str, DigitTaskSpec] = {
     "tiny-next": DigitTaskSpec("next", min_digits=1, max_digits=3),
     "tiny-copy": DigitTaskSpec("copy", min_digits=1, max_digits=2),
     "tiny-reverse": DigitTaskSpec("reverse", min_digits=2, max_digits=3),
+    # Long-tailed response lengths: 1 prompt in 8 asks to copy 12 digits (13 response
+    # tokens with eos), the rest 1-2 (2-3 tokens). Prompts fit max_prompt_length 16.
+    "longtail": DigitTaskSpec("copy", min_digits=1, max_digits=2, long_share=0.125, long_digits=12),
 }
 DEFAULT_TINY_TASK = "tiny-next"
 
@@ -69,9 +82,17 @@ def make_digit_task(
     rng = random.Random(f"{name}:{seed}")
     records = []
     for index in range(num_prompts):
-        length = rng.randint(spec.min_digits, spec.max_digits)
+        length = _prompt_digits(spec, rng)
         digits = [rng.randrange(10) for _ in range(length)]
         prompt = " ".join([spec.operation, *map(str, digits), "="])
         answer = " ".join(map(str, digit_answer(spec.operation, digits)))
         records.append(PromptRecord(uid=f"{name}-{seed}-{index}", text=prompt, answer=answer))
     return records
+
+
+def _prompt_digits(spec: DigitTaskSpec, rng: random.Random) -> int:
+    """How many digits the next prompt has; a task without a long tail draws exactly as
+    before it had one, so its prompts are unchanged."""
+    if spec.long_share and rng.random() < spec.long_share:
+        return spec.long_digits
+    return rng.randint(spec.min_digits, spec.max_digits)

@@ -44,6 +44,9 @@ RL_FIELDS: dict[str, FieldSpec] = {
     "prompt_ids": FieldSpec("int64", variable=True),
     "response_ids": FieldSpec("int64", variable=True),
     "rollout_logprob": FieldSpec("float32", variable=True),
+    # A response paused by partial rollout, until it finishes (mindrl/workers/generation.py).
+    "paused_ids": FieldSpec("int64", variable=True),
+    "paused_logprob": FieldSpec("float32", variable=True),
     "token_rewards": FieldSpec("float32", variable=True),
     "reward": FieldSpec("float32"),
     "ref_logprob": FieldSpec("float32", variable=True),

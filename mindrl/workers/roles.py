@@ -26,18 +26,15 @@ from mindrl.config.placement import is_disaggregated
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig, RoleConfig
 from mindrl.dock import DockHandle
 from mindrl.run_plan import stage_deadline_s
+from mindrl.workers.generation import PartialRollout, generate_into_dock
 from mindrl.workers.model_setup import initial_model
 from mindrl.workers.rendezvous import host_store, join_store
 from mindrl.workers.rollout import Rollout
-from mindrl.workers.sequences import pack_rows, response_mask, unpadded
+from mindrl.workers.sequences import pack_rows, response_mask
 from mindrl.workers.stage_report import memory_window, stage_report
 from mindrl.workers.timed_dock import TimedDockClient
 from mindrl.workers.updates import actor_update, critic_update
 from mindrl.workers.weight_transfer import WeightSource
-
-#: About this many samples per engine call, so the dock (and the progress bar) see results
-#: early; rounded to whole groups, so the engine prefills each group's prompt once.
-GENERATION_CHUNK = 64
 
 
 def optim_spec(role: RoleConfig, total_steps: int) -> OptimSpec:
@@ -160,19 +157,25 @@ class ModelWorker(WeightSource):
         }
 
     # ---- generation (actor) --------------------------------------------------------------
-    def generate(self, indexes: np.ndarray, params: SamplingParams) -> dict[str, float]:
-        """Reshard, then sample one response per index and put it into the dock."""
+    def generate(
+        self, indexes: np.ndarray, params: SamplingParams, partial: PartialRollout | None = None
+    ) -> dict:
+        """Reshard, then sample one response per index into the dock (``partial``: at most
+        its budget of new tokens each, mindrl/workers/generation.py)."""
         start = time.perf_counter()
         self.rollout.refresh_weights()
-        tokens = 0
-        group = self.config.data.n_samples_per_prompt
-        chunk_size = max(1, GENERATION_CHUNK // group) * group
-        for first in range(0, len(indexes), chunk_size):
-            chunk = indexes[first : first + chunk_size]
-            tokens += self._generate_chunk(chunk, params)
+        report = generate_into_dock(
+            self.dock,
+            self.rollout.generate,
+            indexes,
+            params,
+            self.config.data.n_samples_per_prompt,
+            put=self.rank % self.config.rollout.tp == 0,  # TP peers sampled the same responses
+            partial=partial,
+        )
         self.rollout.restore_training_state()
         return {
-            "response_tokens": tokens,
+            **report,
             "reshard_s": self.rollout.seconds["reshard"],
             "swap_in_s": self.rollout.seconds.get("swap_in", 0.0),
             **self._timing(start),
@@ -196,19 +199,6 @@ class ModelWorker(WeightSource):
 
     def _timing(self, start: float) -> dict[str, float]:
         return stage_report(start, self.dock, self.device)
-
-    def _generate_chunk(self, indexes: np.ndarray, params: SamplingParams) -> int:
-        batch = self.dock.fetch(indexes, ["prompt_ids"])
-        rows = unpadded(batch["prompt_ids"], batch["prompt_ids_lengths"])
-        prompts = [row.tolist() for row in rows]
-        seed = None if params.seed is None else params.seed + int(indexes[0])
-        params = SamplingParams(**{**params.__dict__, "seed": seed})
-        results = self.rollout.generate(prompts, params)
-        responses = [torch.tensor(r.token_ids, dtype=torch.int64) for r in results]
-        logprobs = [torch.tensor(r.logprobs, dtype=torch.float32) for r in results]
-        if self.rank % self.config.rollout.tp == 0:  # TP peers sampled the same responses
-            self.dock.put(indexes, {"response_ids": responses, "rollout_logprob": logprobs})
-        return sum(len(r) for r in responses)
 
     # ---- scoring ----------------------------------------------------------------------------
     def score(self, indexes: np.ndarray, field: str) -> dict[str, float]:

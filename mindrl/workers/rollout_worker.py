@@ -22,17 +22,13 @@ from backends.generation import SamplingParams
 from mindrl.config.schema import MindRLConfig
 from mindrl.dock import DockHandle
 from mindrl.run_plan import stage_deadline_s
+from mindrl.workers.generation import generate_into_dock
 from mindrl.workers.model_setup import initial_model
 from mindrl.workers.rendezvous import join_store
 from mindrl.workers.rollout import make_generation_engine
-from mindrl.workers.sequences import unpadded
 from mindrl.workers.stage_report import memory_window, stage_report
 from mindrl.workers.timed_dock import TimedDockClient
 from mindrl.workers.weight_transfer import Manifest, empty_like_manifest
-
-#: About this many samples per engine call, so the dock sees results early (as the
-#: collocated actor does, mindrl/workers/roles.py); rounded to whole groups.
-GENERATION_CHUNK = 64
 
 
 class RolloutWorker:
@@ -79,26 +75,7 @@ class RolloutWorker:
         version) into the dock."""
         start = time.perf_counter()
         group = self.config.data.n_samples_per_prompt
-        chunk_size = max(1, GENERATION_CHUNK // group) * group
-        tokens = 0
-        for first in range(0, len(indexes), chunk_size):
-            tokens += self._generate_chunk(indexes[first : first + chunk_size], params)
-        return {
-            "response_tokens": tokens,
-            "version": self.version,
-            **stage_report(start, self.dock, self.device),
-        }
-
-    def _generate_chunk(self, indexes: np.ndarray, params: SamplingParams) -> int:
-        batch = self.dock.fetch(indexes, ["prompt_ids"])
-        prompts = [r.tolist() for r in unpadded(batch["prompt_ids"], batch["prompt_ids_lengths"])]
-        seed = None if params.seed is None else params.seed + int(indexes[0])
-        results = self.generator.generate(
-            prompts, SamplingParams(**{**params.__dict__, "seed": seed})
+        report = generate_into_dock(
+            self.dock, self.generator.generate, indexes, params, group, version=self.version
         )
-        responses = [torch.tensor(r.token_ids, dtype=torch.int64) for r in results]
-        logprobs = [torch.tensor(r.logprobs, dtype=torch.float32) for r in results]
-        self.dock.put(
-            indexes, {"response_ids": responses, "rollout_logprob": logprobs}, version=self.version
-        )
-        return sum(len(r) for r in responses)
+        return {**report, "version": self.version, **stage_report(start, self.dock, self.device)}

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from backends.megatron import GlobalCounts, ResponseBatch
+from mindrl.config.placement import tokens_may_lag
 from mindrl.metrics.reduce import mean_by_key
 
 Rows = dict[str, torch.Tensor]
@@ -51,10 +52,10 @@ def _run_steps(worker: Any, rows: ResponseBatch, num_minibatches: int, make_loss
 
 
 def actor_update(worker: Any, rows: ResponseBatch, num_minibatches: int) -> dict[str, float]:
-    """Clipped policy-gradient steps with ``worker.algorithm.actor_loss``; with
-    ``rollout.max_staleness > 0`` the rollout's log-probs are the behaviour policy's
-    (trainers/core.py, ``behaviour_weights``)."""
-    off_policy = worker.config.rollout.max_staleness > 0
+    """Clipped policy-gradient steps with ``worker.algorithm.actor_loss``; when tokens may
+    come from older weights (``rollout.max_staleness > 0``, partial rollout) the rollout's
+    per-token log-probs are the behaviour policy's (trainers/core.py, ``behaviour_weights``)."""
+    off_policy = tokens_may_lag(worker.config)
 
     def make_loss(collected: list) -> Callable:
         def loss_fn(outputs: Rows, micro: ResponseBatch, counts: GlobalCounts) -> torch.Tensor:

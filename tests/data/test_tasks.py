@@ -36,6 +36,8 @@ def test_tiny_defaults_to_next_and_is_deterministic_per_seed():
 def test_digit_task_prompts_and_answers_fit_the_tiny_budget():
     tokenizer = build_tiny_tokenizer()
     for task, spec in DIGIT_TASKS.items():
+        if spec.long_share:
+            continue  # asks for long answers on purpose (the test below)
         records = make_synthetic(task, 300, seed=0)
         prompt_lengths = {len(tokenizer(r.text)["input_ids"]) for r in records}
         answer_lengths = {len(r.answer.split()) for r in records}
@@ -43,6 +45,17 @@ def test_digit_task_prompts_and_answers_fit_the_tiny_budget():
         assert prompt_lengths == set(range(spec.min_digits + 3, spec.max_digits + 4))
         assert max(answer_lengths) <= 4
         assert 3 not in {i for r in records for i in tokenizer(r.text)["input_ids"]}  # no unk
+
+
+def test_longtail_asks_one_prompt_in_eight_for_a_twelve_digit_answer():
+    tokenizer = build_tiny_tokenizer()
+    records = make_synthetic("longtail", 800, seed=0)
+    answer_lengths = [len(r.answer.split()) for r in records]
+    long = answer_lengths.count(12)
+    assert 0.09 < long / len(records) < 0.16
+    assert long + sum(n in (1, 2) for n in answer_lengths) == len(records)
+    # bos + copy + 12 digits + "=" fits max_prompt_length 16; the answer + eos is 13 tokens.
+    assert max(len(tokenizer(r.text)["input_ids"]) for r in records) == 15
 
 
 def test_math_problems_have_integer_answers_that_the_text_supports():

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+from backends.generation import registry
 from mindrl.config import ConfigError, load_config
-from mindrl.config.placement import rollout_world_size, train_world_size
+from mindrl.config.placement import rollout_world_size, tokens_may_lag, train_world_size
 from trainers.registry import get_algorithm
 
 TINY = "configs/tiny.yaml"
@@ -20,6 +21,8 @@ DISAGGREGATED = [
     "reference.parallel.tp=1",
     "critic.parallel.tp=1",
 ]
+
+TP1 = ["actor.parallel.tp=1", "reference.parallel.tp=1", "critic.parallel.tp=1"]
 
 
 def problems_of(overrides: list[str], trainer: str = "grpo") -> list[str]:
@@ -76,6 +79,56 @@ def test_disaggregated_roles_train_on_the_devices_the_rollout_leaves():
     assert (train_world_size(config), rollout_world_size(config)) == (1, 1)
     collocated = load_config(TINY, [], get_algorithm("grpo"))
     assert (train_world_size(collocated), rollout_world_size(collocated)) == (2, 2)
+
+
+@pytest.mark.parametrize("budget", [0, -4])
+def test_a_partial_rollout_budget_below_one_token_is_refused_in_one_line(budget):
+    assert problems_of([f"rollout.partial_rollout_budget={budget}"]) == [
+        f"configs/tiny.yaml: rollout.partial_rollout_budget: must be >= 1, got {budget}"
+    ]
+
+
+def test_partial_rollout_with_an_engine_that_cannot_continue_a_prefix_is_refused(monkeypatch):
+    # Both engines shipped continue a prefix; an engine registered without it is refused.
+    monkeypatch.setattr(registry, "CONTINUES_PREFIX", frozenset({"vllm"}))
+    assert problems_of(["rollout.partial_rollout_budget=2"]) == [
+        "configs/tiny.yaml: rollout.partial_rollout_budget=2: generation engine 'hf' cannot "
+        "continue a response from its prefix; use rollout.engine vllm"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "trainer", "what"),
+    [
+        (DISAGGREGATED, "grpo", "rollout.placement: disaggregated"),
+        (["dock.pipeline=stream"], "grpo", "dock.pipeline: stream"),
+        ([], "dapo", "dynamic sampling (DAPO)"),
+        ([], "gspo", "--trainer gspo"),
+        (
+            ["resources.devices_per_node=4", "data.n_samples_per_prompt=2", *TP1],
+            "grpo",
+            "data.n_samples_per_prompt=2 not a multiple of every data-parallel size "
+            "(actor 4, reference 4)",
+        ),
+    ],
+)
+def test_what_partial_rollout_cannot_do_yet_is_refused_as_not_yet_supported(
+    overrides, trainer, what
+):
+    (problem,) = problems_of(["rollout.partial_rollout_budget=2", *overrides], trainer)
+    assert problem == (
+        f"configs/tiny.yaml: rollout.partial_rollout_budget=2 with {what} is not yet "
+        "supported; remove rollout.partial_rollout_budget for it"
+    )
+
+
+def test_the_loss_corrects_token_lag_with_partial_rollout_or_staleness_only():
+    def lags(*overrides: str) -> bool:
+        return tokens_may_lag(load_config(TINY, list(overrides), get_algorithm("grpo")))
+
+    assert lags("rollout.partial_rollout_budget=2")
+    assert lags(*DISAGGREGATED, "rollout.max_staleness=1")
+    assert not lags()
 
 
 def dry_run(*overrides: str) -> dict:

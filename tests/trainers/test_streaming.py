@@ -1,8 +1,9 @@
 """``dock.pipeline: stream`` on the shared Ray cluster: the samples, advantages and metrics
 of a sync run, with each stage's busy time and the overlap it gained.
 
-One sync and one stream run (module fixtures, one per test so each test holds a single
-run's start-up within the suite's per-test timeout).
+One sync run (tests/trainers/conftest.py, shared with the partial-rollout tests) and one
+stream run (fixtures, so each test holds a single run's start-up within the suite's
+per-test timeout).
 """
 
 from __future__ import annotations
@@ -10,14 +11,13 @@ from __future__ import annotations
 import pytest
 
 from mindrl import run_plan
+from tests.trainers.conftest import WITH_REFERENCE
 from tests.trainers.test_pipeline import trained_records
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 #: Record keys that are timings or memory, free to differ between two runs.
 MEASURED = {"tps", "iteration_time_s", "time", "busy", "overlap", "overhead"}
-#: A reference model makes ref_logp a scoring stage that can stream too.
-WITH_REFERENCE = ("iterations=2", "algorithm.kl_coef=0.05")
 
 
 def outcomes(record: dict) -> dict:
@@ -31,11 +31,6 @@ def outcomes(record: dict) -> dict:
 
 def run_records(run_dir, *overrides: str) -> list[dict]:
     return trained_records(run_dir, "grpo", *WITH_REFERENCE, *overrides)
-
-
-@pytest.fixture(scope="module")
-def sync_records(ray_cluster, tmp_path_factory) -> list[dict]:
-    return run_records(tmp_path_factory.mktemp("sync"))
 
 
 @pytest.fixture(scope="module")

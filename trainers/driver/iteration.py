@@ -100,6 +100,10 @@ TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"}) | MEMORY
 class IterationRunner:
     """Runs iterations of one started run (see module docstring)."""
 
+    #: Scoring stages claim whole groups only (partial rollout: a group whose other
+    #: responses are paused is not scored yet). Off here: every group is whole.
+    whole_group_claims = False
+
     def __init__(self, run: RunState) -> None:
         self.run, self.config = run, run.config
         self.G = self.config.data.global_batch_size
@@ -133,8 +137,12 @@ class IterationRunner:
                 critic = self._stage(ledger, "critic_update", self._critic_update, indexes)
                 metrics |= mean_by_key(critic, skip=TIMING_KEYS)
             self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
-        self._timed_dock(ledger, self.run.dock.clear)
+        self._release(ledger, indexes)
         return self._record(metrics, sampled, ledger, time.perf_counter() - start)
+
+    def _release(self, ledger: Ledger, trained: np.ndarray) -> None:
+        """Free the dock for the next iteration: nothing in it outlives this one."""
+        self._timed_dock(ledger, self.run.dock.clear)
 
     def _stage(self, ledger: Ledger, name: str, fn, *args) -> list[dict[str, Any]]:
         """Run a stage, book its time; returns every worker's report."""
@@ -217,25 +225,34 @@ class IterationRunner:
 
     def _generation_args(self, indexes: np.ndarray, iteration: int, draw: int) -> list[tuple]:
         """Claim the prompts; each actor rank's ``generate`` arguments."""
-        run, rollout = self.run, self.config.rollout
-        parts = run.dock.claim(
+        parts = self._claim_prompts(len(indexes))
+        params = self._sampling_params(iteration, draw)
+        return [(parts[r], params) for r in self.run.gen_dp_ranks]
+
+    def _claim_prompts(self, n: int) -> list[np.ndarray]:
+        """``n`` prompts in whole groups from the rollout stage, one part per generation
+        data-parallel rank."""
+        return self.run.dock.claim(
             "rollout",
             ["prompt_ids"],
-            len(indexes),
+            n,
             whole_groups=True,
-            dp_parts=len(set(run.gen_dp_ranks)),
+            dp_parts=len(set(self.run.gen_dp_ranks)),
             timeout_s=self.timeout,
         )
+
+    def _sampling_params(self, iteration: int, draw: int) -> SamplingParams:
+        """Sampling settings of one draw, seeded by the run's seed, iteration and draw."""
+        rollout = self.config.rollout
         seed = int(np.random.SeedSequence([self.config.seed, iteration, draw]).generate_state(1)[0])
-        params = SamplingParams(
+        return SamplingParams(
             temperature=rollout.temperature,
             top_p=rollout.top_p,
             top_k=max(rollout.top_k, 0),
             max_tokens=rollout.max_response_length,
-            stop_token_ids=(run.dataset_eos,),
+            stop_token_ids=(self.run.dataset_eos,),
             seed=seed,
         )
-        return [(parts[r], params) for r in run.gen_dp_ranks]
 
     @contextmanager
     def _progress(self, n: int) -> Iterator[Callable[[], None] | None]:
@@ -255,7 +272,7 @@ class IterationRunner:
         """A scoring stage on the whole batch at once (sync mode)."""
         call = stage_call(self.run, self.plan.stage(name))
         parts = self.run.dock.claim(
-            name, call.fields, len(indexes), dp_parts=call.dp_parts, timeout_s=self.timeout
+            name, call.fields, len(indexes), self.whole_group_claims, call.dp_parts, self.timeout
         )
         return call.group.call_each("score", call.args(parts), stage=name, timeout_s=self.timeout)
 

@@ -21,6 +21,7 @@ import numpy as np
 from mindrl.metrics import mean_by_key
 from mindrl.metrics.memory import MEMORY_RECORD_KEY
 from trainers.driver.iteration import TIMING_KEYS, IterationRunner, Ledger
+from trainers.driver.partial_rollout import PartialRolloutRunner
 from trainers.driver.setup import RunState
 
 
@@ -88,5 +89,10 @@ def split_whole_pairs(indexes: np.ndarray, parts: int, pair_size: int = 2) -> li
 
 
 def make_runner(run: RunState) -> IterationRunner:
-    """The iteration runner of ``run``: the offline one for stored pairs, else the RL loop."""
-    return OfflineIterationRunner(run) if run.plan.offline else IterationRunner(run)
+    """The iteration runner of ``run``: the offline one for stored pairs, the partial
+    rollout one with a generation budget, else the RL loop."""
+    if run.plan.offline:
+        return OfflineIterationRunner(run)
+    if run.config.rollout.partial_rollout_budget is not None:
+        return PartialRolloutRunner(run)
+    return IterationRunner(run)

@@ -1,0 +1,182 @@
+"""Generation into the dock, the one loop the collocated actor (mindrl/workers/roles.py)
+and the disaggregated rollout workers (mindrl/workers/rollout_worker.py) share.
+
+A rank generates its indexes in chunks of about :data:`GENERATION_CHUNK` samples, so the
+dock (and the progress bar, and streaming stages) see results early; each chunk is put as
+soon as it is sampled, ``response_ids`` with ``rollout_logprob`` (the raw log-prob of each
+token under the weights that sampled it).
+
+Partial rollout (``rollout.partial_rollout_budget``, issue 15): a response gets at most
+``budget`` new tokens per call. One still unfinished is *paused*: its tokens so far and
+their log-probs go into the dock as ``paused_ids`` / ``paused_logprob`` instead, so no
+stage claims it; the next iteration's call continues it from exactly that prefix (prompt
++ prefix in, the rest out) with that iteration's weights, and once it finishes the whole
+response is put as ``response_ids`` / ``rollout_logprob``. Each token's log-prob is the
+one of the policy that sampled it, so ``rollout_logprob`` is the behaviour policy of
+every token, and the loss corrects the older ones (trainers/core.py,
+``behaviour_weights``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from backends.generation import GenerationResult, SamplingParams
+from mindrl.dock import DockClient
+from mindrl.workers.sequences import unpadded
+
+#: About this many samples per engine call, so the dock (and the progress bar) see results
+#: early; rounded to whole groups, so the engine prefills each group's prompt once.
+GENERATION_CHUNK = 64
+
+Generate = Callable[[list[list[int]], SamplingParams], list[GenerationResult]]
+
+
+@dataclass(frozen=True)
+class PartialRollout:
+    """What one call of a partial rollout may do.
+
+    Attributes:
+        budget: most new tokens a response gets in this call.
+        max_tokens: most tokens of a whole response (``rollout.max_response_length``).
+        resumed: indexes whose paused prefix is in the dock (the others start afresh).
+    """
+
+    budget: int
+    max_tokens: int
+    resumed: np.ndarray
+
+
+@dataclass
+class Response:
+    """A response so far: its tokens and the behaviour log-prob of each."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+def generate_into_dock(
+    dock: DockClient,
+    generate: Generate,
+    indexes: np.ndarray,
+    params: SamplingParams,
+    group_size: int,
+    put: bool = True,
+    version: int | None = None,
+    partial: PartialRollout | None = None,
+) -> dict:
+    """Sample one response per index in chunks and put each chunk into the dock.
+
+    Args:
+        dock: this process's dock client.
+        generate: the generation engine's ``generate``.
+        indexes: the samples to generate (their ``prompt_ids`` are in the dock).
+        params: sampling settings; each chunk's seed is ``params.seed + its first index``.
+        group_size: responses per prompt (chunks hold whole groups).
+        put: False on a TP peer that sampled the same responses as its leader.
+        version: the weights version to stamp on every put (disaggregated rollout).
+        partial: partial rollout's budget and the resumed indexes; None: to the end.
+
+    Returns:
+        ``response_tokens`` (tokens generated in this call) and, with ``partial``,
+        ``paused``: the indexes left unfinished.
+    """
+    chunk_size = max(1, GENERATION_CHUNK // group_size) * group_size
+    tokens, paused = 0, []
+    for first in range(0, len(indexes), chunk_size):
+        chunk = indexes[first : first + chunk_size]
+        seed = None if params.seed is None else params.seed + int(chunk[0])
+        chunk_params = dataclasses.replace(params, seed=seed)
+        if partial is None:
+            responses = _sample(generate, _prompts(dock, chunk), chunk_params)
+            tokens += sum(len(r.token_ids) for r in responses)
+            finished = np.ones(len(chunk), dtype=bool)
+        else:
+            responses, finished, new = _continue(dock, generate, chunk, chunk_params, partial)
+            tokens += new
+            paused.append(chunk[~finished])
+        if put:
+            _put(dock, chunk, responses, finished, version)
+    report = {"response_tokens": tokens}
+    if partial is not None:
+        report["paused"] = np.concatenate(paused) if paused else np.zeros(0, dtype=np.int64)
+    return report
+
+
+def _prompts(dock: DockClient, indexes: np.ndarray) -> list[list[int]]:
+    batch = dock.fetch(indexes, ["prompt_ids"])
+    return [row.tolist() for row in unpadded(batch["prompt_ids"], batch["prompt_ids_lengths"])]
+
+
+def _sample(generate: Generate, prompts: list[list[int]], params: SamplingParams) -> list[Response]:
+    return [Response(list(r.token_ids), list(r.logprobs)) for r in generate(prompts, params)]
+
+
+def _continue(
+    dock: DockClient,
+    generate: Generate,
+    chunk: np.ndarray,
+    params: SamplingParams,
+    partial: PartialRollout,
+) -> tuple[list[Response], np.ndarray, int]:
+    """Up to ``partial.budget`` more tokens for every response of ``chunk``, each from its
+    prefix; returns the responses, which finished, and how many tokens were new."""
+    prefixes = paused_prefixes(dock, chunk, partial.resumed)
+    room = [partial.max_tokens - len(p.token_ids) for p in prefixes]
+    # One engine call: as many steps as the roomiest response may take, each cut to its room.
+    step = dataclasses.replace(params, max_tokens=min(partial.budget, max(room)))
+    contexts = [
+        prompt + prefix.token_ids
+        for prompt, prefix in zip(_prompts(dock, chunk), prefixes, strict=True)
+    ]
+    results = generate(contexts, step)
+    responses, finished, new = [], np.zeros(len(chunk), dtype=bool), 0
+    for k, (prefix, result, left) in enumerate(zip(prefixes, results, room, strict=True)):
+        ids, logprobs = result.token_ids[:left], result.logprobs[:left]
+        responses.append(Response(prefix.token_ids + ids, prefix.logprobs + logprobs))
+        # Ended by a stop token or the context window, or out of room: nothing follows.
+        finished[k] = len(ids) == left or result.finish_reason != "length"
+        new += len(ids)
+    return responses, finished, new
+
+
+def paused_prefixes(dock: DockClient, chunk: np.ndarray, resumed: np.ndarray) -> list[Response]:
+    """Each index's paused response from the dock (empty for an index not resumed)."""
+    prefixes = [Response([], []) for _ in chunk]
+    rows = np.flatnonzero(np.isin(chunk, resumed))
+    if len(rows) == 0:
+        return prefixes
+    data = dock.fetch(chunk[rows], ["paused_ids", "paused_logprob"])
+    lengths = data["paused_ids_lengths"].tolist()
+    for row, ids, logprobs, n in zip(
+        rows, data["paused_ids"], data["paused_logprob"], lengths, strict=True
+    ):
+        prefixes[row] = Response(ids[:n].tolist(), logprobs[:n].tolist())
+    return prefixes
+
+
+def _put(
+    dock: DockClient,
+    chunk: np.ndarray,
+    responses: list[Response],
+    finished: np.ndarray,
+    version: int | None,
+) -> None:
+    """Finished responses as what the stages read; paused ones where no stage looks."""
+    for mask, (ids, logprobs) in (
+        (finished, ("response_ids", "rollout_logprob")),
+        (~finished, ("paused_ids", "paused_logprob")),
+    ):
+        rows = np.flatnonzero(mask)
+        if len(rows) == 0:
+            continue
+        data = {
+            ids: [torch.tensor(responses[r].token_ids, dtype=torch.int64) for r in rows],
+            logprobs: [torch.tensor(responses[r].logprobs, dtype=torch.float32) for r in rows],
+        }
+        dock.put(chunk[rows], data, version=version)
