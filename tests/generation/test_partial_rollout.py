@@ -25,7 +25,9 @@ NOTHING = np.zeros(0, dtype=np.int64)
 @pytest.fixture
 def dock(ray_cluster):
     stages = {"rollout": ["prompt_ids"], "reward": ["prompt_ids", "response_ids"]}
-    handle = create_dock(RL_FIELDS, stages, n_samples=len(PROMPTS), group_size=N, timeout_s=30)
+    handle = create_dock(
+        RL_FIELDS, stages, n_samples=len(PROMPTS), group_size=N, warehouses=1, timeout_s=30
+    )
     client = DockClient(handle)
     client.put(INDEXES, {"prompt_ids": [torch.tensor(p) for p in PROMPTS]})
     yield client
