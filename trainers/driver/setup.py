@@ -252,6 +252,10 @@ def _connect_ray(config: MindRLConfig, device_name: str) -> bool:
         return False
     # address="local": a new instance, never a cluster some other job started here.
     kwargs: dict[str, Any] = {"address": "local", "include_dashboard": False, **quiet}
+    # The workers are the job: start them at the command's own priority. Ray's raylet
+    # otherwise renices every worker by +15 (RAY_worker_niceness), so on a shared machine
+    # they yield to any other process and a `nice mindrl-train` reaches the driver only.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if get_device(device_name).ray_resource == "CPU":
         # On a CPU a worker's "device" is a Ray CPU slot: the roles' ranks need that many
         # slots even where there are fewer cores (stages take turns on them).
