@@ -84,6 +84,13 @@ class RunPlan:
     def stage_names(self) -> tuple[str, ...]:
         return tuple(stage.name for stage in self.stages)
 
+    @property
+    def generates(self) -> bool:
+        """Whether an iteration samples responses (it has a ``rollout`` stage). Offline
+        runs train on stored samples: the planner then places no generation engine and
+        sizes no generation layout, KV cache or allgather-swap (mindrl/planner)."""
+        return "rollout" in self.stage_names
+
     def dock_stages(self) -> dict[str, list[str]]:
         """Stage -> the fields its claims read, as the dock's controllers are built."""
         return {stage.name: list(stage.reads) for stage in self.stages}

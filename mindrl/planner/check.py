@@ -1,8 +1,8 @@
 """The planner checked on every run: its per-device memory beside what the run measured.
 
-At the end of a run the driver prints, for the two stages the planner sizes (generation
-and the actor's update), the planned bytes per device and the largest peak any actor
-worker reported in that stage over the whole run (``mindrl.metrics.memory``). On an
+At the end of a run the driver prints, for the stages the planner sizes (generation, if
+the run generates, and the actor's update), the planned bytes per device and the largest
+peak any actor worker reported in that stage over the whole run (``mindrl.metrics.memory``). On an
 accelerator the measured figure is the device allocator's peak; on a CPU the "device" is
 the host, so the figure is the worker's peak resident size, which also holds what the
 planner leaves out (the Python / torch baseline, the engine's host copy; docs/memory.md).
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mindrl.config import MindRLConfig
-from mindrl.planner.memory import MemoryPlan, plan_memory
-from mindrl.planner.report import planned_roles
+from mindrl.planner.memory import MemoryPlan
+from mindrl.planner.report import plan_run_memory
 from mindrl.run_plan import RunPlan
 
 MIB = 2**20
@@ -36,19 +36,20 @@ class StageCheck:
         return self.measured / self.planned if self.measured and self.planned else None
 
 
-def planned_actor_bytes(memory: MemoryPlan, config: MindRLConfig) -> dict[str, int]:
+def planned_actor_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) -> dict[str, int]:
     """The actor worker's own bytes per stage; the other roles live in their own workers
-    (collocated on the device, but each measures only itself)."""
+    (collocated on the device, but each measures only itself). A run that generates
+    nothing plans the update alone."""
+    update = {"update": memory.training.total}
+    if not plan.generates:
+        return update
     generation = memory.generation_swap if config.rollout.swap else memory.generation_naive
     others = sum(memory.other_roles.values())
     if config.rollout.kv_cache_mib is not None:
         kv = int(config.rollout.kv_cache_mib * MIB)
     else:  # the engine takes what the fraction leaves
         kv = max(generation.kv_cache_budget, 0)
-    return {
-        "rollout": generation.total_without_kv - others + kv,
-        "update": memory.training.total,
-    }
+    return {"rollout": generation.total_without_kv - others + kv, **update}
 
 
 def check_memory(
@@ -58,15 +59,16 @@ def check_memory(
     stage_peaks: Mapping[str, Mapping[str, float]],
     on_cpu: bool,
 ) -> list[StageCheck]:
-    """Planned against measured for the generation and update stages.
+    """Planned against measured for the generation (if ``plan`` generates) and update
+    stages.
 
     ``stage_peaks``: stage name -> the largest ``device_peak_mib`` / ``host_peak_mib``
     over the run (``IterationRunner.stage_peaks``).
     """
-    memory = plan_memory(config, device_bytes, planned_roles(plan))
+    memory = plan_run_memory(config, plan, device_bytes)
     key, measured_as = ("host_peak_mib", "host") if on_cpu else ("device_peak_mib", "device")
     checks = []
-    for stage, planned in planned_actor_bytes(memory, config).items():
+    for stage, planned in planned_actor_bytes(memory, config, plan).items():
         peak = stage_peaks.get(stage, {}).get(key)
         measured = int(peak * MIB) if peak is not None else None
         checks.append(StageCheck(stage, planned, measured, measured_as))
@@ -79,7 +81,7 @@ def format_memory_check(checks: list[StageCheck]) -> str:
     parts = []
     for check in checks:
         if check.measured is None:
-            continue  # an offline run has no generation stage
+            continue  # not measured: the run ended before the stage reported
         text = (
             f"{check.stage} {check.planned / 2**30:.2f}G / "
             f"{check.measured / 2**30:.2f}G {check.measured_as}"

@@ -25,6 +25,8 @@ Bytes are decimal (``GB`` = 1e9 B) as in the paper's memory figures. The model:
   ``S_ep / (EP_u*ETP_u) - S_ep / E_g``; otherwise all of ``S_ep / (EP_u*ETP_u)``. For the
   paper's case this is exactly
   ``S_tp/T_u + S_ep*(T_u/D_g - 1/E_g)``.
+* a run that generates nothing (offline: DPO's stored pairs) has only the training
+  stage: no generation stage, no redundant bytes and nothing swapped.
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ class GenerationMemory:
 class MemoryPlan:
     device_bytes: int
     training: TrainingMemory
-    generation_naive: GenerationMemory
-    generation_swap: GenerationMemory
+    generation_naive: GenerationMemory | None  # None: the run generates nothing
+    generation_swap: GenerationMemory | None
     redundant_bytes: int
     swap_bytes: int
     other_roles: dict[str, int] = field(default_factory=dict)
@@ -174,15 +176,22 @@ def rollout_device_memory(config: MindRLConfig, device_bytes: int) -> Generation
 
 
 def plan_memory(
-    config: MindRLConfig, device_bytes: int, roles: tuple[str, ...] = ("actor",)
+    config: MindRLConfig,
+    device_bytes: int,
+    roles: tuple[str, ...] = ("actor",),
+    generates: bool = True,
 ) -> MemoryPlan:
     """Per-device memory of both stages, with and without allgather–swap.
 
     ``roles``: the trainer's model roles; all but the actor are resident throughout.
+    ``generates``: whether the run has a generation stage (``RunPlan.generates``);
+    without one only the training stage is sized.
     """
-    model, rollout = config.model, config.rollout
     training = training_memory(config)
     others = {r: resident_bytes(config, r) for r in roles if r in ("reference", "critic")}
+    if not generates:  # the rollout settings are not read: no engine, KV cache or swap
+        return MemoryPlan(device_bytes, training, None, None, 0, 0, others)
+    model, rollout = config.model, config.rollout
     shard = int(
         shard_counts(model_params(model), rollout.tp, rollout.ep) * DTYPE_BYTES[model.dtype]
     )

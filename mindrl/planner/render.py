@@ -29,18 +29,19 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
     for problem in plan["fit_problems"]:
         console.print(f"[bold red]does not fit:[/bold red] {problem}")
     if not plan["fit_problems"]:
-        console.print(
-            "[green]fits:[/green] every stage fits in device memory, the swap in host memory"
-        )
+        swap = ", the swap in host memory" if plan["generates"] else ""
+        console.print(f"[green]fits:[/green] every stage fits in device memory{swap}")
 
 
 def placement_table(plan: dict) -> Table:
     """One row per run of nodes that host the same things (48 nodes stay readable)."""
-    mode = plan.get("rollout_placement", "collocated")
+    mode = plan.get("rollout_placement", "collocated") if plan["generates"] else "offline"
     title = {
         "collocated": "roles collocated on every device, which trains and generates in turn",
         "disaggregated": "disaggregated: some devices train, the others generate; "
         f"rollout.max_staleness {plan.get('max_staleness', 0)}",
+        "offline": "roles collocated on every device, which only trains: stored samples, "
+        "nothing generates",
     }[mode]
     table = Table(title=f"placement ({title})")
     for col in ("nodes", "ranks", "roles", "does", "TD warehouse", "TD controllers"):
@@ -82,28 +83,37 @@ def layout_table(plan: dict) -> Table:
             f"{role} (train)", *(str(lay[k]) for k in ("tp", "pp", "cp", "dp", "ep", "etp", "edp"))
         )
     gen = plan["generation_layout"]
-    table.add_row("generation", str(gen["tp"]), "1", "1", str(gen["dp"]), str(gen["ep"]), "1", "-")
+    if plan["generates"]:
+        row = (gen["tp"], 1, 1, gen["dp"], gen["ep"], 1, "-")
+        table.add_row("generation", *map(str, row))
     return table
 
 
+def training_rows(mem: dict) -> list[tuple[str, int]]:
+    """The training stage's items: the actor's update and the roles resident beside it."""
+    train = mem["training"]
+    return [
+        ("train: weights", train["weights"]),
+        ("train: grads (fp32)", train["grads"]),
+        ("train: optimizer state", train["optimizer"]),
+        ("train: activations (est.)", train["activations"]),
+        ("train: actor total", train["total"]),
+        *((f"{role}: resident (all stages)", size) for role, size in mem["other_roles"].items()),
+        ("train: stage total", mem["training_stage_total"]),
+    ]
+
+
 def memory_table(plan: dict) -> Table:
+    if not plan["generates"]:
+        return training_memory_table(plan)
     mem = plan["memory"]
-    train, naive, swap = mem["training"], mem["generation_naive"], mem["generation_swap"]
+    naive, swap = mem["generation_naive"], mem["generation_swap"]
     table = Table(title=f"per-device memory (device: {gb(mem['device_bytes'])})")
     table.add_column("item")
     table.add_column("naive", justify="right")
     table.add_column("allgather-swap", justify="right")
     rows = [
-        ("train: weights", train["weights"], train["weights"]),
-        ("train: grads (fp32)", train["grads"], train["grads"]),
-        ("train: optimizer state", train["optimizer"], train["optimizer"]),
-        ("train: activations (est.)", train["activations"], train["activations"]),
-        ("train: actor total", train["total"], train["total"]),
-        *(
-            (f"{role}: resident (all stages)", size, size)
-            for role, size in mem["other_roles"].items()
-        ),
-        ("train: stage total", mem["training_stage_total"], mem["training_stage_total"]),
+        *((name, size, size) for name, size in training_rows(mem)),  # swap changes no row
         ("gen: weight shard", naive["shard"], swap["shard"]),
         ("gen: resident model state", naive["resident_training"], swap["resident_training"]),
         ("gen: KV-cache budget", naive["kv_cache_budget"], swap["kv_cache_budget"]),
@@ -122,6 +132,17 @@ def memory_table(plan: dict) -> Table:
         "-",
         gb(mem["host_swap_bytes"]),
     )
+    return table
+
+
+def training_memory_table(plan: dict) -> Table:
+    """A run that generates nothing: the training stage alone (no KV cache, no swap)."""
+    mem = plan["memory"]
+    table = Table(title=f"per-device memory (device: {gb(mem['device_bytes'])}; no generation)")
+    table.add_column("item")
+    table.add_column("bytes", justify="right")
+    for name, size in training_rows(mem):
+        table.add_row(name, gb(size))
     return table
 
 

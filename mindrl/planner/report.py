@@ -20,8 +20,16 @@ GB = 1e9
 
 
 def planned_roles(plan: RunPlan) -> tuple[str, ...]:
-    """Roles that hold device memory: the model roles plus the generation engine."""
+    """Roles that hold device memory: the model roles plus the generation engine, if the
+    run generates."""
+    if not plan.generates:
+        return plan.model_roles
     return (plan.model_roles[0], "rollout", *plan.model_roles[1:])
+
+
+def plan_run_memory(config: MindRLConfig, plan: RunPlan, device_bytes: int) -> MemoryPlan:
+    """The per-device memory of ``plan``'s stages (the dry run and the end-of-run check)."""
+    return plan_memory(config, device_bytes, planned_roles(plan), plan.generates)
 
 
 def response_fields(plan: RunPlan) -> int:
@@ -55,7 +63,7 @@ def placement(config: MindRLConfig, plan: RunPlan) -> list[dict]:
         }
         if not is_disaggregated(config):
             roles = list(planned_roles(plan))
-            nodes.append(device_group(node, first, last, roles, True, True, dock))
+            nodes.append(device_group(node, first, last, roles, True, plan.generates, dock))
             continue
         # Disaggregated runs are single-node (config check): trainers first, then rollout.
         split = first + train_world_size(config)
@@ -82,9 +90,10 @@ def host_swap_bytes(memory: MemoryPlan, config: MindRLConfig) -> int:
     return memory.swap_bytes * config.resources.devices_per_node if config.rollout.swap else 0
 
 
-def fit_problems(memory: MemoryPlan, config: MindRLConfig, host_bytes: int) -> list[str]:
+def fit_problems(
+    memory: MemoryPlan, config: MindRLConfig, plan: RunPlan, host_bytes: int
+) -> list[str]:
     """Stages that do not fit in one device (or the swap in one host), with the shortfall."""
-    swap = config.rollout.swap
     problems = []
     pinned = host_swap_bytes(memory, config)
     if pinned > host_bytes:
@@ -102,7 +111,15 @@ def fit_problems(memory: MemoryPlan, config: MindRLConfig, host_bytes: int) -> l
             "per device, "
             f"{over:.1f} GB more than the {memory.device_bytes / GB:.1f} GB available"
         )
-    generation = memory.generation_swap if swap else memory.generation_naive
+    if plan.generates:
+        problems += generation_problems(memory, config)
+    return problems
+
+
+def generation_problems(memory: MemoryPlan, config: MindRLConfig) -> list[str]:
+    """The generation stage's shortfall: no room left for the KV cache."""
+    problems = []
+    generation = memory.generation_swap if config.rollout.swap else memory.generation_naive
     if is_disaggregated(config):
         generation = rollout_device_memory(config, memory.device_bytes)
     if generation.kv_cache_budget <= 0:
@@ -124,10 +141,10 @@ def build_plan(
     """The whole plan as a JSON-serialisable dict."""
     world = train_world_size(config)  # the training layouts' world
     data = config.data
-    memory = plan_memory(config, device_bytes, planned_roles(plan))
+    memory = plan_run_memory(config, plan, device_bytes)
     flow = sample_flow(
         data.global_batch_size,
-        data.n_samples_per_prompt,
+        plan.group_size,  # samples per prompt: the responses, or a stored pair's two
         config.rollout.max_prompt_length,
         config.rollout.max_response_length,
         response_fields(plan),
@@ -137,6 +154,7 @@ def build_plan(
     params = model_params(config.model)
     return {
         "trainer": plan.trainer,
+        "generates": plan.generates,
         "device": device_name,
         "world_size": config.world_size,
         "rollout_placement": config.rollout.placement,
@@ -155,12 +173,7 @@ def build_plan(
         "training_layouts": {
             role: layout_dict(getattr(config, role).parallel, world) for role in plan.model_roles
         },
-        "generation_layout": {
-            "tp": config.rollout.tp,
-            "ep": config.rollout.ep,
-            "dp": rollout_world_size(config) // config.rollout.tp,
-            "pp": 1,
-        },
+        "generation_layout": generation_layout(config) if plan.generates else None,
         "memory": {
             **memory.as_dict(),
             "host_bytes": host_bytes,
@@ -172,6 +185,15 @@ def build_plan(
             ),
         },
         "sample_flow": flow.as_dict(),
-        "allgather_swap": config.rollout.swap,
-        "fit_problems": fit_problems(memory, config, host_bytes),
+        "allgather_swap": config.rollout.swap and plan.generates,
+        "fit_problems": fit_problems(memory, config, plan, host_bytes),
+    }
+
+
+def generation_layout(config: MindRLConfig) -> dict:
+    return {
+        "tp": config.rollout.tp,
+        "ep": config.rollout.ep,
+        "dp": rollout_world_size(config) // config.rollout.tp,
+        "pp": 1,
     }

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from mindrl.config import load_config
 from mindrl.planner.memory import plan_memory, redundant_bytes
 from mindrl.planner.params import activated_params, model_params
+from mindrl.planner.render import render_plan
+from mindrl.planner.report import build_plan
 from mindrl.planner.sample_flow import central_volume_bytes, dispatch_seconds, sample_flow
+from mindrl.run_plan import build_run_plan
+from trainers.registry import get_algorithm
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GIB = 2**30
@@ -98,3 +104,61 @@ def test_the_dock_splits_the_volume_over_warehouses_with_tiny_metadata():
     assert flow.dock_endpoint_bytes == pytest.approx(
         (flow.central_bytes + flow.dock_metadata_bytes) / 16
     )
+
+
+def dpo_dry_run(device_bytes: int = 16 * GIB) -> dict:
+    """The ``--dry-run`` plan of ``--trainer dpo --config configs/tiny_dpo.yaml``."""
+    dpo = get_algorithm("dpo")
+    config = load_config(CONFIGS / "tiny_dpo.yaml", algorithm=dpo)
+    return build_plan(config, build_run_plan(dpo, config), "cpu", device_bytes, 64 * GIB)
+
+
+def printed(report: dict) -> str:
+    console = Console(file=io.StringIO(), width=200)
+    render_plan(report, console)
+    return console.file.getvalue()
+
+
+def test_a_dpo_plan_places_no_generation_engine_and_sizes_no_kv_cache_or_swap():
+    report = dpo_dry_run()
+    (node,) = report["placement"]
+    assert node["roles"] == ["actor", "reference"]
+    assert (node["trains"], node["generates"]) == (True, False)
+    assert node["td_controllers"] == ["ref_logp", "update"]
+    assert list(report["training_layouts"]) == ["actor", "reference"]
+    assert report["generation_layout"] is None
+    memory = report["memory"]
+    assert (memory["generation_naive"], memory["generation_swap"]) == (None, None)
+    assert (memory["swap_bytes"], memory["host_swap_bytes"], memory["redundant_bytes"]) == (0, 0, 0)
+    # The reference stays resident beside the actor's update: its fp32 weights at TP2.
+    assert memory["other_roles"] == {"reference": memory["training"]["weights"]}
+    assert (
+        memory["training_stage_total"]
+        == memory["training"]["total"] + memory["training"]["weights"]
+    )
+    assert report["allgather_swap"] is False and report["fit_problems"] == []
+
+
+def test_the_dpo_dry_run_prints_the_training_rows_and_no_generation_kv_or_swap_row():
+    text = printed(dpo_dry_run())
+    for row in ("actor (train)", "reference (train)", "reference: resident (all stages)"):
+        assert row in text
+    assert "train: stage total" in text and "ref_logp, update" in text
+    for row in ("rollout", "generation ", "gen:", "KV-cache", "allgather-swap", "swapped"):
+        assert row not in text
+    assert "fits: every stage fits in device memory\n" in text
+
+
+def test_a_dpo_plan_too_big_for_the_device_names_the_training_stage_only():
+    (problem,) = dpo_dry_run(device_bytes=10**6)["fit_problems"]
+    assert problem.startswith("training stage (actor + reference) needs 0.0 GB per device")
+
+
+def test_an_online_plan_still_sizes_generation_beside_training():
+    grpo = get_algorithm("grpo")
+    config = load_config(CONFIGS / "tiny.yaml", algorithm=grpo)
+    report = build_plan(config, build_run_plan(grpo, config), "cpu", 16 * GIB, 64 * GIB)
+    assert report["placement"][0]["roles"] == ["actor", "rollout"]  # tiny GRPO: no KL
+    assert report["generation_layout"] is not None
+    assert report["memory"]["generation_swap"]["kv_cache_budget"] > 0
+    assert "gen: KV-cache budget" in printed(report)

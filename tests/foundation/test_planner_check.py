@@ -58,3 +58,16 @@ def test_the_line_names_each_measured_stage_with_its_ratio_and_skips_unmeasured_
 def test_nothing_is_printed_when_no_planned_stage_was_measured():
     config, plan = smollm2_plan()
     assert format_memory_check(check_memory(config, plan, 24 * GIB, {}, on_cpu=True)) == ""
+
+
+def test_a_dpo_run_is_checked_on_its_update_alone_with_no_rollout_figure():
+    dpo = get_algorithm("dpo")
+    config = load_config(CONFIGS / "tiny_dpo.yaml", algorithm=dpo)
+    plan = build_run_plan(dpo, config)
+    peaks = {"rollout": {"host_peak_mib": 512.0}, "update": {"host_peak_mib": 1024.0}}
+    (check,) = check_memory(config, plan, 24 * GIB, peaks, on_cpu=True)
+    memory = plan_memory(config, 24 * GIB, ("actor", "reference"), generates=False)
+    assert (check.stage, check.planned, check.measured) == ("update", memory.training.total, GIB)
+    line = format_memory_check([check])
+    assert line.endswith(f"update {check.planned / GIB:.2f}G / 1.00G host ({check.ratio:.2f}x)")
+    assert "rollout" not in line
