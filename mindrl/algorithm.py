@@ -66,6 +66,11 @@ class Algorithm(ABC):
     #: Trains on stored data (preference pairs) instead of generating: no rollout,
     #: reward or advantage stage (mindrl/run_plan.py, trainers/driver/offline.py).
     offline: ClassVar[bool] = False
+    #: Metrics :meth:`actor_loss` reports as the micro-batch's share of the global batch's
+    #: figure (normalised by the global counts, as the loss is): the update sums them over
+    #: micro-batches and ranks into the exact figure (mindrl/workers/updates.py), where the
+    #: other metrics are averaged.
+    additive_metrics: ClassVar[frozenset[str]] = frozenset()
     #: The options this algorithm reads when it reads only a few (an offline loss reads
     #: none of the policy-gradient ones); a set value outside them is refused. None:
     #: every option but those other algorithms own.

@@ -287,6 +287,8 @@ class PolicyGradientAlgorithm(Algorithm):
     """An :class:`~mindrl.algorithm.Algorithm` whose actor loss is the clipped surrogate
     below, plus ``kl_coef`` x KL to the reference and minus ``entropy_coef`` x entropy."""
 
+    additive_metrics = frozenset({"pg_loss"})  # the loss itself, normalised by global counts
+
     def actor_loss(
         self,
         logprob: torch.Tensor,

@@ -16,7 +16,11 @@ and, with the margin ``h = (r(y_w) - r(y_l)) / beta``,
 
 The loss is the mean over the pairs of the global batch. Metrics (the paper's Fig. 2 quantities):
 ``preference_accuracy`` (share of pairs with ``r(y_w) > r(y_l)``), ``chosen_reward``,
-``rejected_reward`` and ``reward_margin`` (means over pairs).
+``rejected_reward`` and ``reward_margin`` (means over pairs). Like the loss, each metric a
+micro-batch reports is its share of the global batch's figure (its pairs' sum over the
+global pair count), so the update adds them up (``additive_metrics``) into the exact
+count / total over every pair of the step, whatever the micro-batch and DP-rank sizes; a
+mean of micro-batch means would weigh the pairs of a short micro-batch more.
 
 Defaults: ``dpo_beta`` 0.1 (the paper's), ``dpo_loss`` ``sigmoid``.
 """
@@ -33,6 +37,8 @@ from mindrl.config.schema import AlgorithmConfig
 from trainers.core import Number, _at_least_one, masked_mean, masked_sum
 
 DPO_LOSSES = ("sigmoid", "ipo")
+#: Metrics that are a micro-batch's share of the global batch's mean (module docstring).
+PREFERENCE_METRICS = ("preference_accuracy", "chosen_reward", "rejected_reward", "reward_margin")
 
 
 def sequence_logprob(logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -61,7 +67,8 @@ def preference_loss(
             ``aggregate_loss``'s ``num_tokens``. Default: the pairs given here.
 
     Returns:
-        The mean loss and detached metrics (module docstring).
+        The loss and detached metrics (module docstring): the given pairs' share of the
+        global batch's means (the means themselves when ``num_pairs`` is not given).
 
     Raises:
         ValueError: ``beta`` is not positive, or ``loss_type`` is unknown.
@@ -76,16 +83,17 @@ def preference_loss(
         losses = (margin - 1.0 / (2.0 * beta)).square()
     else:
         raise ValueError(f"unknown DPO loss '{loss_type}'; known: {', '.join(DPO_LOSSES)}")
+    count = _at_least_one(len(losses) if num_pairs is None else num_pairs, losses)
     chosen_reward = beta * (chosen - ref_chosen).detach()
     rejected_reward = beta * (rejected - ref_rejected).detach()
-    metrics = {
-        "preference_accuracy": (chosen_reward > rejected_reward).to(chosen.dtype).mean(),
-        "chosen_reward": chosen_reward.mean(),
-        "rejected_reward": rejected_reward.mean(),
-        "reward_margin": (chosen_reward - rejected_reward).mean(),
+    per_pair = {
+        "preference_accuracy": (chosen_reward > rejected_reward).to(chosen.dtype),
+        "chosen_reward": chosen_reward,
+        "rejected_reward": rejected_reward,
+        "reward_margin": chosen_reward - rejected_reward,
     }
-    count = len(losses) if num_pairs is None else num_pairs
-    return losses.sum() / _at_least_one(count, losses), metrics
+    metrics = {name: values.sum() / count for name, values in per_pair.items()}
+    return losses.sum() / count, metrics
 
 
 class DPO(Algorithm):
@@ -102,6 +110,7 @@ class DPO(Algorithm):
     defaults: ClassVar[dict[str, object]] = {"dpo_beta": 0.1, "dpo_loss": "sigmoid"}
     own_options = frozenset({"dpo_beta", "dpo_loss"})
     reads_options = own_options  # no clipping, KL coefficient, advantages or entropy bonus
+    additive_metrics = frozenset(PREFERENCE_METRICS)
     offline = True  # stored pairs: no generation, reward or advantage stage
 
     def uses_reference(self, options: AlgorithmConfig) -> bool:

@@ -30,13 +30,21 @@ def minibatch_slices(total: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
-#: Metrics that are each micro-batch's share of the step's loss (normalised by the
-#: global counts): they add up over micro-batches instead of averaging.
-ADDITIVE = frozenset({"pg_loss"})
+def step_metrics(
+    collected: list[dict[str, torch.Tensor]], additive: frozenset[str], dp_size: int
+) -> dict[str, float]:
+    """One step's metrics from its micro-batches' records: the ``additive`` ones (each a
+    micro-batch's share of the global batch's figure, ``Algorithm.additive_metrics``)
+    summed, the others averaged. The driver averages the ranks' reports, so a rank reports
+    its sum times ``dp_size``: the mean over the data-parallel ranks is then the sum of
+    their shares, the global batch's exact figure, however unequal the micro-batches."""
+    metrics = mean_by_key(collected, additive)
+    return {key: value * dp_size if key in additive else value for key, value in metrics.items()}
 
 
 def _run_steps(worker: Any, rows: ResponseBatch, num_minibatches: int, make_loss: Callable) -> dict:
     """Epochs x mini-batches of ``engine.train_step``; metrics averaged over all steps."""
+    additive, dp_size = worker.algorithm.additive_metrics, worker.engine.data_parallel_size()
     steps = []
     for _ in range(worker.section.ppo_epochs):
         for part in minibatch_slices(len(rows), num_minibatches):
@@ -47,7 +55,7 @@ def _run_steps(worker: Any, rows: ResponseBatch, num_minibatches: int, make_loss
                 worker.section.micro_batch_size,
                 with_entropy=worker.role == "actor",
             )
-            steps.append({**stats, **mean_by_key(collected, ADDITIVE)})
+            steps.append({**stats, **step_metrics(collected, additive, dp_size)})
     return mean_by_key(steps)
 
 

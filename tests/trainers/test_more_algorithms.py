@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from backends.megatron import GlobalCounts, ResponseBatch
 from mindrl.algorithm import run_options
 from mindrl.config import MindRLConfig
 from mindrl.config.validate import validate_config
 from mindrl.data.pairs import load_preference_pairs, make_digit_pairs
 from mindrl.data.sources import PromptSourceError
+from mindrl.metrics import mean_by_key
 from mindrl.run_plan import build_run_plan
+from mindrl.workers.updates import actor_update
 from tests.trainers import loop_reference as ref
 from tests.trainers.batches import random_inputs
 from trainers.core import policy_loss
@@ -182,6 +186,61 @@ def test_dpo_micro_batch_losses_with_the_global_pair_count_sum_to_the_full_batch
         for s in (slice(0, 3), slice(3, 8))
     ]
     assert sum(parts).item() == pytest.approx(full.item())
+
+
+class MicroBatchingEngine:
+    """The training engine as ``actor_update`` sees it: it cuts one data-parallel rank's
+    rows into micro-batches (the last one shorter) and hands each to the loss with the
+    global counts; the policy's log-probs ride in the rows as the field ``policy``."""
+
+    def __init__(self, global_rows: int, dp_size: int) -> None:
+        self.global_rows, self.dp_size = global_rows, dp_size
+
+    def data_parallel_size(self) -> int:
+        return self.dp_size
+
+    def train_step(self, batch: ResponseBatch, loss_fn, micro_batch_size, with_entropy):
+        counts = GlobalCounts(tokens=float(self.global_rows), sequences=self.global_rows)
+        for micro in batch.split(micro_batch_size):
+            policy = micro.fields["policy"]
+            loss_fn({"logprobs": policy, "entropy": torch.zeros_like(policy)}, micro, counts)
+        return {"loss": 0.0}
+
+
+def dpo_rank_update(pairs: list[tuple[float, float]], total_pairs: int, dp_size: int) -> dict:
+    """``actor_update`` of one DP rank on ``pairs`` (policy log-probs of the chosen and
+    the rejected one-token response; the reference's are 0), 4 rows per micro-batch."""
+    policy = as64([[logp] for pair in pairs for logp in pair])
+    rows = ResponseBatch(
+        torch.zeros(len(policy), 2, dtype=torch.long),
+        torch.ones(len(policy), dtype=torch.long),
+        torch.ones_like(policy),
+        {"policy": policy, "ref_logprob": torch.zeros_like(policy)},
+    )
+    dpo = get_algorithm("dpo")
+    worker = SimpleNamespace(
+        algorithm=dpo, options=dpo.resolve(), config=MindRLConfig(), role="actor",
+        section=SimpleNamespace(ppo_epochs=1, micro_batch_size=4),
+        engine=MicroBatchingEngine(2 * total_pairs, dp_size),
+    )  # fmt: skip
+    return actor_update(worker, rows, num_minibatches=1)
+
+
+def test_dpo_metrics_are_the_count_over_every_pair_whatever_the_micro_batch_and_rank_sizes():
+    # Rank 0: micro-batches of 2 pairs (both right) and 1 pair (wrong); rank 1: 2 pairs
+    # (one right). A mean of micro-batch means would say 0.5; 3 of the 5 pairs are right.
+    rank0 = [(-1.0, -2.0), (-1.0, -3.0), (-2.0, -1.0)]
+    rank1 = [(-0.5, -1.5), (-3.0, -1.0)]
+    reports = [dpo_rank_update(pairs, total_pairs=5, dp_size=2) for pairs in (rank0, rank1)]
+    iteration = mean_by_key(reports)  # as the driver reduces the ranks' reports
+    pairs, beta = rank0 + rank1, 0.1
+    assert iteration["preference_accuracy"] == pytest.approx(3 / 5, rel=1e-12)
+    margins = [beta * (chosen - rejected) for chosen, rejected in pairs]
+    assert iteration["reward_margin"] == pytest.approx(sum(margins) / 5, rel=1e-12)  # 0.02
+    chosen_mean = beta * sum(chosen for chosen, _ in pairs) / 5
+    assert iteration["chosen_reward"] == pytest.approx(chosen_mean, rel=1e-12)  # -0.15
+    rejected_mean = beta * sum(rejected for _, rejected in pairs) / 5
+    assert iteration["rejected_reward"] == pytest.approx(rejected_mean, rel=1e-12)  # -0.17
 
 
 def test_dpo_loss_is_finite_for_a_huge_wrong_margin_and_refuses_bad_options():
