@@ -117,10 +117,25 @@ def merge_over_world(local: dict) -> dict:
     """The union of every rank's ``local`` dict, on every rank (collective).
 
     Stages and expert ranks hold different canonical names; TP and DP replicas hold the
-    same full tensors, so which copy wins does not matter.
+    same full tensors. Only the names are exchanged first, then each entry travels once,
+    from the lowest rank holding it, and not at all where every rank holds every name
+    (no PP, no EP). An object all-gather pickles what it sends and unpickles all it
+    receives: sending every replica's full weights and AdamW moments made a SmolLM2-135M
+    checkpoint at DP2 peak at ~5 GB per rank beside the 4.4 GB each rank holds, enough to
+    be killed for memory on a 24 GB node.
     """
-    everyone: list[dict] = [{} for _ in range(dist.get_world_size())]
-    dist.all_gather_object(everyone, local)
+    world = dist.get_world_size()
+    names: list[list] = [[] for _ in range(world)]
+    dist.all_gather_object(names, sorted(local))
+    if all(held == names[0] for held in names):
+        return local
+    owner: dict = {}
+    for rank, held in enumerate(names):
+        for name in held:
+            owner.setdefault(name, rank)
+    me = dist.get_rank()
+    everyone: list[dict] = [{} for _ in range(world)]
+    dist.all_gather_object(everyone, {k: v for k, v in local.items() if owner[k] == me})
     full: dict = {}
     for part in everyone:
         full.update(part)
