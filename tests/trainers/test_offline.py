@@ -3,12 +3,15 @@ preference loss; no generation stage (trainers/driver/offline.py)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mindrl.config import load_config
+from mindrl.data.pairs import PAIR_FIELDS, make_digit_pairs
 from mindrl.metrics import read_metrics
 from trainers.driver.cli import CONFIG_DIR, main
 from trainers.driver.offline import split_whole_pairs
@@ -32,12 +35,27 @@ def test_whole_pairs_go_to_each_data_parallel_rank_in_order():
         split_whole_pairs(np.arange(6), parts=2)
 
 
+def write_pairs_file(path: Path, num_pairs: int, seed: int) -> Path:
+    """The tiny task's pairs (``synthetic:tiny``'s generator) as a JSONL file, one
+    ``{"prompt", "chosen", "rejected"}`` record a line, as a user's data would come."""
+    rows = [asdict(pair) for pair in make_digit_pairs("tiny", num_pairs, seed)]
+    path.write_text("".join(json.dumps({k: row[k] for k in PAIR_FIELDS}) + "\n" for row in rows))
+    return path
+
+
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_cluster")
-def test_tiny_dpo_learns_the_preference_end_to_end(tmp_path, capsys):
+def test_tiny_dpo_learns_the_preference_from_a_jsonl_file_end_to_end(tmp_path, capsys):
+    # synthetic:tiny's own pairs (data.num_prompts of them, the run's seed), so the file
+    # run trains exactly as the synthetic one was measured; only the source differs.
+    pairs = write_pairs_file(tmp_path / "pairs.jsonl", num_pairs=4096, seed=1234)
+    config = tiny_dpo(tmp_path / "run", "iterations=12", f"data.source={pairs}")
     # 12 iterations of 32 pairs: ~0.3 s each after start-up on the 2-core box.
-    assert train(tiny_dpo(tmp_path / "run", "iterations=12"), "dpo", device="cpu") == 0
+    assert train(config, "dpo", device="cpu") == 0
+    out = capsys.readouterr()
+    assert f"no generation (4096 stored pairs from {pairs})" in out.err
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["pairs"] for r in records] == [32] * 12
     accuracy = [r["preference_accuracy"] for r in records]
     # Iteration 0 scores the policy before its first step: it is the reference, so every
     # implicit reward is 0, no pair is ranked right and the loss is log 2.
@@ -48,7 +66,7 @@ def test_tiny_dpo_learns_the_preference_end_to_end(tmp_path, capsys):
     last = records[-1]
     assert last["chosen_reward"] > 0 > last["rejected_reward"] and last["loss"] < 0.6
     assert set(last["time"]) == {"ref_logp", "update"}  # no rollout, reward or advantage
-    assert "| pref_acc " in capsys.readouterr().out
+    assert "| pref_acc " in out.out
     assert (tmp_path / "run" / "hf" / "config.json").exists()
 
 

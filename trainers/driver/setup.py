@@ -389,7 +389,8 @@ def _announce(run: RunState, device_name: str) -> None:
         f"mindrl-train {run.trainer}: {config.world_size} {device_name} ranks; actor TP{actor.tp} "
         f"PP{actor.pp} DP{len(set(run.dp_ranks['actor']))} -> "
         + (
-            "no generation (stored pairs)"
+            # Which pairs and how many: a file that is not the one meant shows here.
+            f"no generation ({len(run.dataset.records)} stored pairs from {config.data.source})"
             if run.plan.offline
             else f"rollout TP{config.rollout.tp} DP{len(set(run.gen_dp_ranks))} "
             f"({config.rollout.engine})"
