@@ -120,9 +120,9 @@ def merge_over_world(local: dict) -> dict:
     same full tensors. Only the names are exchanged first, then each entry travels once,
     from the lowest rank holding it, and not at all where every rank holds every name
     (no PP, no EP). An object all-gather pickles what it sends and unpickles all it
-    receives: sending every replica's full weights and AdamW moments made a SmolLM2-135M
-    checkpoint at DP2 peak at ~5 GB per rank beside the 4.4 GB each rank holds, enough to
-    be killed for memory on a 24 GB node.
+    receives: sending every replica's full weights and AdamW moments took a SmolLM2-135M
+    checkpoint at DP2 past 6.2 GB per rank (killed for memory on a 24 GB node; training
+    peaks at 4.3 GB); exchanging names only, it peaks at 5.2 GB on the writing rank.
     """
     world = dist.get_world_size()
     names: list[list] = [[] for _ in range(world)]
