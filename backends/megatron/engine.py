@@ -29,7 +29,7 @@ from backends.device import get_device
 from backends.layout import ParamLayout
 from backends.megatron import checkpoint
 from backends.megatron.batch import GlobalCounts, ResponseBatch
-from backends.megatron.builder import build_gpt, initialize_parallel
+from backends.megatron.builder import build_gpt, initialize_parallel, use_transformer_engine
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
@@ -57,6 +57,7 @@ from backends.megatron.sharding import (
     merge_over_world,
     shard_tensor,
 )
+from backends.megatron.shared_prompt import pack_shared_prompts
 from backends.megatron.spec import GPTSpec, ParallelSpec
 
 #: loss_fn(outputs, micro-batch, global counts) -> scalar or per-token loss [b, R];
@@ -78,6 +79,9 @@ class MegatronEngine:
             and :attr:`optimizer` is Megatron's (see ``distributed_optim.py``).
         value_head: build a critic (values instead of vocabulary logits).
         seed: seed of the initial weights and of Megatron's TP RNG tracker.
+        share_prompts: run the rows of a micro-batch that share a prompt as one packed
+            row (``shared_prompt.py``) where the attention takes an arbitrary mask
+            (Megatron's local attention, no MLA); :attr:`share_prompts` says if it does.
     """
 
     def __init__(
@@ -87,10 +91,14 @@ class MegatronEngine:
         optim: OptimSpec | None = None,
         value_head: bool = False,
         seed: int = 0,
+        share_prompts: bool = True,
     ) -> None:
         self.spec, self.parallel, self.optim = spec, parallel, optim
         self.value_head = value_head
         self.device = get_device()
+        # TE's fused attention is built for the causal mask type; MLA's YaRN rotary
+        # returns a (frequencies, scale) pair rope_at does not rewrite.
+        self.share_prompts = share_prompts and not use_transformer_engine() and not spec.uses_mla
         initialize_parallel(parallel, seed)
         self.model = build_gpt(spec, parallel, value_head=value_head, seed=seed)
         self.optimizer, self.scheduler = None, None
@@ -159,9 +167,11 @@ class MegatronEngine:
     def _outputs(self, output: torch.Tensor, micro: _Scored, with_entropy: bool) -> dict:
         """Per response token, ``[b, R]``, from the last stage's output."""
         if self.value_head:  # output: [b, s, 1], a value at every position (a cheap head)
-            per_window = {"values": output.squeeze(-1).float().gather(1, micro.positions)}
+            values = output.squeeze(-1).float().gather(1, micro.positions)
+            per_window = {"values": micro.per_row(values)}
         else:  # output: [b, W, v], logits at the window's positions only
             vocab = self.spec.vocab_size
+            output = micro.per_row(output)
             per_window = {"logprobs": vocab_parallel_logprobs(output, micro.tokens, vocab)}
             if with_entropy:
                 per_window["entropy"] = vocab_parallel_entropy(output, vocab)
@@ -172,7 +182,7 @@ class MegatronEngine:
     ) -> list[Any]:
         on_cpu = self.device.torch_device_type == "cpu"
         micro_batches = [
-            _Scored.of(micro.to(self.device.device()), self.value_head)
+            _Scored.of(micro.to(self.device.device()), self.value_head, self.share_prompts)
             for micro in batch.split(micro_batch_size)
         ]
         with megatron_compat(self.device):
@@ -452,18 +462,30 @@ _TIED = {"output_layer.weight": "embedding.word_embeddings.weight"}
 
 @dataclass(frozen=True)
 class _Scored(MicroBatch):
-    """One micro-batch as the pipeline runs it: the batch and its response window."""
+    """One micro-batch as the pipeline runs it: the batch and its response window.
+
+    With rows packed by prompt (``shared``) the model runs ``shared.input_ids`` and
+    :meth:`per_row` maps its outputs back to the batch's rows.
+    """
 
     batch: ResponseBatch
-    positions: torch.Tensor  # [b, W] the outputs that score the response tokens
+    positions: torch.Tensor  # [b, W] (packed: [P, M * W]) the outputs that score the tokens
     tokens: torch.Tensor  # [b, W] those tokens
 
     @classmethod
-    def of(cls, batch: ResponseBatch, value_head: bool) -> _Scored:
+    def of(cls, batch: ResponseBatch, value_head: bool, share_prompts: bool) -> _Scored:
+        shared = pack_shared_prompts(batch) if share_prompts else None
         positions, tokens = batch.response_window()
+        ids = batch.input_ids
+        if shared is not None:
+            ids, positions = shared.input_ids, shared.logit_positions
         # A critic's value head is one hidden -> 1 product: it runs at every position.
         logit_positions = None if value_head else positions
-        return cls(batch.input_ids, logit_positions, batch, positions, tokens)
+        return cls(ids, logit_positions, shared, batch, positions, tokens)
+
+    def per_row(self, per_position: torch.Tensor) -> torch.Tensor:
+        """Outputs at :attr:`positions` -> ``[b, W, ...]`` in the batch's row order."""
+        return per_position if self.shared is None else self.shared.unpack(per_position)
 
 
 def _own_optimizer_storage(optimizer: torch.optim.Optimizer) -> None:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from backends.megatron.logit_window import logits_at
+from backends.megatron.shared_prompt import SharedPrompts, pad_packed, rope_at
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class MicroBatch:
     input_ids: torch.Tensor  # [b, s]
     #: [b, W]: the last stage computes logits at these positions only (None: everywhere).
     logit_positions: torch.Tensor | None
+    #: Rows packed by prompt (shared_prompt.py): their positions and attention mask;
+    #: None: plain right-padded rows, positions 0 .. s-1 and the causal mask.
+    shared: SharedPrompts | None
 
 
 #: head(output of the last stage, micro-batch) -> (scalar loss or None, results to keep)
@@ -87,9 +91,14 @@ def _stage_forward(
 
 
 def _forward(model: nn.Module, ids: torch.Tensor, batch: MicroBatch) -> torch.Tensor:
-    """The stage's forward; on the last stage, logits only in the batch's window."""
-    with logits_at(model, batch.logit_positions):
-        return model(ids, positions_for(ids), None)
+    """The stage's forward; on the last stage, logits only in the batch's window. Rows
+    packed by prompt bring their own positions (for RoPE too) and attention mask."""
+    if batch.shared is None:
+        with logits_at(model, batch.logit_positions):
+            return model(ids, positions_for(ids), None)
+    positions, mask = pad_packed(batch.shared, ids.shape[1])
+    with logits_at(model, batch.logit_positions), rope_at(model, positions):
+        return model(ids, positions, mask)
 
 
 def run_micro_batches(

@@ -140,6 +140,7 @@ class ModelWorker(WeightSource):
             optim_spec(self.section, self.total_updates) if trains else None,
             value_head=self.role == "critic",
             seed=self.config.seed,
+            share_prompts=self.section.share_prompts,
         )
         if initial.hf_state is not None:
             self.engine.load_hf_state_dict(initial.hf_state)
