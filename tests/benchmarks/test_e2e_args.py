@@ -22,7 +22,16 @@ def test_defaults_compare_both_systems_on_the_tiny_model():
     assert args.models == ["tiny"]
     assert args.systems == ["mindrl", "trl"]
     assert args.iterations >= args.warmup + e2e.TIMED_ITERATIONS
-    assert args.config == e2e.DEFAULT_CONFIG
+    assert args.config is None  # each model runs from its own recipe
+
+
+def test_each_model_runs_from_its_recipe_unless_a_config_is_given(tmp_path):
+    recipe = e2e.parse_args(["--models", "tiny,smollm2"])
+    assert e2e.config_of("tiny", recipe).name == "tiny.yaml"
+    assert e2e.config_of("smollm2", recipe).name == "smollm2_135m.yaml"
+    given = tmp_path / "mine.yaml"
+    given.write_text("seed: 7\n")
+    assert e2e.config_of("smollm2", e2e.parse_args(["--config", str(given)])) == given
 
 
 def test_comma_lists_keep_their_order():
