@@ -27,6 +27,7 @@ Public API::
             -> list[ndarray]                             # metadata only, one per DP rank
         .fetch(indexes, fields) -> TensorDict            # payloads only
         .recycle(indexes) -> None                        # free indexes for new samples
+        .hold(indexes, held=True) -> None                # keep out of claims / give back
         .ready_count(stage, fields) -> int               # progress of a producer stage
         .clear() -> None                                 # between iterations
         .stats() -> {"endpoints": [...], "metadata_bytes": int, "client": {...}}

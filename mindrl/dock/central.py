@@ -94,6 +94,12 @@ class CentralBuffer:
         for state in self.states.values():
             state.recycle(indexes)
 
+    async def hold(self, indexes: np.ndarray, held: bool) -> None:
+        for state in self.states.values():
+            state.hold(indexes, held)
+        async with self.changed:  # a released sample may complete a waiting claim
+            self.changed.notify_all()
+
     def ready_count(self, stage: str, fields: list[str]) -> int:
         return self.states[stage].ready_count(fields)
 

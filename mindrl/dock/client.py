@@ -230,6 +230,18 @@ class DockClient:
             names = [f"TD controller of stage '{s}'" for s in stages]
         self._get(refs, names, self.handle.timeout_s)
 
+    def hold(self, indexes: np.ndarray | list[int], held: bool = True) -> None:
+        """Keep ``indexes`` out of every stage's claims (``held``), or give them back;
+        nothing else about them changes (see ControllerState.hold)."""
+        indexes = np.asarray(indexes, dtype=np.int64)
+        if self.handle.central is not None:
+            refs, names = [self.handle.central.hold.remote(indexes, held)], ["centralized buffer"]
+        else:
+            stages = list(self.handle.controllers)
+            refs = [self.handle.controllers[s].hold.remote(indexes, held) for s in stages]
+            names = [f"TD controller of stage '{s}'" for s in stages]
+        self._get(refs, names, self.handle.timeout_s)
+
     def versions(self, stage: str, indexes: np.ndarray) -> np.ndarray:
         """The weights version that generated each of ``indexes``, as ``stage``'s controller
         recorded it (-1: the put named none)."""

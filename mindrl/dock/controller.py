@@ -54,6 +54,7 @@ class ControllerState:
         """Forget readiness, consumption and locations (between iterations)."""
         self.ready = {f: np.zeros(self.n_samples, dtype=bool) for f in self.fields}
         self.consumed = np.zeros(self.n_samples, dtype=bool)
+        self.held = np.zeros(self.n_samples, dtype=bool)
         self.warehouse = np.full(self.n_samples, -1, dtype=np.int32)
         self.length = np.zeros(self.n_samples, dtype=np.int64)
         self.version = np.full(self.n_samples, -1, dtype=np.int64)
@@ -80,9 +81,9 @@ class ControllerState:
             self.metadata_bytes += 8
 
     def available(self, fields: list[str], whole_groups: bool = False) -> np.ndarray:
-        """Mask of unconsumed indexes whose ``fields`` are all ready (whole groups only
-        when asked: a group counts once every member is available)."""
-        mask = ~self.consumed & self._stored(fields)
+        """Mask of unconsumed, unheld indexes whose ``fields`` are all ready (whole groups
+        only when asked: a group counts once every member is available)."""
+        mask = ~self.consumed & ~self.held & self._stored(fields)
         if whole_groups:
             full = np.bincount(self.group_of[mask], minlength=len(self.group_sizes))
             mask = (full == self.group_sizes)[self.group_of]
@@ -139,9 +140,17 @@ class ControllerState:
         for ready in self.ready.values():
             ready[indexes] = False
         self.consumed[indexes] = False
+        self.held[indexes] = False
         self.warehouse[indexes] = -1
         self.length[indexes] = 0
         self.version[indexes] = -1
+
+    def hold(self, indexes: np.ndarray, held: bool) -> None:
+        """Keep ``indexes`` out of every claim (``held``) or let claims take them again;
+        their payloads, readiness and consumption stay as they are. Partial rollout holds
+        the finished groups that wait for a later update, so a claim of the batch's size
+        takes exactly the groups chosen to train now."""
+        self.held[np.asarray(indexes, dtype=np.int64)] = held
 
     def ready_count(self, fields: list[str]) -> int:
         """Samples whose ``fields`` are all stored, consumed or not (progress reports)."""
@@ -293,6 +302,11 @@ class TDController:
 
     def recycle(self, indexes: np.ndarray) -> None:
         self.state.recycle(indexes)
+
+    async def hold(self, indexes: np.ndarray, held: bool) -> None:
+        self.state.hold(indexes, held)
+        async with self.changed:  # a released sample may complete a waiting claim
+            self.changed.notify_all()
 
     def ready_count(self, fields: list[str]) -> int:
         return self.state.ready_count(fields)

@@ -49,6 +49,20 @@ def test_a_put_s_weights_version_is_kept_per_sample_until_recycled_or_cleared():
     assert state.version.tolist() == [-1] * 6
 
 
+def test_held_samples_are_skipped_by_claims_until_given_back_or_recycled():
+    state = ControllerState("reward", n_samples=8, group_size=2, fields=FIELDS)
+    state.on_put(np.arange(8), ["prompt_ids", "response_ids"], 0, np.full(8, 3))
+    state.hold(np.array([0, 1, 4, 5]), True)  # two finished groups that wait for later
+    # A claim of the batch's size takes exactly the groups not held, lowest index or not.
+    assert state.claimable(["response_ids"], whole_groups=True) == 4
+    assert state.claim(["response_ids"], 4, whole_groups=True).tolist() == [2, 3, 6, 7]
+    state.hold(np.array([0, 1]), False)
+    assert state.claim(["response_ids"], 8, whole_groups=True).tolist() == [0, 1]
+    state.recycle(np.array([4, 5]))  # a recycled index is no longer held either
+    state.on_put(np.array([4, 5]), ["prompt_ids", "response_ids"], 0, np.full(2, 3))
+    assert state.claim(["response_ids"], 8, whole_groups=True).tolist() == [4, 5]
+
+
 def test_whole_group_claims_never_split_a_group():
     state = ControllerState("advantage", n_samples=8, group_size=4, fields=FIELDS)
     state.on_put(np.array([0, 1, 2, 3, 4, 5]), ["reward"], 0, np.zeros(6, dtype=np.int64))

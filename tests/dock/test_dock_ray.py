@@ -145,6 +145,26 @@ def test_chunked_claims_on_ray_hand_each_sample_once_as_it_is_put(ray_cluster, k
     assert all(len(left) == len(right) > 0 for left, right in chunks)
 
 
+@pytest.mark.parametrize("kind", ["distributed", "central"])
+def test_held_samples_wait_out_every_stage_until_given_back(ray_cluster, kind):
+    handle = create_dock(RL_FIELDS, GRPO_STAGES, G * N, group_size=N, kind=kind, timeout_s=20)
+    try:
+        client = DockClient(handle)
+        everything = np.arange(G * N)
+        client.put(everything, {"prompt_ids": [prompt(i) for i in everything]})
+        client.put(everything, {"response_ids": [response(i) for i in everything]})
+        held = np.arange(N)  # group 0 waits; groups 1..G-1 are claimed now
+        client.hold(held)
+        for stage in ("reward", "ref_logp"):
+            (taken,) = client.claim(stage, GRPO_STAGES[stage], (G - 1) * N, whole_groups=True)
+            assert sorted(taken.tolist()) == list(range(N, G * N))
+        client.hold(held, held=False)
+        (taken,) = client.claim("reward", GRPO_STAGES["reward"], N, whole_groups=True)
+        assert sorted(taken.tolist()) == held.tolist()
+    finally:
+        shutdown_dock(handle)
+
+
 def test_one_warehouse_per_node_and_puts_land_in_the_local_one(dock):
 
     DockClient(dock).clear()
