@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mindrl.algorithm import Algorithm, run_options
+from mindrl.config.placement import partial_rollout_groups
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 
 #: Fields every model stage reads: the packed sequence is prompt + response.
@@ -50,7 +51,9 @@ class RunPlan:
         model_roles: the model worker groups to place (``actor`` first).
         group_size: responses per prompt (the dock hands out whole groups).
         uses_groups: advantages compare the responses of one prompt.
-        sample_batches: prompt batches the dock holds (DAPO refills dropped groups).
+        sample_batches: prompt batches an iteration may draw (DAPO refills dropped groups).
+        dock_groups: groups the dock holds: ``sample_batches`` batches, or partial
+            rollout's in-flight pool (``rollout.partial_rollout_groups``).
         stage_deadline_s: how long a stage's workers may take before the run ends.
         offline: trains on stored samples (DPO's pairs): no rollout, reward or advantage.
         options: the algorithm's options as the run trains with them (resolved once, here).
@@ -65,6 +68,7 @@ class RunPlan:
     group_size: int
     uses_groups: bool
     sample_batches: int
+    dock_groups: int
     stage_deadline_s: float
     options: AlgorithmConfig
     offline: bool = False
@@ -153,6 +157,7 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         group_size=config.data.n_samples_per_prompt,
         uses_groups=algorithm.uses_groups,
         sample_batches=sample_batches(options, config),
+        dock_groups=dock_groups(options, config),
         stage_deadline_s=stage_deadline_s(config),
         options=options,
     )
@@ -181,6 +186,7 @@ def _offline_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         group_size=PAIR_SIZE,
         uses_groups=True,
         sample_batches=1,
+        dock_groups=config.data.global_batch_size,
         stage_deadline_s=stage_deadline_s(config),
         options=run_options(algorithm, config),
         offline=True,
@@ -196,6 +202,14 @@ def sample_batches(options: AlgorithmConfig, config: MindRLConfig) -> int:
     """Prompt batches the dock holds per iteration (dynamic sampling refills dropped groups;
     with rollout.max_staleness > 0 the next batch generates beside the one training)."""
     return 2 if options.dynamic_sampling or config.rollout.max_staleness > 0 else 1
+
+
+def dock_groups(options: AlgorithmConfig, config: MindRLConfig) -> int:
+    """Groups the dock holds: the batches an iteration draws, or under partial rollout the
+    groups it keeps in flight across iterations (trainers/driver/partial_rollout.py)."""
+    if config.rollout.partial_rollout_budget is not None:
+        return partial_rollout_groups(config)
+    return config.data.global_batch_size * sample_batches(options, config)
 
 
 def needs_old_logprob(config: MindRLConfig) -> bool:

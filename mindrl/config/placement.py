@@ -30,6 +30,18 @@ def tokens_may_lag(config: MindRLConfig) -> bool:
     return config.rollout.max_staleness > 0 or config.rollout.partial_rollout_budget is not None
 
 
+#: Partial rollout's default in-flight pool, in batches of data.global_batch_size groups:
+#: room for one batch to finish while up to one more batch of long responses is paused.
+PARTIAL_ROLLOUT_BATCHES = 2
+
+
+def partial_rollout_groups(config: MindRLConfig) -> int:
+    """Groups partial rollout keeps in flight (``rollout.partial_rollout_groups``, by
+    default 2 x data.global_batch_size); the dock holds that many."""
+    groups = config.rollout.partial_rollout_groups
+    return PARTIAL_ROLLOUT_BATCHES * config.data.global_batch_size if groups is None else groups
+
+
 def train_world_size(config: MindRLConfig) -> int:
     """Devices the model roles (actor, reference, critic) train on."""
     if is_disaggregated(config):

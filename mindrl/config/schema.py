@@ -241,6 +241,15 @@ class RolloutConfig:
         "None: off, every response generates to its end.",
         ge=1,
     )
+    partial_rollout_groups: int | None = option(
+        None,
+        "Partial rollout: groups kept in flight in the dock (generating, paused, or finished "
+        "and waiting for an update), at least data.global_batch_size. Each iteration runs "
+        "generation rounds, fresh prompts into the free slots, until global_batch_size "
+        "groups finished; the update trains the oldest of them, the rest wait. None: 2 x "
+        "data.global_batch_size.",
+        ge=1,
+    )
 
 
 @dataclass

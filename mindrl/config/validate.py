@@ -57,8 +57,10 @@ def check_partial_rollout(
     """Partial rollout (``rollout.partial_rollout_budget``) needs an engine that continues
     a response from its prefix; what it does not support yet is one line each."""
     budget = config.rollout.partial_rollout_budget
-    if budget is None or (algorithm is not None and algorithm.offline):
+    if algorithm is not None and algorithm.offline:
         return []  # an offline run's rollout settings are refused by check_offline
+    if budget is None:
+        return _check_partial_rollout_groups(config)
     key = f"rollout.partial_rollout_budget={budget}"
     problems = [
         f"{key}: generation engine '{name}' cannot continue a response from its prefix; "
@@ -82,11 +84,29 @@ def check_partial_rollout(
         f"({', '.join(f'{r} {d}' for r, d in zip(roles, dp, strict=True))})": all(dp)
         and group % math.lcm(*dp) != 0,
     }
+    problems += _check_partial_rollout_groups(config)
     return problems + [
         f"{key} with {what} is not yet supported; remove rollout.partial_rollout_budget for it"
         for what, used in unsupported.items()
         if used
     ]
+
+
+def _check_partial_rollout_groups(config: MindRLConfig) -> list[str]:
+    """The in-flight pool must hold a whole update's groups, and means nothing without
+    a budget (every group then trains in the iteration that drew it)."""
+    groups, batch = config.rollout.partial_rollout_groups, config.data.global_batch_size
+    if groups is None:
+        return []
+    key = f"rollout.partial_rollout_groups={groups}"
+    if config.rollout.partial_rollout_budget is None:
+        return [f"{key} needs rollout.partial_rollout_budget; set a budget or remove it"]
+    if groups < batch:
+        return [
+            f"{key}: must be >= data.global_batch_size ({batch}), the finished groups an "
+            "update trains"
+        ]
+    return []
 
 
 def _engines_without_prefix_continuation(requested: str) -> list[tuple[str, frozenset[str]]]:

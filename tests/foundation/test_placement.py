@@ -122,6 +122,23 @@ def test_what_partial_rollout_cannot_do_yet_is_refused_as_not_yet_supported(
     )
 
 
+def test_an_in_flight_pool_smaller_than_a_batch_or_without_a_budget_is_refused():
+    budget = "rollout.partial_rollout_budget=2"
+    assert problems_of([budget, "rollout.partial_rollout_groups=15"]) == [
+        "configs/tiny.yaml: rollout.partial_rollout_groups=15: must be >= "
+        "data.global_batch_size (16), the finished groups an update trains"
+    ]
+    assert problems_of(["rollout.partial_rollout_groups=32"]) == [
+        "configs/tiny.yaml: rollout.partial_rollout_groups=32 needs "
+        "rollout.partial_rollout_budget; set a budget or remove it"
+    ]
+    assert problems_of([budget, "rollout.partial_rollout_groups=0"]) == [
+        "configs/tiny.yaml: rollout.partial_rollout_groups: must be >= 1, got 0"
+    ]
+    config = load_config(TINY, [budget, "rollout.partial_rollout_groups=16"], get_algorithm("grpo"))
+    assert config.rollout.partial_rollout_groups == 16  # exactly one batch is allowed
+
+
 def test_the_loss_corrects_token_lag_with_partial_rollout_or_staleness_only():
     def lags(*overrides: str) -> bool:
         return tokens_may_lag(load_config(TINY, list(overrides), get_algorithm("grpo")))

@@ -45,9 +45,18 @@ def test_ppo_adds_the_critic_stages_and_its_advantages_read_values_and_write_ret
 
 
 def test_dapo_has_no_reference_and_holds_two_prompt_batches_for_dynamic_sampling():
-    plan = plan_for("dapo")
+    plan = plan_for("dapo", "data.global_batch_size=4")
     assert "ref_logp" not in plan.stage_names and plan.model_roles == ("actor",)
     assert plan.sample_batches == 2 and plan.uses_groups
+    assert plan.dock_groups == 2 * 4
+
+
+def test_the_dock_holds_one_batch_or_partial_rollouts_whole_in_flight_pool():
+    assert plan_for("grpo", "data.global_batch_size=4").dock_groups == 4
+    budget = "rollout.partial_rollout_budget=2"
+    assert plan_for("grpo", "data.global_batch_size=4", budget).dock_groups == 8  # 2G
+    pool = "rollout.partial_rollout_groups=5"
+    assert plan_for("grpo", "data.global_batch_size=4", budget, pool).dock_groups == 5
 
 
 def test_only_stages_off_the_generating_devices_stream_and_never_past_the_batch_barriers(

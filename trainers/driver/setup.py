@@ -286,7 +286,7 @@ def _start_dock(run: RunState, controller_nodes: dict[str, str]) -> None:
     run.dock_handle = create_dock(
         FIELDS,
         plan.dock_stages(),
-        n_samples=run.config.data.global_batch_size * plan.group_size * plan.sample_batches,
+        n_samples=plan.dock_groups * plan.group_size,
         group_size=plan.group_size,
         warehouses=run.config.dock.warehouses,
         kind=run.config.dock.kind,
