@@ -1,65 +1,101 @@
 """Iterations with partial rollout (issue 15, ``rollout.partial_rollout_budget``).
 
-Each iteration generates at most ``budget`` new tokens per response, so the longest
-responses no longer hold the batch. The dock keeps ``G`` groups in flight: the groups not
-trained yet, and fresh prompts in the slots the last update freed. A response still
-unfinished when its budget runs out is paused: its tokens and their log-probs stay in the
-dock (``paused_ids`` / ``paused_logprob``, mindrl/workers/generation.py) and the next
-iteration continues it from exactly that prefix with the weights of that iteration. A
-group trains once all its responses finished; the scoring stages claim whole groups
-only, so a group with a paused response waits in the dock, its finished responses too.
+A generation *round* gives every response at most ``budget`` new tokens, so the longest
+responses no longer hold the batch. A response still unfinished when its budget runs out
+is paused: its tokens and their log-probs stay in the dock (``paused_ids`` /
+``paused_logprob``, mindrl/workers/generation.py) and the next round continues it from
+exactly that prefix with the weights of that round's iteration. A group is finished once
+all its responses are.
+
+The dock keeps a pool of ``P`` group slots in flight (``rollout.partial_rollout_groups``,
+default ``2G``; the dock is sized to it, mindrl/run_plan.py ``dock_groups``), so one
+batch can finish while long responses stay paused. Each iteration runs rounds until at
+least ``G`` groups are finished; a round first puts fresh prompts into free slots, as
+many as finished groups are still missing (at most the free slots), then continues every
+paused response and generates the fresh ones. The update trains exactly the ``G``
+*oldest* finished groups (by the order their prompts were drawn, so none waits forever);
+the other finished groups are held out of every stage's claims (``DockClient.hold``)
+and, with the paused ones, carried over to the next iteration.
+
+Rounds per iteration are capped at ``ceil(max_response_length / budget)``: every group in
+the dock after the first round's refill (at least ``G``: the refill tops the finished up
+to ``G`` unless the pool is full, and ``P >= G``) has finished by then, since each round
+gives each unfinished response its budget or its rest. So the cap only bounds the loop;
+were it ever reached short of ``G`` (an engine that stopped early without saying so), the
+iteration trains the finished groups it has and ``trained_groups`` says how many.
 
 Every token's ``rollout_logprob`` is the one of the weights that sampled it, so a response
-continued across updates mixes policies token by token and the loss corrects each token
-for its lag (trainers/core.py, ``behaviour_weights``; the update's behaviour log-probs are
-the rollout's whenever partial rollout is on, mindrl/config/placement.py,
-``tokens_may_lag``).
+continued across updates, or a finished group that waited for an update, carries its
+behaviour policy token by token and the loss corrects each token for its lag
+(trainers/core.py, ``behaviour_weights``; the update's behaviour log-probs are the
+rollout's whenever partial rollout is on, mindrl/config/placement.py, ``tokens_may_lag``).
 
-With a budget no response reaches (``>= rollout.max_response_length``) nothing pauses and
-a run trains exactly as without partial rollout: the same prompts, calls and seeds.
+With a budget no response reaches (``>= rollout.max_response_length``) the first round
+finishes the ``G`` fresh groups in slots ``0 .. G-1`` and nothing is carried, so a run
+trains exactly as without partial rollout: the same prompts, calls and seeds.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from mindrl.config.placement import partial_rollout_groups
 from mindrl.data import PromptBatch
 from mindrl.workers.generation import PartialRollout
 from trainers.driver.iteration import IterationRunner, Ledger, Sampled
 from trainers.driver.setup import RunState
 
 
+@dataclass(frozen=True)
+class Flight:
+    """A group in the dock: when its prompt was drawn, and the prompt's length."""
+
+    order: int  # draws over the run before it: the lower, the older
+    iteration: int  # the iteration whose round drew it
+    prompt_tokens: int
+
+
 class PartialRolloutRunner(IterationRunner):
-    """Runs iterations whose generation stops at a token budget (module docstring)."""
+    """Runs iterations of budgeted generation rounds (module docstring)."""
 
     whole_group_claims = True
 
     def __init__(self, run: RunState) -> None:
         super().__init__(run)
-        self.budget: int = self.config.rollout.partial_rollout_budget
-        #: Group slots whose prompts are in the dock and not trained yet, ascending.
-        self.pending: list[int] = []
+        rollout = self.config.rollout
+        self.budget: int = rollout.partial_rollout_budget
+        self.pool = partial_rollout_groups(self.config)
+        self.max_rounds = -(-rollout.max_response_length // self.budget)
+        #: Slot -> the group in it, for every group in the dock not trained yet.
+        self.flights: dict[int, Flight] = {}
         #: Sample indexes whose response is paused in the dock.
         self.paused = np.zeros(0, dtype=np.int64)
-        self.prompt_length: dict[int, int] = {}  # slot -> its prompt's tokens
+        #: Finished groups held out of this iteration's claims, given back after it.
+        self.held: list[int] = []
+        #: The groups this iteration's update trained, once their slots are freed.
+        self.trained: list[Flight] = []
+        self.drawn = 0  # groups drawn over the run
+        self.drawn_before = 0  # ... before this iteration
+        self.iteration = 0  # the one running
 
+    # ---- sampling: rounds until G groups finished ------------------------------------------
     def _sample(self, iteration: int, ledger: Ledger) -> Sampled:
-        """Fill the free slots with prompts, generate one budget's worth for every response
-        that needs it, score the groups that finished."""
-        sampled = Sampled(draws=1)
-        fresh = [slot for slot in range(self.G) if slot not in self.pending]
-        if fresh:
-            batch = self.run.dataset.next_batch(len(fresh))
-            self._put_prompts(ledger, self._indexes(fresh), batch, sampled)
-            self._remember_prompts(fresh, batch)
-            self.pending = sorted(self.pending + fresh)
-        reports = self._stage(ledger, "rollout", self._generate, self._indexes(fresh), iteration, 0)
-        self.paused = np.unique(np.concatenate([r["paused"] for r in reports]))
-        waiting = set((self.paused // self.N).tolist())
-        sampled.kept = [slot for slot in self.pending if slot not in waiting]
-        self.pending = [slot for slot in self.pending if slot in waiting]
+        """Generation rounds until ``G`` groups finished; keeps the oldest ``G``, holds the
+        other finished ones for a later update and scores the kept."""
+        sampled = Sampled()
+        self.iteration, self.drawn_before = iteration, self.drawn
+        finished = self._finished()
+        while len(finished) < self.G and sampled.draws < self.max_rounds:
+            fresh = self._free()[: self.G - len(finished)]
+            self._round(ledger, sampled, fresh, iteration)
+            finished = self._finished()
+        sampled.kept = sorted(finished, key=lambda slot: self.flights[slot].order)[: self.G]
+        self.held = sorted(set(finished) - set(sampled.kept))
+        if self.held:
+            self._timed_dock(ledger, self.run.dock.hold, self._indexes(self.held))
         if sampled.kept:
             indexes = self._indexes(sampled.kept)
             scored = self._stage(ledger, "reward", self._score_stage, "reward", indexes)
@@ -67,13 +103,35 @@ class PartialRolloutRunner(IterationRunner):
             sampled.reward_sum = sum(r["reward_sum"] for r in scored)
             sampled.response_tokens = sum(r["response_tokens"] for r in scored)
         # Per trained sample, as the record's means are: prompts put now may train later.
-        sampled.prompt_tokens = float(sum(self.prompt_length.pop(s) for s in sampled.kept) * self.N)
+        prompt_tokens = sum(self.flights[slot].prompt_tokens for slot in sampled.kept)
+        sampled.prompt_tokens = float(prompt_tokens * self.N)
         return sampled
 
-    def _remember_prompts(self, slots: list[int], batch: PromptBatch) -> None:
-        self.prompt_length |= {
-            slot: len(ids) for slot, ids in zip(slots, batch.prompt_ids, strict=True)
-        }
+    def _round(self, ledger: Ledger, sampled: Sampled, fresh: list[int], iteration: int) -> None:
+        """Fresh prompts into ``fresh`` slots, then one budget's worth of tokens for them
+        and every paused response (seeded by the round, as a draw is)."""
+        if fresh:
+            batch = self.run.dataset.next_batch(len(fresh))
+            self._put_prompts(ledger, self._indexes(fresh), batch, sampled)
+            self._board(fresh, batch, iteration)
+        indexes = self._indexes(fresh)
+        reports = self._stage(ledger, "rollout", self._generate, indexes, iteration, sampled.draws)
+        self.paused = np.unique(np.concatenate([r["paused"] for r in reports]))
+        sampled.draws += 1
+
+    def _board(self, slots: list[int], batch: PromptBatch, iteration: int) -> None:
+        for slot, ids in zip(slots, batch.prompt_ids, strict=True):
+            self.flights[slot] = Flight(self.drawn, iteration, len(ids))
+            self.drawn += 1
+
+    def _finished(self) -> list[int]:
+        """Slots whose group has every response finished (none paused), ascending."""
+        waiting = set((self.paused // self.N).tolist())
+        return sorted(slot for slot in self.flights if slot not in waiting)
+
+    def _free(self) -> list[int]:
+        """Slots of the pool with no group in them, ascending."""
+        return [slot for slot in range(self.pool) if slot not in self.flights]
 
     def _generation_args(self, indexes: np.ndarray, iteration: int, draw: int) -> list[tuple]:
         """The fresh prompts as the rollout stage splits them, plus the paused responses
@@ -88,15 +146,30 @@ class PartialRolloutRunner(IterationRunner):
         params = self._sampling_params(iteration, draw)
         return [(parts[r], params, partial) for r in self.run.gen_dp_ranks]
 
+    # ---- after the update ---------------------------------------------------------------------
     def _release(self, ledger: Ledger, trained: np.ndarray) -> None:
-        """Free only the trained groups' slots: the waiting groups stay in the dock."""
+        """Free only the trained groups' slots; the held ones may be claimed again."""
+        slots = np.unique(trained // self.N).tolist()
+        self.trained = [self.flights.pop(slot) for slot in slots]
         if len(trained):
             self._timed_dock(ledger, self.run.dock.recycle, trained)
+        if self.held:
+            self._timed_dock(ledger, self.run.dock.hold, self._indexes(self.held), False)
 
     def _record(
         self, metrics: dict[str, Any], sampled: Sampled, ledger: Ledger, seconds: float
     ) -> dict[str, Any]:
-        return super()._record(metrics, sampled, ledger, seconds) | {
-            "trained_groups": len(sampled.kept),
+        return super()._record(metrics, sampled, ledger, seconds) | self._counts(sampled)
+
+    def _counts(self, sampled: Sampled) -> dict[str, Any]:
+        """What this iteration's rounds did and left in the dock."""
+        return {
+            "trained_groups": len(self.trained),
             "paused_responses": len(self.paused),
+            "generation_rounds": sampled.draws,
+            "drawn_groups": self.drawn - self.drawn_before,
+            "carried_groups": len(self.flights),
+            "carried_finished_groups": len(self.held),
+            # Updates the oldest trained group's first tokens lag behind the trained weights.
+            "staleness_max": max((self.iteration - f.iteration for f in self.trained), default=0),
         }

@@ -1,0 +1,207 @@
+"""Partial rollout's rounds without Ray: the driver's scheduling (trainers/driver/
+partial_rollout.py) over a scripted engine in which every response needs a known number
+of tokens and gets at most the budget per round, and a dock that records what is put,
+held, given back and recycled.
+
+These pin what the long-tail run on Ray meets only by chance: finished groups held back
+for the next update (the oldest train first), and the round cap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import pairwise
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from mindrl.config import load_config
+from mindrl.data import PromptBatch
+from mindrl.run_plan import build_run_plan
+from trainers.driver.iteration import Ledger
+from trainers.driver.partial_rollout import PartialRolloutRunner
+from trainers.registry import get_algorithm
+
+G, N, B, LENGTH = 4, 2, 4, 16  # groups per update, responses per group, budget, max length
+POOL = 2 * G  # the default in-flight pool
+ROUND_CAP = LENGTH // B
+
+
+@dataclass
+class Dock:
+    """What the driver asks of the dock (metadata only; the scripted engine keeps the
+    tokens)."""
+
+    put: set[int] = field(default_factory=set)
+    held: set[int] = field(default_factory=set)
+    recycled: list[int] = field(default_factory=list)
+
+    def hold(self, indexes: np.ndarray, held: bool = True) -> None:
+        assert set(indexes.tolist()) <= self.put
+        change = set(indexes.tolist())
+        self.held = self.held | change if held else self.held - change
+
+    def recycle(self, indexes: np.ndarray) -> None:
+        assert not set(indexes.tolist()) & self.held  # a held group is never trained now
+        self.put -= set(indexes.tolist())
+        self.recycled += indexes.tolist()
+
+
+class Dataset:
+    """Prompts numbered as drawn: prompt ``k`` is ``[k]``."""
+
+    def __init__(self) -> None:
+        self.records = [SimpleNamespace(uid=str(k)) for k in range(1000)]
+        self.drawn = 0
+
+    def next_batch(self, count: int) -> PromptBatch:
+        first, self.drawn = self.drawn, self.drawn + count
+        ids = list(range(first, self.drawn))
+        texts = [""] * count
+        return PromptBatch([[k] for k in ids], texts, [str(k) for k in ids], texts, 0, first)
+
+
+class ScriptedRunner(PartialRolloutRunner):
+    """The runner with the engine and the scoring workers replaced: response ``m`` of
+    prompt ``k`` needs ``needs(k, m)`` tokens; a round gives each response in the dock
+    ``min(budget, what it still needs)``."""
+
+    def __init__(self, run, needs) -> None:
+        super().__init__(run)
+        self.needs, self.tokens = needs, {}  # index -> tokens so far
+        self.prompt_of: dict[int, int] = {}  # slot -> prompt number
+
+    def _put_prompts(self, ledger, indexes, batch, sampled) -> None:
+        assert not set(indexes.tolist()) & self.run.dock.put  # only free slots
+        self.run.dock.put |= set(indexes.tolist())
+        for slot, (prompt,) in zip(indexes[:: self.N] // self.N, batch.prompt_ids, strict=True):
+            self.prompt_of[int(slot)] = prompt
+
+    def _generate(self, indexes, iteration, draw) -> list[dict]:
+        assert not set(self.paused.tolist()) & set(indexes.tolist())
+        paused = []
+        for index in [*indexes.tolist(), *self.paused.tolist()]:
+            done = 0 if index in indexes else self.tokens[index]
+            need = self.needs(self.prompt_of[index // self.N], index % self.N)
+            self.tokens[index] = min(done + self.budget, need)
+            if self.tokens[index] < need:
+                paused.append(index)
+        return [{"paused": np.array(paused, dtype=np.int64), "response_tokens": 0}]
+
+    def _score_stage(self, name, indexes) -> list[dict]:
+        assert not set(indexes.tolist()) & self.run.dock.held
+        return [{"reward_sum": 0.0, "response_tokens": 0}]
+
+
+def make_runner(needs, *overrides: str) -> ScriptedRunner:
+    algorithm = get_algorithm("grpo")
+    config = load_config(
+        "configs/tiny.yaml",
+        [
+            f"data.global_batch_size={G}",
+            f"data.n_samples_per_prompt={N}",
+            f"rollout.max_response_length={LENGTH}",
+            f"rollout.partial_rollout_budget={B}",
+            *overrides,
+        ],
+        algorithm=algorithm,
+    )
+    plan = build_run_plan(algorithm, config)
+    run = SimpleNamespace(
+        config=config, plan=plan, options=plan.options, dataset=Dataset(), dock=Dock()
+    )
+    return ScriptedRunner(run, needs)
+
+
+@dataclass
+class Step:
+    trained: list[int]  # prompt numbers, in the order the update takes them
+    held: list[int]
+    counts: dict
+
+
+def iterate(runner: ScriptedRunner, iterations: int) -> list[Step]:
+    """The runner's part of ``run_iteration``: rounds, the update's groups, the release."""
+    steps = []
+    for iteration in range(iterations):
+        ledger = Ledger()
+        sampled = runner._sample(iteration, ledger)
+        trained = [runner.prompt_of[slot] for slot in sampled.kept]
+        held = sorted(runner.prompt_of[slot] for slot in runner.held)
+        assert runner.run.dock.held == set(runner._indexes(runner.held).tolist())
+        runner._release(ledger, runner._indexes(sampled.kept))
+        assert runner.run.dock.held == set()  # given back for the next iteration's claims
+        steps.append(Step(trained, held, runner._counts(sampled)))
+    return steps
+
+
+def longtail(prompt: int, member: int) -> int:
+    """1 prompt in 8 wants 13 tokens from every response; the rest 2, except that one
+    response in three of the others rambles to 6."""
+    if prompt % 8 == 3:
+        return 13
+    return 6 if (prompt + member) % 3 == 0 else 2
+
+
+def test_a_long_tail_trains_exactly_g_groups_every_iteration_oldest_first():
+    runner = make_runner(longtail)
+    steps = iterate(runner, 12)
+    assert [s.counts["trained_groups"] for s in steps] == [G] * 12
+    assert all(1 <= s.counts["generation_rounds"] <= ROUND_CAP for s in steps)
+    assert any(s.held for s in steps)  # finished groups did wait for a later update
+    for now, after in pairwise(steps):
+        assert now.trained == sorted(now.trained)  # oldest first ...
+        if now.held:  # ... before every finished group held back, which trains next
+            assert max(now.trained) < min(now.held)
+            assert set(now.held) <= set(after.trained)
+        assert now.counts["carried_finished_groups"] == len(now.held)
+    # Long prompts wait across updates: the first tokens of some trained group were
+    # sampled an update or more before the one that trains it.
+    assert max(s.counts["staleness_max"] for s in steps) >= 1
+
+
+def test_no_group_trains_twice_and_every_prompt_drawn_is_trained_or_still_in_the_dock():
+    runner = make_runner(longtail)
+    steps = iterate(runner, 12)
+    trained = [prompt for s in steps for prompt in s.trained]
+    assert len(trained) == len(set(trained))
+    in_dock = sorted(runner.prompt_of[slot] for slot in runner.flights)
+    assert sorted(trained + in_dock) == list(range(runner.run.dataset.drawn))
+    assert sum(s.counts["drawn_groups"] for s in steps) == runner.run.dataset.drawn
+    assert steps[-1].counts["carried_groups"] == len(in_dock) <= POOL
+
+
+def test_a_budget_no_response_reaches_draws_g_prompts_into_slots_0_to_g_minus_1_once():
+    runner = make_runner(longtail, f"rollout.partial_rollout_budget={LENGTH}")
+    for step in iterate(runner, 3):
+        counts = step.counts
+        assert (counts["generation_rounds"], counts["drawn_groups"]) == (1, G)
+        assert (counts["carried_groups"], counts["paused_responses"]) == (0, 0)
+    assert runner.run.dock.recycled == list(range(G * N)) * 3  # today's indexes, in order
+
+
+def test_rounds_stop_at_the_cap_and_the_update_trains_what_finished():
+    # An engine that never ends a response it was asked for (one that stopped early
+    # without saying so): the cap ends the loop and the record shows the shortfall.
+    runner = make_runner(lambda prompt, member: 10**9)
+    (step,) = iterate(runner, 1)
+    assert step.counts["generation_rounds"] == ROUND_CAP
+    assert step.counts["trained_groups"] == 0 and step.trained == []
+    assert step.counts["carried_groups"] == POOL  # the pool filled, nothing was lost
+
+
+def test_a_larger_pool_keeps_more_groups_in_flight():
+    runner = make_runner(lambda prompt, member: 10**9, "rollout.partial_rollout_groups=12")
+    (step,) = iterate(runner, 1)
+    assert step.counts["carried_groups"] == 12
+    assert runner.pool == 12
+
+
+@pytest.mark.parametrize("budget", [1, 3, 5])
+def test_every_iteration_trains_g_groups_whatever_the_budget(budget):
+    runner = make_runner(longtail, f"rollout.partial_rollout_budget={budget}")
+    steps = iterate(runner, 8)
+    assert [s.counts["trained_groups"] for s in steps] == [G] * 8
+    cap = -(-LENGTH // budget)
+    assert max(s.counts["generation_rounds"] for s in steps) <= cap
