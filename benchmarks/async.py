@@ -41,13 +41,15 @@ trains with every response generated to its end (``whole``) and with
 ``rollout.partial_rollout_budget=B`` (``partial``), ``--repeats`` times in alternating
 order in one Ray session. Per run kind: p50 / p90 / max iteration time after ``--warmup``
 iterations, the trained throughput (trained tokens / wall seconds, the records' ``tps``
-times their seconds), groups trained per iteration; ratios are partial / whole. Use a
-task with long-tailed response lengths, ``data.source=synthetic:longtail`` (1 prompt in 8
-asks for a 12-digit answer) with room for it, ``rollout.max_response_length=16``.
+times their seconds; and trained groups / wall seconds), groups trained and generation
+rounds per iteration, each stage's mean wall time (where the time goes); ratios are
+partial / whole. Use a task with long-tailed response lengths,
+``data.source=synthetic:longtail`` (1 prompt in 8 asks for a 12-digit answer) with room
+for it, ``rollout.max_response_length=16``.
 
     .venv/bin/python benchmarks/async.py                       # tiny, 12 iterations x 1
     .venv/bin/python benchmarks/async.py --partial-budget 4 --iterations 30 --warmup 5 \
-        --set data.source=synthetic:longtail rollout.max_response_length=16
+        --repeats 2 --set data.source=synthetic:longtail rollout.max_response_length=16
     .venv/bin/python benchmarks/async.py --iterations 20 --repeats 2 --json out.json
     .venv/bin/python benchmarks/async.py --simulate-only
 """
@@ -204,15 +206,25 @@ def iteration_percentiles(records: list[dict]) -> dict[str, float]:
 
 
 def summarize_partial(records: list[dict], groups: int) -> dict[str, Any]:
-    """Iteration-time percentiles, trained throughput and groups trained per iteration
-    (a whole-rollout record trains every group: it carries no ``trained_groups``)."""
+    """Iteration-time percentiles, trained throughput (tokens and groups per second),
+    groups trained and generation rounds per iteration, and each stage's mean wall time
+    (a whole-rollout record trains every group in one round: it carries no
+    ``trained_groups`` / ``generation_rounds``)."""
     seconds = sum(r["iteration_time_s"] for r in records)
+    trained = [r.get("trained_groups", groups) for r in records]
+    stages = sorted({s for r in records for s in r.get("time", {})})
     return {
         "iterations_timed": len(records),
         **iteration_percentiles(records),
         "trained_tokens_per_s": sum(r["tps"] * r["iteration_time_s"] for r in records) / seconds,
-        "groups_per_iteration": statistics.fmean(r.get("trained_groups", groups) for r in records),
+        "trained_groups_per_s": sum(trained) / seconds,
+        "groups_per_iteration": statistics.fmean(trained),
+        "rounds_per_iteration": statistics.fmean(r.get("generation_rounds", 1) for r in records),
         "reward_mean": statistics.fmean(r["reward_mean"] for r in records),
+        "stage_s": {
+            stage: statistics.fmean(r.get("time", {}).get(stage, 0.0) for r in records)
+            for stage in stages
+        },
     }
 
 
@@ -232,6 +244,7 @@ def measure_partial(args: argparse.Namespace) -> dict[str, Any]:
     whole, partial = summaries["whole"], summaries["partial"]
     ratios = {key: partial[key] / whole[key] for key in ("p50_s", "p90_s", "max_s")}
     ratios["throughput"] = partial["trained_tokens_per_s"] / whole["trained_tokens_per_s"]
+    ratios["groups_per_s"] = partial["trained_groups_per_s"] / whole["trained_groups_per_s"]
     return {"config": str(args.config), "overrides": args.set, "budget": args.partial_budget,
             "partial": summaries, "partial_ratios": ratios, "work_dir": str(work)}  # fmt: skip
 
@@ -390,18 +403,22 @@ def print_partial(report: dict[str, Any]) -> None:
         f"partial: rollout.partial_rollout_budget={report['budget']}"
     )
     print(
-        f"  {'rollout':<8} {'p50':>8} {'p90':>8} {'max':>8} {'trained tok/s':>14} groups/it reward"
+        f"  {'rollout':<8} {'p50':>8} {'p90':>8} {'max':>8} {'trained tok/s':>14} "
+        f"{'groups/s':>9} groups/it rounds/it reward  mean stage wall s"
     )
     for kind, s in report["partial"].items():
+        stages = ", ".join(f"{name} {sec:.3f}" for name, sec in s["stage_s"].items())
         print(
             f"  {kind:<8} {s['p50_s']:>7.3f}s {s['p90_s']:>7.3f}s {s['max_s']:>7.3f}s "
-            f"{s['trained_tokens_per_s']:>14.1f} {s['groups_per_iteration']:>9.2f} "
-            f"{s['reward_mean']:.3f}"
+            f"{s['trained_tokens_per_s']:>14.1f} {s['trained_groups_per_s']:>9.2f} "
+            f"{s['groups_per_iteration']:>9.2f} {s['rounds_per_iteration']:>9.2f} "
+            f"{s['reward_mean']:.3f}  {stages}"
         )
     r = report["partial_ratios"]
     print(
         f"  partial / whole: p50 {r['p50_s']:.3f}x, p90 {r['p90_s']:.3f}x, max {r['max_s']:.3f}x "
-        f"iteration time; trained throughput {r['throughput']:.3f}x"
+        f"iteration time; trained throughput {r['throughput']:.3f}x tokens/s, "
+        f"{r['groups_per_s']:.3f}x groups/s"
     )
 
 

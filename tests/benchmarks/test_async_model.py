@@ -53,18 +53,28 @@ def test_long_responses_finish_last_and_a_replica_decodes_until_its_longest():
 
 
 def test_the_partial_rollout_summary_gives_iteration_time_percentiles_and_trained_throughput():
-    # Ten iterations of 1..10 s; the last trains nothing (all its groups paused).
+    # Ten iterations of 1..10 s, two rounds each; the last trains nothing (at its cap).
     records = [
-        {"iteration_time_s": float(t), "tps": 2.0, "reward_mean": 0.5, "trained_groups": 4}
+        {
+            "iteration_time_s": float(t),
+            "tps": 2.0,
+            "reward_mean": 0.5,
+            "trained_groups": 4,
+            "generation_rounds": 2,
+            "time": {"rollout": t / 2, "update": 0.25},
+        }
         for t in range(1, 11)
     ]
     records[-1] |= {"tps": 0.0, "trained_groups": 0}
     summary = bench.summarize_partial(records, groups=4)
     assert (summary["p50_s"], summary["p90_s"], summary["max_s"]) == (5.5, 9.1, 10.0)
     assert summary["trained_tokens_per_s"] == pytest.approx(2.0 * 45 / 55)
+    assert summary["trained_groups_per_s"] == pytest.approx(36 / 55)
     assert summary["groups_per_iteration"] == pytest.approx(3.6)
-    # A whole-rollout record has no trained_groups: it trains every group.
-    whole = bench.summarize_partial(
-        [{k: v for k, v in records[0].items() if k != "trained_groups"}], 4
-    )
-    assert whole["groups_per_iteration"] == 4
+    assert summary["rounds_per_iteration"] == 2
+    assert summary["stage_s"] == {"rollout": pytest.approx(2.75), "update": 0.25}
+    # A whole-rollout record has no trained_groups: it trains every group in one round.
+    keep = ("iteration_time_s", "tps", "reward_mean")
+    whole = bench.summarize_partial([{k: records[0][k] for k in keep}], 4)
+    assert (whole["groups_per_iteration"], whole["rounds_per_iteration"]) == (4, 1)
+    assert whole["trained_groups_per_s"] == 4.0 and whole["stage_s"] == {}
