@@ -101,6 +101,13 @@ def _forward(model: nn.Module, ids: torch.Tensor, batch: MicroBatch) -> torch.Te
         return model(ids, positions, mask)
 
 
+def _unpadded(output: torch.Tensor, batch: MicroBatch, length: int) -> torch.Tensor:
+    """The last stage's output without the sequence-parallel padding: a per-position
+    output ``[b, s_pad, ...]`` is cut to the batch's ``length``; logits computed at the
+    window's positions (``[b, W, v]``, ``W`` unrelated to ``s``) are left whole."""
+    return output if batch.logit_positions is not None else output[:, :length]
+
+
 def run_micro_batches(
     model: nn.Module, micro_batches: list[MicroBatch], head: Head, hidden_size: int, train: bool
 ) -> list[Any]:
@@ -126,7 +133,7 @@ def run_micro_batches(
         recv_shape = (ids.shape[1] // multiple, ids.shape[0], hidden_size)
         received, output = _stage_forward(model, ids, batch, recv_shape, dtype, prev, train)
         if last:
-            loss, result = head(output[:, :s], batch)
+            loss, result = head(_unpadded(output, batch, s), batch)
             results.append(result)
             if train:
                 loss.backward()
@@ -158,7 +165,7 @@ def megatron_schedule(
         output = _forward(stage, ids, batch)
 
         def loss_func(output_tensor):
-            loss, result = head(output_tensor[:, : batch.input_ids.shape[1]], batch)
+            loss, result = head(_unpadded(output_tensor, batch, batch.input_ids.shape[1]), batch)
             results.append(result)
             # The engine already divides by the global normaliser: a 3-tuple with
             # calculate_per_token_loss stops Megatron dividing again.

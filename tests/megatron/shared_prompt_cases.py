@@ -17,7 +17,19 @@ def grpo_like_batch(vocab: int) -> ResponseBatch:
     so that groups are not contiguous."""
     gen = torch.Generator().manual_seed(11)
     a, b, c = (torch.randint(1, vocab, (n,), generator=gen).tolist() for n in (5, 3, 4))
-    rows = [(a, 4), (b, 1), (a, 2), (c, 2), (b, 4), (a, 3)]
+    return _batch([(a, 4), (b, 1), (a, 2), (c, 2), (b, 4), (a, 3)], vocab, gen)
+
+
+def short_responses_batch(vocab: int) -> ResponseBatch:
+    """A 2-token prompt x 5 responses of 1, 1, 3, 1, 1 tokens: the packed row (9 tokens)
+    is shorter than its members' score columns (5 x 3), as on the tiny recipe."""
+    gen = torch.Generator().manual_seed(12)
+    prompt = torch.randint(1, vocab, (2,), generator=gen).tolist()
+    return _batch([(prompt, n) for n in (1, 1, 3, 1, 1)], vocab, gen)
+
+
+def _batch(rows: list[tuple[list[int], int]], vocab: int, gen: torch.Generator) -> ResponseBatch:
+    """Rows of (prompt, response length) with random response tokens and advantages."""
     width = max(n for _, n in rows)
     length = max(len(p) + width for p, _ in rows)
     ids = torch.zeros(len(rows), length, dtype=torch.long)
@@ -31,11 +43,13 @@ def grpo_like_batch(vocab: int) -> ResponseBatch:
     return ResponseBatch(ids, start, mask, {"advantages": advantages})
 
 
-def one_step(spec: GPTSpec, parallel: ParallelSpec, share: bool, value_head: bool) -> dict:
-    """Scores, then one train step, of :func:`grpo_like_batch`."""
+def one_step(
+    spec: GPTSpec, parallel: ParallelSpec, share: bool, value_head: bool, make=grpo_like_batch
+) -> dict:
+    """Scores, then one train step, of the batch ``make`` builds."""
     engine = MegatronEngine(spec, parallel, NO_CLIP, value_head=value_head, share_prompts=share)
     engine.load_full_state_dict(named_weights(engine.param_layouts()))
-    batch = grpo_like_batch(spec.vocab_size)
+    batch = make(spec.vocab_size)
     scored = engine.forward(batch, micro_batch_size=None, with_entropy=not value_head)
     loss = _value_loss if value_head else policy_loss
     metrics = engine.train_step(batch, loss, micro_batch_size=None, with_entropy=not value_head)
@@ -64,6 +78,11 @@ def packed_and_plain(rank: int, world: int) -> dict:
         else {"tp2": ParallelSpec(tp=2), "pp2": ParallelSpec(pp=2)}
     )
     out = {}
+    if world == 1:
+        for share in (True, False):
+            out["short", "policy", share] = one_step(
+                DENSE, ParallelSpec(), share, False, short_responses_batch
+            )
     for name, parallel in layouts.items():
         for head in ("policy", "critic"):
             for share in (True, False):

@@ -98,6 +98,10 @@ def test_packed_rows_score_and_train_like_plain_rows_on_one_rank(one_rank, head)
     assert_same(one_rank["one", head, True], one_rank["one", head, False])
 
 
+def test_a_packed_row_shorter_than_its_members_score_columns_trains_like_plain_rows(one_rank):
+    assert_same(one_rank["short", "policy", True], one_rank["short", "policy", False])
+
+
 @pytest.mark.parametrize("layout", ["tp2", "pp2"])
 @pytest.mark.parametrize("head", ["policy", "critic"])
 def test_packed_rows_score_and_train_like_plain_rows_under_tp_and_pp(two_ranks, layout, head):
