@@ -1,13 +1,30 @@
-"""Sync vs streaming iterations (``dock.pipeline``): measured here, and simulated on the
+"""Sync vs streaming vs asynchronous iterations: measured here, and simulated on the
 paper's 16-device cluster; with ``--partial-budget``, whole vs partial rollout measured.
 
 **Measured.** One process, one Ray session: the same config (``--config``, tiny by
-default) trains ``--iterations`` iterations with ``dock.pipeline=sync`` and then with
-``dock.pipeline=stream``, ``--repeats`` times in alternating order so a shift in machine
-load hits both alike. Per mode: median iteration time and TPS after ``--warmup``
-iterations, each stage's wall time (a streamed stage: only its tail after generation),
-busy time and overlap, and whether the two modes trained on the same samples (every
-non-timing metric equal). Ratios are stream / sync.
+default) trains ``--iterations`` iterations in each mode (``MODES``), ``--repeats`` times
+in alternating order so a shift in machine load hits all alike:
+
+* ``sync`` / ``stream``: ``dock.pipeline`` sync / stream, collocated (every device
+  generates and trains);
+* ``disagg-sync``: ``rollout.placement: disaggregated``, ``rollout.devices`` =
+  ``--rollout-devices`` (default half the world) generate and the rest train,
+  ``rollout.max_staleness: 0``: on-policy, so it shows the placement's cost alone;
+* ``async``: the same placement with ``max_staleness: 1``: the next batch generates while
+  this one trains (docs/architecture.md section 8).
+
+Every mode uses the same devices (TPS, paper Eq. 5, is per device of the whole world) and
+trains its roles at ``--train-tp`` (default 1: the disaggregated modes train on
+``world - rollout devices``, one on tiny), so the layouts differ in data parallelism
+only. Per mode, after ``--warmup`` iterations: median iteration time, TPS and samples/s;
+each stage's wall, busy and overlap time (a streamed stage's wall: its tail after
+generation; async: ``rollout`` wall is the wait when the batch is collected, its overlap
+the generation that ran during the previous update, ``weight_transfer`` the hand-over);
+the overhead (dock operations, resharding, scheduling); the trained samples' staleness.
+Ratios are each mode / sync and async / disagg-sync (the asynchrony's own gain). Stream
+and sync train on the same samples (checked: every non-timing metric equal); the
+disaggregated modes do not (generation is split differently, and async trains on samples
+one update old), so only their times compare.
 
 **Simulated.** The paper's 16-device setup (2 nodes x 8 NPUs, 128 GB each; GRPO on
 Qwen2.5-7B, G=256 prompts x N=16 responses; host<->device 50 GB/s, 300 MB/s between
@@ -32,11 +49,43 @@ they come from this cost model (every constant is a flag, printed with the resul
 
 Sync runs the stages one after another. Stream lets the reward workers take responses
 as they finish (what ``dock.pipeline: stream`` does); the reference and the update share
-the actor's devices and still take turns. A what-if row puts the reference on 4 devices
-of its own (generation and update on the other 12): a placement mindrl does not build
-yet (issue 15, disaggregation), shown to say where streaming pays.
+the actor's devices and still take turns. A what-if row puts the reference on a quarter
+of the devices (4 of 16; generation and update on the other 12): a placement mindrl does
+not build, shown to say where streaming pays.
 
-**Partial rollout** (``--partial-budget B``): instead of sync vs stream, the same config
+The disaggregated rows generate on ``--sim-rollout-devices`` (default 8: one node
+generates, the other trains) and run the reference and the update on the rest; nothing
+is swapped (each side holds only its own state) and after every update the bf16 weights
+(2 B/param, 15.2 GB) go to the rollout workers at ``--sim-transfer-mb-per-s``, default
+300 MB/s: the paper's only figure between servers, which an 8 + 8 split crosses (an
+RDMA or HCCS / NVLink link is ~100x faster; ``--sim-transfer-mb-per-s 25600`` for
+25 GB/s). The reward scores a batch once it is collected (stream is refused with the
+placement). ``disagg-sync`` runs the stages one after another; ``async`` as mindrl's
+runner does (trainers/driver/async_iteration.py): batch k+1 starts generating after
+batch k's reward, weight transfer and reference pass and runs beside batch k's update,
+so an iteration takes reward + transfer + reference + dock + max(generation, update) in
+steady state. ``async, best split`` is the async row at the number of generating devices
+(1..15) with the shortest iteration; memory and the KV cache's capacity are not checked.
+
+What the model predicts, and why peers report more. With the defaults (figures below)
+async is 0.88x sync at 8 + 8 and 0.90x at its best split (7 + 9): the asynchrony itself
+gains 1.65x over the same placement on-policy (async / disagg-sync 0.606x), but the
+placement costs more. Each side has half the devices; the update and the reference
+scale linearly with devices and generation nearly so (decode is bound by reading the KV
+cache, which fewer replicas do not shrink; only the weight reads amortize: 780 s on 8
+devices vs 473 s on 16); the reference pass and the 48 s transfer stay on the critical
+path. Where every stage scales linearly, splitting a fixed pool hands the overlap's gain
+back: generation + update on all devices equals max(generation, update) at the balanced
+split. verl's fully-async trainer (2.35-2.67x on Qwen2.5-7B, 128 GPUs) and AReaL (2.77x
+vs synchronous) gain elsewhere: their generation is continuous (partial / interruptible
+rollout: no rollout device waits for a batch's longest response), their synchronous
+baselines idle through that long tail on every device (their long-CoT responses run to
+tens of thousands of tokens), and weights move in seconds over NVLink / RDMA. mindrl's
+runner, and so this model, collects whole batches: the tail stays on the generation
+side. With long-CoT lengths (``--sim-response-mean 8192 --sim-response-max 32768``) the
+model gives 0.68x at 8 + 8 and 0.85x at its best split (12 + 4).
+
+**Partial rollout** (``--partial-budget B``): instead of the four modes, the same config
 trains with every response generated to its end (``whole``) and with
 ``rollout.partial_rollout_budget=B`` (``partial``), ``--repeats`` times in alternating
 order in one Ray session. Per run kind: p50 / p90 / max iteration time after ``--warmup``
@@ -74,7 +123,27 @@ sys.path.insert(0, str(ROOT))
 
 from mindrl.planner.sample_flow import dispatch_seconds, sample_flow  # noqa: E402
 
-MODES = ("sync", "stream")
+#: What a disaggregated run adds: generation on ``rollout.devices`` of the world's devices,
+#: training on the rest (stream is refused with it: mindrl/config/placement.py).
+DISAGGREGATED = (
+    "dock.pipeline=sync",
+    "rollout.placement=disaggregated",
+    "rollout.devices={rollout_devices}",
+)
+#: The measured comparison, one config: label -> what each run adds to it. The collocated
+#: runs generate and train on every device; ``disagg-sync`` is the disaggregated placement
+#: on-policy (its cost alone), ``async`` the same placement generating one batch ahead.
+MODES = {
+    "sync": ("dock.pipeline=sync",),
+    "stream": ("dock.pipeline=stream",),
+    "disagg-sync": (*DISAGGREGATED, "rollout.max_staleness=0"),
+    "async": (*DISAGGREGATED, "rollout.max_staleness=1"),
+}
+#: Ratios printed, (mode, baseline): each mode vs sync, and async vs its own placement
+#: on-policy, which separates the asynchrony's gain from the placement's cost.
+RATIOS = (("stream", "sync"), ("disagg-sync", "sync"), ("async", "sync"), ("async", "disagg-sync"))
+#: Roles whose tensor parallelism ``--train-tp`` sets in every mode.
+TRAIN_ROLES = ("actor", "reference", "critic")
 #: Partial rollout's comparison: label -> what the run adds to the config (and the budget).
 PARTIAL_KINDS = ("whole", "partial")
 #: Record keys that are timings or memory; every other metric must match across modes.
@@ -85,10 +154,10 @@ MEASURED = {"tps", "iteration_time_s", "time", "busy", "overlap", "overhead"}
 
 
 def train_once(
-    config_path: Path, mode: str, iterations: int, run_dir: Path, extra: list[str]
+    config_path: Path, label: str, iterations: int, run_dir: Path, extra: list[str]
 ) -> list[dict]:
-    """Train in this process (Ray already up); the run's metrics records. ``mode`` is a
-    ``dock.pipeline`` (sync, stream); ``extra`` the run's overrides."""
+    """Train in this process (Ray already up); the run's metrics records. ``extra`` is
+    what the run ``label`` adds to the config."""
     from mindrl.config import load_config
     from mindrl.metrics import read_metrics
     from trainers.driver.train import train
@@ -97,7 +166,6 @@ def train_once(
     overrides = [
         *extra,
         f"iterations={iterations}",
-        f"dock.pipeline={mode}",
         f"logging.dir={run_dir}",
         "logging.backends=[]",
         "logging.progress_bar=false",
@@ -105,26 +173,35 @@ def train_once(
     ]
     config = load_config(config_path, overrides, algorithm=get_algorithm("grpo"))
     if train(config, "grpo", device="cpu") != 0:
-        raise RuntimeError(f"the {mode} run failed; see its output above")
+        raise RuntimeError(f"the {label} run failed; see its output above")
     return read_metrics(run_dir / "metrics.jsonl")
 
 
-def summarize(records: list[dict], warmup: int) -> dict[str, Any]:
-    """Medians over the timed iterations; stage times, busy and overlap as means."""
-    timed = records[warmup:] or records
+def summarize(records: list[dict], samples_per_iteration: int) -> dict[str, Any]:
+    """Medians over the timed ``records``: iteration time, TPS and samples per second
+    (``samples_per_iteration`` over the median iteration); as means, each stage's wall,
+    busy and overlap seconds and the overhead inside the iteration (dock operations,
+    resharding, scheduling); the staleness of what trained, where the records carry it."""
+    iteration_s = statistics.median(r["iteration_time_s"] for r in records)
 
     def mean_of(key: str) -> dict[str, float]:
-        stages = sorted({s for r in timed for s in r.get(key, {})})
-        return {s: statistics.fmean(r.get(key, {}).get(s, 0.0) for r in timed) for s in stages}
+        stages = sorted({s for r in records for s in r.get(key, {})})
+        return {s: statistics.fmean(r.get(key, {}).get(s, 0.0) for r in records) for s in stages}
 
-    return {
-        "iterations_timed": len(timed),
-        "iteration_s": statistics.median(r["iteration_time_s"] for r in timed),
-        "tps": statistics.median(r["tps"] for r in timed),
+    summary = {
+        "iterations_timed": len(records),
+        "iteration_s": iteration_s,
+        "tps": statistics.median(r["tps"] for r in records),
+        "samples_per_s": samples_per_iteration / iteration_s,
         "stage_s": mean_of("time"),
         "busy_s": mean_of("busy"),
         "overlap_s": mean_of("overlap"),
+        "overhead_s": mean_of("overhead"),
     }
+    if any("staleness_max" in r for r in records):  # a disaggregated run's records
+        summary["staleness_max"] = max(r["staleness_max"] for r in records)
+        summary["staleness_mean"] = statistics.fmean(r["staleness_mean"] for r in records)
+    return summary
 
 
 def outcomes(record: dict) -> dict:
@@ -148,10 +225,10 @@ def same_samples(a: list[dict], b: list[dict]) -> bool:
 
 
 def run_alternating(
-    args: argparse.Namespace, kinds: dict[str, tuple[str, list[str]]]
+    args: argparse.Namespace, kinds: dict[str, list[str]]
 ) -> tuple[dict[str, list[list[dict]]], Path]:
-    """Every run kind (label -> pipeline, overrides), ``--repeats`` times in alternating
-    order so a shift in machine load hits all alike, in one Ray session."""
+    """Every run kind (label -> what it adds to the config), ``--repeats`` times in
+    alternating order so a shift in machine load hits all alike, in one Ray session."""
     import ray
 
     from mindrl.config import load_config
@@ -167,31 +244,60 @@ def run_alternating(
         for repeat in range(args.repeats):
             for label in labels if repeat % 2 == 0 else labels[::-1]:
                 print(f"async: {label} run {repeat + 1}/{args.repeats} ...", flush=True)
-                mode, extra = kinds[label]
                 run_dir = work / f"{label}-{repeat}"
-                records = train_once(args.config, mode, args.iterations, run_dir, extra)
+                records = train_once(args.config, label, args.iterations, run_dir, kinds[label])
                 runs[label].append(records)
     finally:
         ray.shutdown()
     return runs, work
 
 
+def mode_overrides(args: argparse.Namespace, world: int) -> tuple[int, dict[str, list[str]]]:
+    """The rollout devices of the disaggregated modes (``--rollout-devices``, by default
+    half the world) and what each mode's run adds to the config: ``--set``, every training
+    role at ``--train-tp`` (the disaggregated modes train on ``world - rollout devices``,
+    so one TP for all keeps the modes' layouts apart in data parallelism only), the mode."""
+    rollout_devices = args.rollout_devices or max(world // 2, 1)
+    common = [*args.set, *(f"{role}.parallel.tp={args.train_tp}" for role in TRAIN_ROLES)]
+    kinds = {
+        label: [*common, *(o.format(rollout_devices=rollout_devices) for o in added)]
+        for label, added in MODES.items()
+    }
+    return rollout_devices, kinds
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Both modes, ``--repeats`` times in alternating order, in one Ray session."""
-    runs, work = run_alternating(args, {mode: (mode, args.set) for mode in MODES})
+    """Every mode, ``--repeats`` times in alternating order, in one Ray session."""
+    from mindrl.config import load_config
+    from trainers.registry import get_algorithm
+
+    config = load_config(args.config, args.set, algorithm=get_algorithm("grpo"))
+    rollout_devices, kinds = mode_overrides(args, config.world_size)
+    for overrides in kinds.values():  # a mode the config cannot run stops here, in one line
+        load_config(args.config, overrides, algorithm=get_algorithm("grpo"))
+    runs, work = run_alternating(args, kinds)
+    samples = config.data.global_batch_size * config.data.n_samples_per_prompt
     summaries = {
-        mode: summarize([r for run in runs[mode] for r in run[args.warmup :]], 0) for mode in MODES
+        mode: summarize([r for run in runs[mode] for r in run[args.warmup :]], samples)
+        for mode in MODES
     }
     same = all(same_samples(runs["sync"][0], run) for run in runs["stream"])
-    return {"config": str(args.config), "overrides": args.set, "modes": summaries,
-            "same_samples": same, "ratios": ratios(summaries), "work_dir": str(work)}  # fmt: skip
+    return {"config": str(args.config), "overrides": args.set, "world": config.world_size,
+            "rollout_devices": rollout_devices, "train_tp": args.train_tp,
+            "samples_per_iteration": samples, "modes": summaries, "same_samples": same,
+            "ratios": ratios(summaries), "work_dir": str(work)}  # fmt: skip
 
 
-def ratios(summaries: dict[str, dict]) -> dict[str, float]:
-    sync, stream = summaries["sync"], summaries["stream"]
+def ratios(summaries: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """``"mode / baseline"`` -> iteration time, TPS and samples/s ratios (``RATIOS``)."""
     return {
-        "iteration_time": stream["iteration_s"] / sync["iteration_s"],
-        "throughput": stream["tps"] / sync["tps"],
+        f"{mode} / {base}": {
+            "iteration_time": summaries[mode]["iteration_s"] / summaries[base]["iteration_s"],
+            "throughput": summaries[mode]["tps"] / summaries[base]["tps"],
+            "samples_per_s": summaries[mode]["samples_per_s"] / summaries[base]["samples_per_s"],
+        }
+        for mode, base in RATIOS
+        if mode in summaries and base in summaries
     }
 
 
@@ -233,8 +339,9 @@ def measure_partial(args: argparse.Namespace) -> dict[str, Any]:
     from mindrl.config import load_config
     from trainers.registry import get_algorithm
 
-    budget = [f"rollout.partial_rollout_budget={args.partial_budget}"]
-    kinds = {"whole": ("sync", args.set), "partial": ("sync", [*args.set, *budget])}
+    whole = [*args.set, "dock.pipeline=sync"]
+    budget = f"rollout.partial_rollout_budget={args.partial_budget}"
+    kinds = {"whole": whole, "partial": [*whole, budget]}
     runs, work = run_alternating(args, kinds)
     groups = load_config(args.config, args.set, get_algorithm("grpo")).data.global_batch_size
     summaries = {
@@ -276,6 +383,8 @@ class ClusterModel:
     host_bytes_per_s: float = 50e9  # paper: H2D / D2H
     inter_host_mb_per_s: float = 300.0  # paper: between servers
     warehouses: int = 2
+    rollout_devices: int = 8  # disaggregated: devices that generate (one node of 8)
+    transfer_mb_per_s: float = 300.0  # weights to the rollout workers: between servers
     seed: int = 0
 
     @property
@@ -301,8 +410,13 @@ def generation_ready_times(m: ClusterModel, lengths: np.ndarray, devices: int) -
         own = lengths[mine]
         prefill = 2 * m.params * m.prompt_len * len(own) / (m.peak_flops * m.prefill_mfu)
         steps = np.arange(1, own.max() + 1)
-        live = (own[None, :] >= steps[:, None]).sum(axis=1)  # sequences still decoding
-        context = live * m.prompt_len + np.minimum(own[None, :], steps[:, None]).sum(axis=1)
+        # At step s: sequences still decoding (length >= s) and the tokens all of them
+        # hold, sum(min(length, s)), from the sorted lengths in O(steps + sequences).
+        ordered = np.sort(own)
+        ended = np.searchsorted(ordered, steps, side="left")  # lengths below s
+        live = len(own) - ended
+        finished_tokens = np.concatenate(([0], np.cumsum(ordered)))[ended]
+        context = live * m.prompt_len + finished_tokens + steps * live
         step_s = (2 * m.params + kv_per_token * context) / (m.hbm_bytes_per_s * m.hbm_efficiency)
         clock = prefill + np.cumsum(step_s)
         ready[mine] = clock[own - 1]
@@ -332,40 +446,109 @@ def stage_seconds(m: ClusterModel, lengths: np.ndarray) -> dict[str, Any]:
             "swap_s": swap, "dock_s": dock}  # fmt: skip
 
 
+def weight_transfer_seconds(m: ClusterModel) -> float:
+    """The new bf16 weights (2 B/param) from the trainer to the rollout workers, once per
+    update, at ``transfer_mb_per_s`` (MB = 2^20 B, as the paper's dispatch figures)."""
+    return dispatch_seconds(2 * m.params, m.transfer_mb_per_s)
+
+
+def disaggregated_iteration(
+    generation_s: float, serial_s: float, update_s: float, max_staleness: int
+) -> tuple[float, float]:
+    """A disaggregated iteration's seconds in steady state and the generation seconds
+    hidden behind the update. On-policy every stage waits for the one before; one batch
+    ahead (``max_staleness >= 1``), the next batch generates while this one's update runs,
+    starting as mindrl's runner starts it: after this batch's ``serial_s`` (reward, weight
+    transfer, reference pass, dock) -- so the period is ``serial_s + max(generation, update)``."""
+    if max_staleness == 0:
+        return serial_s + generation_s + update_s, 0.0
+    return serial_s + max(generation_s, update_s), min(generation_s, update_s)
+
+
+def collocated_row(
+    m: ClusterModel, lengths: np.ndarray, costs: dict, stream: bool, ref_devices: int
+) -> dict[str, Any]:
+    """Generation and update on the same devices (the reference too, or on ``ref_devices``
+    of its own); with ``stream`` the reward workers take responses as they finish."""
+    gen_devices = m.devices - ref_devices
+    ready = generation_ready_times(m, lengths, gen_devices)
+    gen_end = float(ready.max())
+    reward_end = served(ready, costs["reward"], None if stream else gen_end)
+    ref_total = costs["forward"].sum() / (ref_devices or m.devices)
+    if ref_devices:  # the reference streams on its own devices
+        ref_end = served(ready, costs["forward"] / ref_devices)
+        after_generation = max(gen_end, reward_end, ref_end)
+    else:  # takes turns with the actor on the same devices, after the rewards
+        after_generation = max(gen_end, reward_end) + ref_total
+    update = costs["update"].sum() / gen_devices
+    return {
+        "iteration_s": costs["fixed"] + after_generation + update,
+        "devices": f"{m.devices} shared" if not ref_devices else f"{gen_devices}+{ref_devices} ref",
+        "generation_s": gen_end,
+        "reward_tail_s": max(reward_end - gen_end, 0.0),
+        "ref_logp_busy_s": ref_total,
+        "update_s": update,
+        "reshard_swap_s": costs["swap_s"],
+        "weight_transfer_s": 0.0,
+        "generation_hidden_s": 0.0,
+    }
+
+
+def disaggregated_row(
+    m: ClusterModel, lengths: np.ndarray, costs: dict, rollout_devices: int, max_staleness: int
+) -> dict[str, Any]:
+    """Generation on ``rollout_devices`` of its own, reference and update on the rest; no
+    swap (nothing else lives on either side), a weight transfer per update; the reward
+    scores a batch once it is collected (``disaggregated_iteration``)."""
+    train = m.devices - rollout_devices
+    gen_end = float(generation_ready_times(m, lengths, rollout_devices).max())
+    reward = float(costs["reward"].sum())
+    ref = float(costs["forward"].sum()) / train
+    update = float(costs["update"].sum()) / train
+    transfer = weight_transfer_seconds(m)
+    serial = reward + transfer + ref + costs["dock_s"]
+    iteration, hidden = disaggregated_iteration(gen_end, serial, update, max_staleness)
+    return {
+        "iteration_s": iteration,
+        "devices": f"{rollout_devices} gen+{train} train",
+        "rollout_devices": rollout_devices,
+        "generation_s": gen_end,
+        "reward_tail_s": reward,
+        "ref_logp_busy_s": ref,
+        "update_s": update,
+        "reshard_swap_s": 0.0,
+        "weight_transfer_s": transfer,
+        "generation_hidden_s": hidden,
+    }
+
+
+def best_async_split(m: ClusterModel, lengths: np.ndarray, costs: dict) -> dict[str, Any]:
+    """The async row at the split (generating devices) with the shortest iteration; memory
+    is not checked (one training device would hold all 16 B/param of training state)."""
+    rows = [disaggregated_row(m, lengths, costs, d, 1) for d in range(1, m.devices)]
+    return min(rows, key=lambda row: row["iteration_s"])
+
+
 def simulate(m: ClusterModel) -> dict[str, Any]:
-    """Iteration time, TPS (paper Eq. 5) and stage times: sync, stream, and the what-if."""
+    """Iteration time, TPS (paper Eq. 5) and stage times of every simulated mode."""
     lengths = response_lengths(m)
     costs = stage_seconds(m, lengths)
-    rows = {}
-    for name, ref_devices in (("sync", 0), ("stream", 0), ("stream, ref on 4 own devices", 4)):
-        gen_devices = m.devices - ref_devices
-        ready = generation_ready_times(m, lengths, gen_devices)
-        gen_end = float(ready.max())
-        stream = name != "sync"
-        reward_end = served(ready, costs["reward"], None if stream else gen_end)
-        ref_total = costs["forward"].sum() / (ref_devices or m.devices)
-        if ref_devices:  # the reference streams on its own devices
-            ref_end = served(ready, costs["forward"] / ref_devices)
-            after_generation = max(gen_end, reward_end, ref_end)
-        else:  # takes turns with the actor on the same devices, after the rewards
-            after_generation = max(gen_end, reward_end) + ref_total
-        update = costs["update"].sum() / gen_devices
-        iteration = costs["fixed"] + after_generation + update
-        tps = m.samples * (m.prompt_len + lengths.mean()) / (m.devices * iteration)
-        rows[name] = {
-            "iteration_s": iteration,
-            "tps": tps,
-            "generation_s": gen_end,
+    rows = {
+        "sync": collocated_row(m, lengths, costs, stream=False, ref_devices=0),
+        "stream": collocated_row(m, lengths, costs, stream=True, ref_devices=0),
+        "stream, ref on own devices": collocated_row(m, lengths, costs, True, m.devices // 4),
+        "disagg-sync": disaggregated_row(m, lengths, costs, m.rollout_devices, 0),
+        "async": disaggregated_row(m, lengths, costs, m.rollout_devices, 1),
+        "async, best split": best_async_split(m, lengths, costs),
+    }
+    tokens = m.samples * (m.prompt_len + lengths.mean())
+    for row in rows.values():
+        row |= {
+            "tps": tokens / (m.devices * row["iteration_s"]),
+            "speedup": rows["sync"]["iteration_s"] / row["iteration_s"],
             "reward_busy_s": float(costs["reward"].sum()),
-            "reward_tail_s": max(reward_end - gen_end, 0.0),
-            "ref_logp_busy_s": ref_total,
-            "update_s": update,
-            "reshard_swap_s": costs["swap_s"],
             "dock_dispatch_s": costs["dock_s"],
         }
-    base = rows["sync"]
-    for row in rows.values():
-        row["speedup"] = base["iteration_s"] / row["iteration_s"]
     return {"model": asdict(m), "mean_response_len": float(lengths.mean()), "rows": rows}
 
 
@@ -381,19 +564,46 @@ def machine() -> str:
 
 
 def print_measured(report: dict[str, Any]) -> None:
-    print(f"\nmeasured on {report['machine']}: {report['config']} {' '.join(report['overrides'])}")
-    print(f"  {'mode':<7} {'iter(med)':>9} {'TPS(med)':>9}  stage wall s / busy s / overlap s")
+    world, rollout = report["world"], report["rollout_devices"]
+    print(
+        f"\nmeasured on {report['machine']}: {report['config']} {' '.join(report['overrides'])}"
+        f"; training roles at TP {report['train_tp']}; {report['samples_per_iteration']} "
+        f"samples per iteration; collocated modes generate and train on all {world} devices, "
+        f"disaggregated ones generate on {rollout} and train on {world - rollout}"
+    )
+    print(
+        f"  {'mode':<11} {'iter(med)':>9} {'TPS(med)':>9} {'samples/s':>9} {'staleness':<12}"
+        "  stage wall s / busy s / overlap s"
+    )
     for mode, s in report["modes"].items():
         stages = ", ".join(
             f"{k} {s['stage_s'].get(k, 0):.3f}/{s['busy_s'].get(k, 0):.3f}"
             + (f"/{s['overlap_s'][k]:.3f}" if k in s["overlap_s"] else "")
             for k in s["busy_s"]
         )
-        print(f"  {mode:<7} {s['iteration_s']:>8.3f}s {s['tps']:>9.0f}  {stages}")
-    r = report["ratios"]
+        overhead = s["overhead_s"]
+        stages += "; " + ", ".join(
+            f"{k.removesuffix('_s')} {overhead[k]:.3f}"
+            for k in ("dock_s", "reshard_s", "scheduling_s")
+            if k in overhead
+        )
+        stale = (
+            f"{s['staleness_mean']:.2f} (max {s['staleness_max']})" if "staleness_max" in s else "-"
+        )
+        print(
+            f"  {mode:<11} {s['iteration_s']:>8.3f}s {s['tps']:>9.0f} {s['samples_per_s']:>9.1f} "
+            f"{stale:<12}  {stages}"
+        )
+    for pair, r in report["ratios"].items():
+        print(
+            f"  {pair}: iteration time {r['iteration_time']:.3f}x, TPS {r['throughput']:.3f}x, "
+            f"samples/s {r['samples_per_s']:.3f}x"
+        )
     print(
-        f"  stream / sync: iteration time {r['iteration_time']:.3f}x, throughput "
-        f"{r['throughput']:.3f}x; same samples and metrics: {report['same_samples']}"
+        f"  stream and sync trained on the same samples (every metric but timings equal): "
+        f"{report['same_samples']}; the disaggregated modes train on other samples "
+        "(generation is split differently, and async trains on samples one update old), "
+        "so only their times compare"
     )
 
 
@@ -427,19 +637,23 @@ def print_simulated(sim: dict[str, Any]) -> None:
     print(
         f"\nsimulated: {m['devices']} devices, {m['params'] / 1e9:.1f}B params, G={m['prompts']} "
         f"N={m['responses_per_prompt']}, L_p={m['prompt_len']}, response mean "
-        f"{sim['mean_response_len']:.0f} (max {m['response_max']}); cost model: peak "
-        f"{m['peak_flops'] / 1e12:.0f} TFLOPS, MFU {m['mfu']}, HBM "
-        f"{m['hbm_bytes_per_s'] / 1e12:.1f} TB/s x {m['hbm_efficiency']}, reward "
-        f"{m['reward_ms']} ms x {m['reward_workers']} workers (module docstring)"
+        f"{sim['mean_response_len']:.0f} (max {m['response_max']}); cost model (module "
+        "docstring), every constant: " + ", ".join(f"{k}={v:g}" for k, v in m.items())
     )
     for name, row in sim["rows"].items():
         print(
-            f"  {name:<29} iteration {row['iteration_s']:7.1f}s  TPS {row['tps']:7.1f}  "
-            f"x{row['speedup']:.3f}  (generation {row['generation_s']:.1f}s, reward busy "
-            f"{row['reward_busy_s']:.1f}s tail {row['reward_tail_s']:.2f}s, ref_logp "
-            f"{row['ref_logp_busy_s']:.1f}s, update {row['update_s']:.1f}s, swap "
-            f"{row['reshard_swap_s']:.2f}s, dock {row['dock_dispatch_s']:.2f}s)"
+            f"  {name:<29} {row['devices']:<15} iteration {row['iteration_s']:7.1f}s  TPS "
+            f"{row['tps']:6.1f}  x{row['speedup']:.3f}  (generation {row['generation_s']:.1f}s "
+            f"of it hidden {row['generation_hidden_s']:.1f}s, reward tail "
+            f"{row['reward_tail_s']:.2f}s, ref_logp {row['ref_logp_busy_s']:.1f}s, update "
+            f"{row['update_s']:.1f}s, swap {row['reshard_swap_s']:.2f}s, weight transfer "
+            f"{row['weight_transfer_s']:.1f}s, dock {row['dock_dispatch_s']:.2f}s)"
         )
+    rows = sim["rows"]
+    print(
+        f"  async / disagg-sync (asynchrony alone, same placement): iteration time "
+        f"{rows['async']['iteration_s'] / rows['disagg-sync']['iteration_s']:.3f}x"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -453,11 +667,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--simulate-only", action="store_true")
     parser.add_argument(
+        "--rollout-devices",
+        type=int,
+        default=None,
+        help="devices that generate in the disaggregated modes (default: half the world)",
+    )
+    parser.add_argument(
+        "--train-tp",
+        type=int,
+        default=1,
+        help="tensor parallelism of the training roles in every mode (the disaggregated "
+        "modes train on world - rollout devices: it must divide that)",
+    )
+    parser.add_argument(
         "--partial-budget",
         type=int,
         default=None,
         help="measure whole vs partial rollout with this budget (new tokens per iteration) "
-        "instead of sync vs stream",
+        "instead of the four modes",
     )
     for name, default in asdict(ClusterModel()).items():
         parser.add_argument(f"--sim-{name.replace('_', '-')}", type=type(default), default=default)
@@ -478,12 +705,13 @@ def main(argv: list[str] | None = None) -> int:
     model = ClusterModel(**{k: getattr(args, f"sim_{k}") for k in asdict(ClusterModel())})
     report: dict[str, Any] = {"machine": machine(), "simulated": simulate(model)}
     if not args.simulate_only:
+        from mindrl.config import ConfigError
         from trainers.driver.setup import RunSetupError
 
         partial = args.partial_budget is not None
         try:
             report |= measure_partial(args) if partial else measure(args)
-        except (RunSetupError, RuntimeError) as error:  # e.g. Ray could not start here
+        except (ConfigError, RunSetupError, RuntimeError) as error:  # e.g. no Ray here
             print(f"async: error: {error}", file=sys.stderr)
             return 1
         (print_partial if partial else print_measured)(report)

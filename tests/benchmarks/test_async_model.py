@@ -78,3 +78,155 @@ def test_the_partial_rollout_summary_gives_iteration_time_percentiles_and_traine
     whole = bench.summarize_partial([{k: records[0][k] for k in keep}], 4)
     assert (whole["groups_per_iteration"], whole["rounds_per_iteration"]) == (4, 1)
     assert whole["trained_groups_per_s"] == 4.0 and whole["stage_s"] == {}
+
+
+#: A case small enough to work out by hand: 4 devices, 2 prompts x 2 responses of one
+#: token after a 99-token prompt (every length clipped to 1), 1e9 params, round constants.
+HAND = bench.ClusterModel(
+    devices=4,
+    rollout_devices=2,
+    params=1e9,
+    layers=1,
+    kv_heads=1,
+    head_dim=250,  # K and V in bf16: 1000 B per token
+    prompts=2,
+    responses_per_prompt=2,
+    prompt_len=99,
+    response_mean=1.0,
+    response_max=1,
+    peak_flops=1e12,
+    mfu=0.5,
+    prefill_mfu=0.5,
+    hbm_bytes_per_s=1e12,
+    hbm_efficiency=1.0,
+    reward_ms=100.0,
+    reward_workers=2,
+    host_bytes_per_s=8e9,
+    transfer_mb_per_s=1000.0,
+)
+
+
+def test_an_async_iteration_is_its_serial_stages_plus_the_longer_of_generation_and_update():
+    # On-policy: generation waits for the update; one batch ahead it runs beside it.
+    assert bench.disaggregated_iteration(3.0, 1.0, 5.0, max_staleness=0) == (9.0, 0.0)
+    assert bench.disaggregated_iteration(3.0, 1.0, 5.0, max_staleness=1) == (6.0, 3.0)
+    assert bench.disaggregated_iteration(7.0, 1.0, 5.0, max_staleness=1) == (8.0, 5.0)
+
+
+def test_the_simulated_modes_on_a_hand_checked_case():
+    sim = bench.simulate(HAND)
+    rows = sim["rows"]
+    dock = rows["sync"]["dock_dispatch_s"]
+    # Per response: a forward 2e9 x 100 tokens / 0.5e12 = 0.4 s, an update 3x that; the
+    # reward 100 ms over 2 workers; the bf16 weights, 2e9 B at 1000 MB/s (MB = 2^20 B).
+    transfer = 2e9 / 2**20 / 1000
+    assert bench.weight_transfer_seconds(HAND) == transfer
+    # Collocated on 4 replicas of 1 response: prefill 2e9 x 99 / 0.5e12 = 0.396 s, one
+    # decode step reading 2e9 B of weights + 100 tokens x 1000 B at 1e12 B/s; swap
+    # 2 x 16 B x 1e9 / 4 devices at 8e9 B/s = 1 s; reference 1.6 / 4, update 4.8 / 4.
+    generation = 0.396 + 2.0001e-3
+    sync = rows["sync"]
+    assert sync["generation_s"] == pytest.approx(generation, rel=1e-12)
+    assert sync["iteration_s"] - dock == pytest.approx(1 + generation + 0.2 + 0.4 + 1.2, rel=1e-12)
+    assert sync["tps"] == pytest.approx(4 * 100 / (4 * sync["iteration_s"]), rel=1e-12)
+    # Disaggregated 2 + 2: 2 replicas of 2 responses (prefill 0.792 s, a step 2e9 + 200 x
+    # 1000 B), reference 1.6 / 2 and update 4.8 / 2 on the other 2, no swap, one transfer.
+    generation = 0.792 + 2.0002e-3
+    on_policy, ahead = rows["disagg-sync"], rows["async"]
+    for row in (on_policy, ahead):
+        assert row["generation_s"] == pytest.approx(generation, rel=1e-12)
+        assert (row["ref_logp_busy_s"], row["update_s"]) == (0.8, 2.4)
+        assert (row["reshard_swap_s"], row["weight_transfer_s"]) == (0.0, transfer)
+    serial = 0.2 + transfer + 0.8
+    assert on_policy["iteration_s"] - dock == pytest.approx(serial + generation + 2.4, rel=1e-12)
+    assert on_policy["generation_hidden_s"] == 0.0
+    # One batch ahead the whole generation hides behind the 2.4 s update.
+    assert ahead["iteration_s"] - dock == pytest.approx(serial + 2.4, rel=1e-12)
+    assert ahead["generation_hidden_s"] == pytest.approx(generation, rel=1e-12)
+    assert ahead["speedup"] == pytest.approx(sync["iteration_s"] / ahead["iteration_s"])
+    # Best split: 1 device generating 4 responses (1.584 + 2.0004e-3 s) beside an update of
+    # 4.8 / 3 = 1.6 s and a reference pass of 1.6 / 3 (2 generating: 3.4 s + transfer; 3: 6.6).
+    best = rows["async, best split"]
+    assert (best["rollout_devices"], best["devices"]) == (1, "1 gen+3 train")
+    assert best["iteration_s"] - dock == pytest.approx(0.2 + transfer + 1.6 / 3 + 1.6, rel=1e-12)
+    assert best["generation_hidden_s"] == pytest.approx(1.584 + 2.0004e-3, rel=1e-12)
+
+
+def test_the_decode_steps_cost_what_the_live_sequences_hold():
+    # Lengths 1, 3, 3 on one replica, 1-token prompts, 1000 B of K and V per token, weights
+    # 2e9 B at 1e12 B/s: step 1 holds 3 x (1 + 1) tokens, step 2 2 x (1 + 2) + 1 finished,
+    # step 3 2 x (1 + 3) + 1; the 3 prefills cost 3 x 2e9 x 1 / 0.5e12.
+    m = dataclasses.replace(HAND, prompt_len=1)
+    ready = bench.generation_ready_times(m, np.array([3, 1, 3]), devices=1)
+    steps = [(2e9 + 1000 * tokens) / 1e12 for tokens in (6, 7, 9)]
+    prefill = 3 * 2e9 / 0.5e12
+    expected = [prefill + sum(steps), prefill + steps[0], prefill + sum(steps)]
+    np.testing.assert_allclose(ready, expected, rtol=1e-12)
+
+
+def measured_record(seconds: float, tps: float, **extra) -> dict:
+    """A metrics record as the trainer writes it, with the fields the summary reads."""
+    return {
+        "iteration_time_s": seconds,
+        "tps": tps,
+        "time": {"rollout": 0.5, "update": 1.0},
+        "busy": {"rollout": 0.4, "update": 0.9},
+        "overlap": {"total": 0.0},
+        "overhead": {"dock_s": 0.1, "reshard_s": 0.2, "scheduling_s": 0.05, "share": 0.2},
+        **extra,
+    }
+
+
+def test_the_measured_summary_and_its_ratios_against_sync():
+    sync = [measured_record(2.0, 100.0), measured_record(3.0, 80.0), measured_record(2.0, 100.0)]
+    disagg = [measured_record(1.25, 160.0, staleness_max=0, staleness_mean=0.0)] * 3
+    # The async run's rollout waited 0 s: its 0.6 s of generation ran during the update.
+    stale = {"staleness_max": 1, "time": {"rollout": 0.0, "update": 1.0, "weight_transfer": 0.1},
+             "busy": {"rollout": 0.6, "update": 0.9, "weight_transfer": 0.1},
+             "overlap": {"rollout": 0.6, "total": 0.6}}  # fmt: skip
+    async_ = [
+        measured_record(1.0, 200.0, **stale, staleness_mean=1.0),
+        measured_record(1.5, 150.0, **stale, staleness_mean=0.5),
+        measured_record(1.0, 200.0, **stale, staleness_mean=1.0),
+    ]
+    summaries = {
+        "sync": bench.summarize(sync, samples_per_iteration=8),
+        "disagg-sync": bench.summarize(disagg, samples_per_iteration=8),
+        "async": bench.summarize(async_, samples_per_iteration=8),
+    }
+    s = summaries["sync"]
+    assert (s["iteration_s"], s["tps"], s["samples_per_s"]) == (2.0, 100.0, 4.0)
+    assert s["stage_s"] == {"rollout": 0.5, "update": 1.0}
+    assert s["overhead_s"]["reshard_s"] == pytest.approx(0.2)
+    assert "staleness_max" not in s  # a collocated run's records carry none
+    a = summaries["async"]
+    assert (a["iteration_s"], a["tps"], a["samples_per_s"]) == (1.0, 200.0, 8.0)
+    assert (a["staleness_max"], a["staleness_mean"]) == (1, pytest.approx(2.5 / 3))
+    assert a["overlap_s"] == {"rollout": pytest.approx(0.6), "total": pytest.approx(0.6)}
+    assert a["stage_s"]["rollout"] == 0.0 and a["busy_s"]["weight_transfer"] == pytest.approx(0.1)
+    ratios = bench.ratios(summaries)
+    assert list(ratios) == ["disagg-sync / sync", "async / sync", "async / disagg-sync"]
+    assert ratios["async / sync"] == {
+        "iteration_time": 0.5,
+        "throughput": 2.0,
+        "samples_per_s": 2.0,
+    }
+    assert ratios["async / disagg-sync"]["iteration_time"] == pytest.approx(0.8)
+    assert ratios["async / disagg-sync"]["throughput"] == pytest.approx(1.25)
+
+
+def test_every_mode_runs_on_the_same_devices_and_the_config_accepts_it():
+    from mindrl.config import load_config
+    from trainers.registry import get_algorithm
+
+    args = bench.build_parser().parse_args([])
+    rollout_devices, kinds = bench.mode_overrides(args, world=2)
+    assert rollout_devices == 1 and list(kinds) == ["sync", "stream", "disagg-sync", "async"]
+    for mode, overrides in kinds.items():
+        config = load_config(args.config, overrides, algorithm=get_algorithm("grpo"))
+        assert config.world_size == 2 and config.actor.parallel.tp == 1
+        disaggregated = config.rollout.placement == "disaggregated"
+        assert disaggregated == (mode in ("disagg-sync", "async"))
+        assert config.rollout.devices == (1 if disaggregated else 0)
+        assert config.rollout.max_staleness == (mode == "async")
+    assert load_config(args.config, kinds["stream"]).dock.pipeline == "stream"
