@@ -63,11 +63,18 @@ class AllgatherSwapResharder(BaseResharder):
         start = time.perf_counter()
         self._gather_and_copy(out, skip=set())
         self.seconds["gather"] = time.perf_counter() - start
+        self.swap_out()
+        return out
+
+    def swap_out(self) -> int:
+        """Step 4 alone: the training state device -> host (the generation shards made
+        earlier are still in the engine, e.g. a later generation round with the same
+        weights). Returns bytes moved."""
         start = time.perf_counter()
         self.swapped_bytes = self.host.swap_out(self._swap_tensors())
         self.seconds["swap_out"] = time.perf_counter() - start
         self.timeline.record("swap_out")
-        return out
+        return self.swapped_bytes
 
     def _swap_tensors(self) -> list[torch.Tensor]:
         extra = list(self.swap_extra()) if self.swap_extra is not None else []

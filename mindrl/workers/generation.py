@@ -45,11 +45,14 @@ class PartialRollout:
         budget: most new tokens a response gets in this call.
         max_tokens: most tokens of a whole response (``rollout.max_response_length``).
         resumed: indexes whose paused prefix is in the dock (the others start afresh).
+        weights_loaded: the engine holds this iteration's weights already (a round after
+            the first: no update ran since), so the actor does not reshard them again.
     """
 
     budget: int
     max_tokens: int
     resumed: np.ndarray
+    weights_loaded: bool = False
 
 
 @dataclass

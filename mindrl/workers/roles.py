@@ -164,7 +164,7 @@ class ModelWorker(WeightSource):
         """Reshard, then sample one response per index into the dock (``partial``: at most
         its budget of new tokens each, mindrl/workers/generation.py)."""
         start = time.perf_counter()
-        self.rollout.refresh_weights()
+        self.rollout.refresh_weights(reshard=partial is None or not partial.weights_loaded)
         report = generate_into_dock(
             self.dock,
             self.rollout.generate,

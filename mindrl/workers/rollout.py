@@ -133,16 +133,25 @@ class Rollout:
         self.generator = make_generation_engine(config, initial)
         self.seconds: dict[str, float] = {}
 
-    def refresh_weights(self) -> None:
-        """Training shards -> generation shards -> engine; training state to the host."""
+    def refresh_weights(self, reshard: bool = True) -> None:
+        """Training shards -> generation shards -> engine; training state to the host.
+
+        ``reshard=False``: the engine already holds the trainer's current weights (a later
+        generation round of the same iteration under partial rollout: no update ran
+        since), so only the training state leaves the device. The engine slept at level 1
+        in between, which keeps its weights.
+        """
         start = time.perf_counter()
         self.generator.wake_up()
-        buffers = self.resharder.reshard()
-        self.generator.load_weights(self.family.iter_hf(buffers, self.shard_spec))
-        # The engine copied every tensor into its own weights. Kept, the generation
-        # buffers would be one more copy of the model held through generation and
-        # training (docs/memory.md); re-made next time, they cost one allocation.
-        del buffers
+        if reshard:
+            buffers = self.resharder.reshard()
+            self.generator.load_weights(self.family.iter_hf(buffers, self.shard_spec))
+            # The engine copied every tensor into its own weights. Kept, the generation
+            # buffers would be one more copy of the model held through generation and
+            # training (docs/memory.md); re-made next time, they cost one allocation.
+            del buffers
+        elif self.swap:
+            self.resharder.swap_out()
         self.seconds = {"reshard": time.perf_counter() - start}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:

@@ -142,7 +142,9 @@ class PartialRolloutRunner(IterationRunner):
         else:
             parts = [np.zeros(0, dtype=np.int64)] * ranks
         parts = [np.sort(np.concatenate([p, self.paused[r::ranks]])) for r, p in enumerate(parts)]
-        partial = PartialRollout(self.budget, self.config.rollout.max_response_length, self.paused)
+        partial = PartialRollout(
+            self.budget, self.config.rollout.max_response_length, self.paused, draw > 0
+        )
         params = self._sampling_params(iteration, draw)
         return [(parts[r], params, partial) for r in self.run.gen_dp_ranks]
 
