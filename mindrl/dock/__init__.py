@@ -32,6 +32,8 @@ Public API::
         .clear() -> None                                 # between iterations
         .stats() -> {"endpoints": [...], "metadata_bytes": int, "client": {...}}
         .local_warehouse -> int | None
+    snapshot_samples(client, [DockSlice(indexes, fields, version_stage)]) -> saved
+    restore_samples(client, saved) -> int                # checkpoints: samples in flight
 
 Usage::
 
@@ -68,6 +70,9 @@ _EXPORTS = {
     "FieldSpec": "mindrl.dock.schema",
     "DockError": "mindrl.dock.errors",
     "DockHandle": "mindrl.dock.handle",
+    "DockSlice": "mindrl.dock.snapshot",
+    "snapshot_samples": "mindrl.dock.snapshot",
+    "restore_samples": "mindrl.dock.snapshot",
     "DockClient": "mindrl.dock.client",
     "create_dock": "mindrl.dock.builder",
     "shutdown_dock": "mindrl.dock.builder",

@@ -13,7 +13,17 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mindrl.dock import RL_FIELDS, DockClient, DockError, create_dock, shutdown_dock
+from backends.megatron.checkpoint import load_tree, save_tree
+from mindrl.dock import (
+    RL_FIELDS,
+    DockClient,
+    DockError,
+    DockSlice,
+    create_dock,
+    restore_samples,
+    shutdown_dock,
+    snapshot_samples,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -163,6 +173,38 @@ def test_held_samples_wait_out_every_stage_until_given_back(ray_cluster, kind):
         assert sorted(taken.tolist()) == held.tolist()
     finally:
         shutdown_dock(handle)
+
+
+def test_samples_kept_by_a_checkpoint_come_back_at_their_indexes_with_their_versions(
+    dock, tmp_path
+):
+    client = DockClient(dock)
+    client.clear()
+    everything, paused, finished = np.arange(G * N), np.arange(N), np.arange(N, G * N)
+    client.put(everything, {"prompt_ids": [prompt(i) for i in everything]})
+    client.put(paused, {"paused_ids": [response(i) for i in paused]})
+    for version, rows in ((2, finished[:N]), (3, finished[N:])):  # two weights versions
+        data = {"response_ids": [response(i) for i in rows]}
+        client.put(rows, data | {"rollout_logprob": [logprob(i, 0) for i in rows]}, version)
+    slices = [
+        DockSlice(everything, ("prompt_ids",)),
+        DockSlice(paused, ("paused_ids",)),
+        DockSlice(finished, ("response_ids", "rollout_logprob"), "update"),
+        DockSlice(np.zeros(0, dtype=np.int64), ("prompt_ids",)),  # nothing: skipped
+    ]
+    before = [client.fetch(part.indexes, list(part.fields)).clone() for part in slices[:3]]
+    save_tree(tmp_path / "in_flight", snapshot_samples(client, slices))  # as a checkpoint
+    client.clear()
+    assert restore_samples(client, load_tree(tmp_path / "in_flight")) == 2 * G * N
+    for part, was in zip(slices[:3], before, strict=True):
+        now = client.fetch(part.indexes, list(part.fields))
+        assert all(torch.equal(now[key], value) for key, value in was.items())
+    assert client.versions("update", finished).tolist() == [2] * N + [3] * (G - 2) * N
+    # Ready as before: the finished groups whole for a scoring stage, the paused one not.
+    (taken,) = client.claim("reward", GRPO_STAGES["reward"], (G - 1) * N, whole_groups=True)
+    assert sorted(taken.tolist()) == finished.tolist()
+    assert client.ready_count("reward", ["response_ids"]) == len(finished)
+    client.clear()
 
 
 def test_one_warehouse_per_node_and_puts_land_in_the_local_one(dock):
