@@ -324,15 +324,21 @@ class MegatronEngine:
 
     # ---- checkpoints -------------------------------------------------------------------
     def save_checkpoint(
-        self, root: str | Path, data_position: Any = None, keep: int | None = None
+        self,
+        root: str | Path,
+        data_position: Any = None,
+        keep: int | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> Path:
         """Write model, optimizer, RNG and ``data_position`` atomically under ``root``
         (keeping the newest ``keep`` checkpoints when given). Collective.
 
         Weights and AdamW state are stored full under canonical names, so any layout
-        resumes them (see ``checkpoint.py``).
+        resumes them (see ``checkpoint.py``). ``extra``: more trees of plain data and
+        tensors, by name, that rank 0 writes into the same step folder (the caller's own
+        state; read back with ``checkpoint.load_tree(step_dir / name)``).
         """
-        shared = {"model": self.full_state_dict()}
+        shared = {"model": self.full_state_dict(), **(extra or {})}
         per_rank: dict[str, Any] = {"rng": checkpoint.capture_rng()}
         if self.distributed is not None:
             with megatron_compat(self.device):

@@ -36,6 +36,10 @@ GENERATION_CHUNK = 64
 
 Generate = Callable[[list[list[int]], SamplingParams], list[GenerationResult]]
 
+#: The fields one put stores of a finished response and of a paused one (tokens, log-probs).
+RESPONSE_FIELDS = ("response_ids", "rollout_logprob")
+PAUSED_FIELDS = ("paused_ids", "paused_logprob")
+
 
 @dataclass(frozen=True)
 class PartialRollout:
@@ -154,7 +158,7 @@ def paused_prefixes(dock: DockClient, chunk: np.ndarray, resumed: np.ndarray) ->
     rows = np.flatnonzero(np.isin(chunk, resumed))
     if len(rows) == 0:
         return prefixes
-    data = dock.fetch(chunk[rows], ["paused_ids", "paused_logprob"])
+    data = dock.fetch(chunk[rows], list(PAUSED_FIELDS))
     lengths = data["paused_ids_lengths"].tolist()
     for row, ids, logprobs, n in zip(
         rows, data["paused_ids"], data["paused_logprob"], lengths, strict=True
@@ -171,10 +175,7 @@ def _put(
     version: int | None,
 ) -> None:
     """Finished responses as what the stages read; paused ones where no stage looks."""
-    for mask, (ids, logprobs) in (
-        (finished, ("response_ids", "rollout_logprob")),
-        (~finished, ("paused_ids", "paused_logprob")),
-    ):
+    for mask, (ids, logprobs) in ((finished, RESPONSE_FIELDS), (~finished, PAUSED_FIELDS)):
         rows = np.flatnonzero(mask)
         if len(rows) == 0:
             continue

@@ -20,11 +20,11 @@ import torch
 
 from backends.device import get_device
 from backends.generation import SamplingParams
-from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec, ResponseBatch
+from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec, ResponseBatch, checkpoint
 from mindrl.algorithm import Algorithm
 from mindrl.config.placement import is_disaggregated
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig, RoleConfig
-from mindrl.dock import DockHandle
+from mindrl.dock import DockHandle, DockSlice, restore_samples, snapshot_samples
 from mindrl.run_plan import stage_deadline_s
 from mindrl.workers.generation import PartialRollout, generate_into_dock
 from mindrl.workers.model_setup import initial_model
@@ -35,6 +35,9 @@ from mindrl.workers.stage_report import memory_window, stage_report
 from mindrl.workers.timed_dock import TimedDockClient
 from mindrl.workers.updates import actor_update, critic_update
 from mindrl.workers.weight_transfer import WeightSource
+
+#: The tree in the actor's step folder with the dock's samples in flight (mindrl.dock.snapshot).
+IN_FLIGHT = "in_flight"
 
 
 def optim_spec(role: RoleConfig, total_steps: int) -> OptimSpec:
@@ -250,10 +253,27 @@ class ModelWorker(WeightSource):
         return {**metrics, **self._timing(start)}
 
     # ---- checkpoints ----------------------------------------------------------------------------
-    def save_checkpoint(self, root: str, data_position: dict) -> str:
+    def save_checkpoint(
+        self, root: str, data_position: dict, in_flight: list[DockSlice] | None = None
+    ) -> str:
+        """Save this role under ``root``; ``in_flight``: samples still in the dock that a
+        later iteration trains, which rank 0 fetches and writes into the same step folder
+        (published atomically with the weights: the driver never carries payloads)."""
         keep = self.config.checkpoint.keep
-        return str(self.engine.save_checkpoint(Path(root) / self.role, data_position, keep))
+        extra = None
+        if in_flight and self.rank == 0:
+            extra = {IN_FLIGHT: snapshot_samples(self.dock, in_flight)}
+            self.dock.take_seconds()  # not the next stage's dock time
+        step_dir = self.engine.save_checkpoint(Path(root) / self.role, data_position, keep, extra)
+        return str(step_dir)
 
     def load_checkpoint(self, step_dir: str) -> dict:
-        """Resume this role from one checked step folder (the driver picks it)."""
-        return self.engine.load_checkpoint(step_dir)
+        """Resume this role from one checked step folder (the driver picks it); rank 0
+        puts the samples the checkpoint kept in flight back into the dock, at their
+        indexes and with their weight versions."""
+        position = self.engine.load_checkpoint(step_dir)
+        saved = Path(step_dir) / IN_FLIGHT
+        if self.rank == 0 and saved.with_suffix(".json").exists():
+            restore_samples(self.dock, checkpoint.load_tree(saved))
+            self.dock.take_seconds()
+        return position
