@@ -13,7 +13,7 @@ import pytest
 
 from mindrl.data import PromptDataset
 from tests.trainers.conftest import WITH_REFERENCE
-from tests.trainers.test_pipeline import trained_records
+from tests.trainers.test_pipeline import resumed_records, trained_records
 from tests.trainers.test_streaming import outcomes
 from trainers.driver.partial_rollout import PartialRolloutRunner
 
@@ -27,6 +27,16 @@ LONGTAIL = (
     "rollout.max_response_length=8",
     "rollout.partial_rollout_budget=4",
     "iterations=5",
+)
+
+#: Room for 4 rounds of 4 tokens, checkpointed after iteration 1: the checkpoint is taken
+#: with paused responses and finished groups waiting in the dock.
+LONGTAIL_RESUMED = (
+    "data.source=synthetic:longtail",
+    "rollout.max_response_length=16",
+    "rollout.partial_rollout_budget=4",
+    "iterations=4",
+    "checkpoint.every=2",
 )
 
 
@@ -134,3 +144,14 @@ def test_tokens_sampled_before_an_update_are_weighted_by_their_behaviour_ratio(l
     # Tokens from older weights: the truncated IS weight min(pi_old / mu, C) moves off 1
     # (on-policy it is 1 within 1e-5, the first test).
     assert all(abs(r["is_weight_mean"] - 1.0) > 1e-4 for r in lagging)
+
+
+def test_a_resumed_run_continues_the_groups_in_flight_as_the_uninterrupted_run(tmp_path):
+    whole = trained_records(tmp_path / "whole", "grpo", *LONGTAIL_RESUMED)
+    # The checkpoint after iteration 1 holds paused responses and (with them) groups
+    # not trained yet; resumed without them, iteration 2 would draw fresh prompts.
+    assert whole[1]["paused_responses"] > 0 and whole[1]["carried_groups"] > 0
+    resumed = resumed_records(tmp_path / "whole", tmp_path / "resumed", "grpo", *LONGTAIL_RESUMED)
+    assert [r["iteration"] for r in resumed] == [2, 3]
+    # Every number but timings, exactly: the same prompts, prefixes, tokens and updates.
+    assert [outcomes(r) for r in resumed] == [outcomes(r) for r in whole[2:]]

@@ -9,6 +9,7 @@ for the next update (the oldest train first), and the round cap.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from itertools import pairwise
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from backends.megatron.checkpoint import decode, encode
 from mindrl.config import load_config
 from mindrl.data import PromptBatch
 from mindrl.run_plan import build_run_plan
@@ -46,6 +48,12 @@ class Dock:
         assert not set(indexes.tolist()) & self.held  # a held group is never trained now
         self.put -= set(indexes.tolist())
         self.recycled += indexes.tolist()
+
+    def claim(self, stage: str, fields: list[str], n: int, **_: object) -> list[np.ndarray]:
+        """Only a resume claims here (the scripted engine takes its prompts itself): every
+        prompt the checkpoint put back, which the rollout stage had claimed before."""
+        assert (stage, fields, n) == ("rollout", ["prompt_ids"], len(self.put))
+        return [np.array(sorted(self.put))]
 
 
 class Dataset:
@@ -121,10 +129,10 @@ class Step:
     counts: dict
 
 
-def iterate(runner: ScriptedRunner, iterations: int) -> list[Step]:
+def iterate(runner: ScriptedRunner, iterations: int, first: int = 0) -> list[Step]:
     """The runner's part of ``run_iteration``: rounds, the update's groups, the release."""
     steps = []
-    for iteration in range(iterations):
+    for iteration in range(first, first + iterations):
         ledger = Ledger()
         sampled = runner._sample(iteration, ledger)
         trained = [runner.prompt_of[slot] for slot in sampled.kept]
@@ -205,3 +213,41 @@ def test_every_iteration_trains_g_groups_whatever_the_budget(budget):
     assert [s.counts["trained_groups"] for s in steps] == [G] * 8
     cap = -(-LENGTH // budget)
     assert max(s.counts["generation_rounds"] for s in steps) <= cap
+
+
+def resumed(runner: ScriptedRunner) -> ScriptedRunner:
+    """A fresh runner continuing ``runner`` from a checkpoint taken between iterations:
+    the bookkeeping through the position's plain-data form, and the dock's samples (here
+    the scripted engine's tokens and prompts) as actor rank 0 puts them back."""
+    state = runner.in_flight_state()
+    slots = sorted(runner.flights)
+    indexes = runner._indexes(slots)
+    # The slices name every sample of every group in flight: each prompt, and each
+    # response either paused (its prefix) or finished.
+    prompts, paused, finished = state.slices
+    assert prompts.indexes.tolist() == indexes.tolist()
+    assert paused.indexes.tolist() == runner.paused.tolist() and len(paused.indexes)
+    assert sorted([*paused.indexes.tolist(), *finished.indexes.tolist()]) == indexes.tolist()
+    bookkeeping = decode(json.loads(json.dumps(encode(state.bookkeeping, {}))), {})
+    fresh = make_runner(longtail)
+    fresh.run.dataset.drawn = runner.run.dataset.drawn  # the data position
+    fresh.run.dock.put = set(indexes.tolist())
+    fresh.tokens = {i: runner.tokens[i] for i in indexes.tolist()}
+    fresh.prompt_of = {slot: runner.prompt_of[slot] for slot in slots}
+    fresh.restore_in_flight(bookkeeping)
+    return fresh
+
+
+def test_a_resumed_runner_schedules_the_groups_in_flight_as_the_uninterrupted_one():
+    whole = iterate(make_runner(longtail), 12)
+    runner = make_runner(longtail)
+    before = iterate(runner, 5)
+    assert before[-1].counts["carried_groups"] > 0  # groups were in flight at the checkpoint
+    after = iterate(resumed(runner), 7, first=5)
+    assert before + after == whole
+
+
+def test_nothing_in_flight_keeps_nothing():
+    runner = make_runner(longtail, f"rollout.partial_rollout_budget={LENGTH}")
+    iterate(runner, 2)
+    assert runner.in_flight_state() is None  # the checkpoint is a synchronous run's

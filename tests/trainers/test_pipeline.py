@@ -58,6 +58,15 @@ def trained_records(run_dir: Path, trainer: str, *overrides: str) -> list[dict]:
     return read_metrics(run_dir / "run" / "metrics.jsonl")
 
 
+def resumed_records(whole_dir: Path, run_dir: Path, trainer: str, *overrides: str) -> list[dict]:
+    """Resume the run trained into ``whole_dir`` from its first (oldest) checkpoint, with
+    the same ``overrides``, into ``run_dir``; the resumed run's metrics records."""
+    first = sorted((whole_dir / "run" / "checkpoints" / "actor").glob("step_*"))[0]
+    config = tiny_config(run_dir, trainer, *overrides)
+    assert train(config, trainer, "cpu", resume=str(first)) == 0
+    return read_metrics(run_dir / "run" / "metrics.jsonl")
+
+
 def rewards(run_dir: Path) -> list[float]:
     return [r["reward_mean"] for r in read_metrics(run_dir / "metrics.jsonl")]
 

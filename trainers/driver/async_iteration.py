@@ -17,6 +17,10 @@ bound and records ``staleness_max`` / ``staleness_mean`` of what it trains on.
 The dock holds two batches (``RunPlan.sample_batches``): iteration ``k`` uses slots
 ``(k % 2) * G ...``; a trained batch's indexes are recycled, not the whole dock cleared,
 so the batch in flight keeps its samples.
+
+A checkpoint between iterations waits for the batch in flight and keeps it, with its
+versions (:meth:`DisaggregatedRunner.in_flight_state`); a resumed run trains it as the
+uninterrupted run would (docs/architecture.md §8).
 """
 
 from __future__ import annotations
@@ -27,9 +31,19 @@ from typing import Any
 
 import numpy as np
 
+from mindrl.dock import DockSlice
 from mindrl.metrics import mean_by_key
+from mindrl.workers.generation import RESPONSE_FIELDS
 from mindrl.workers.group import wait_all
-from trainers.driver.iteration import TIMING_KEYS, IterationRunner, Ledger, Sampled
+from trainers.driver.iteration import (
+    PROMPT_FIELDS,
+    TIMING_KEYS,
+    VERSION_STAGE,
+    InFlightState,
+    IterationRunner,
+    Ledger,
+    Sampled,
+)
 from trainers.driver.rollout_placement import ROLLOUT, push_weights
 from trainers.driver.setup import RunState
 
@@ -40,13 +54,15 @@ class StalenessBoundError(RuntimeError):
 
 @dataclass
 class InFlight:
-    """A batch whose generation was started: its indexes, what it drew, its calls."""
+    """A batch whose generation was started: its indexes, what it drew, its calls and,
+    once waited for, their reports (a batch restored from a checkpoint has none)."""
 
     iteration: int
     indexes: np.ndarray
     sampled: Sampled
     refs: list[Any] = field(default_factory=list)
     started: float = 0.0
+    results: list[dict] | None = None
 
 
 class DisaggregatedRunner(IterationRunner):
@@ -111,15 +127,54 @@ class DisaggregatedRunner(IterationRunner):
         """Wait for ``batch``'s generation and score it; what generation ran before this
         wait overlapped the previous iteration's training."""
         waited = time.perf_counter()
-        results = wait_all(batch.refs, self.rollout.names(), "rollout", self.timeout)
+        results = self._wait(batch)
         wall = time.perf_counter() - waited
         ledger.add_stage("rollout", wall, results)
-        busy = max(r["busy_s"] for r in results)
+        busy = max((r["busy_s"] for r in results), default=0.0)
         ledger.overlap["rollout"] = max(min(busy, waited - batch.started), 0.0)
         scored = self._stage(ledger, "reward", self._score_stage, "reward", batch.indexes)
         batch.sampled.samples = len(batch.indexes)
         batch.sampled.reward_sum = sum(r["reward_sum"] for r in scored)
         batch.sampled.response_tokens = sum(r["response_tokens"] for r in scored)
+
+    def _wait(self, batch: InFlight) -> list[dict]:
+        """``batch``'s generation reports, waited for once."""
+        if batch.results is None:
+            names = self.rollout.names()
+            batch.results = wait_all(batch.refs, names, "rollout", self.timeout)
+        return batch.results
+
+    # ---- checkpoints: the batch in flight ------------------------------------------------------
+    def in_flight_state(self) -> InFlightState | None:
+        """The next batch, generating with the weights before this update: waited for, so a
+        checkpoint keeps its prompts and finished responses with their versions."""
+        batch = self.in_flight
+        if batch is None:
+            return None
+        self._wait(batch)
+        sampled = batch.sampled
+        bookkeeping = {
+            "iteration": batch.iteration,
+            "slots": sampled.kept,
+            "prompt_tokens": sampled.prompt_tokens,
+        }
+        slices = [
+            DockSlice(batch.indexes, PROMPT_FIELDS),
+            DockSlice(batch.indexes, RESPONSE_FIELDS, VERSION_STAGE),
+        ]
+        return InFlightState(bookkeeping, slices)
+
+    def restore_in_flight(self, bookkeeping: dict[str, Any]) -> None:
+        """The batch a checkpoint kept, generated and back in the dock: the next iteration
+        scores and trains it as it would have without the interruption."""
+        if not self.max_staleness:  # on-policy now: nothing may train on older weights
+            super().restore_in_flight(bookkeeping)
+            return
+        slots = list(bookkeeping["slots"])
+        sampled = Sampled(kept=slots, draws=1, prompt_tokens=bookkeeping["prompt_tokens"])
+        indexes = self._indexes(slots)
+        self.in_flight = InFlight(bookkeeping["iteration"], indexes, sampled, results=[])
+        self._reclaim_prompts(indexes)
 
     # ---- the bound ---------------------------------------------------------------------------
     def _staleness(self, indexes: np.ndarray, iteration: int) -> dict[str, float]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from backends.generation import SamplingParams
 from mindrl.data import PromptBatch
+from mindrl.dock import DockError, DockSlice
 from mindrl.metrics import generation_progress, mean_by_key, print_progress_line, tokens_per_second
 from mindrl.metrics.memory import MEMORY_KEYS, MEMORY_RECORD_KEY, book_peaks, peaks_by_role
 from mindrl.run_plan import SEQUENCE
@@ -96,6 +97,21 @@ class Sampled:
 #: Report keys that are timing or memory, booked by the ledger, not metrics of the iteration.
 TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"}) | MEMORY_KEYS
 
+#: The fields the driver puts per sample (its prompt), as a checkpoint keeps them.
+PROMPT_FIELDS = ("prompt_ids", "record_id")
+#: The stage whose controller a checkpoint asks for the versions of responses it keeps.
+VERSION_STAGE = "update"
+
+
+@dataclass
+class InFlightState:
+    """What a checkpoint keeps of the samples a later iteration trains on (issue 15):
+    the runner's small ``bookkeeping`` (plain data, in the driver's position) and the
+    dock ``slices`` whose payloads actor rank 0 writes into its step folder."""
+
+    bookkeeping: dict[str, Any]
+    slices: list[DockSlice]
+
 
 class IterationRunner:
     """Runs iterations of one started run (see module docstring)."""
@@ -143,6 +159,30 @@ class IterationRunner:
     def _release(self, ledger: Ledger, trained: np.ndarray) -> None:
         """Free the dock for the next iteration: nothing in it outlives this one."""
         self._timed_dock(ledger, self.run.dock.clear)
+
+    # ---- checkpoints: what outlives an iteration -------------------------------------------
+    def in_flight_state(self) -> InFlightState | None:
+        """Between iterations: the samples in the dock a later iteration trains on, for a
+        checkpoint; None when there are none (here: every iteration empties the dock)."""
+        return None
+
+    def restore_in_flight(self, bookkeeping: dict[str, Any]) -> None:
+        """Resume from a checkpoint whose samples in flight are back in the dock. A run
+        that keeps nothing in flight (its config changed since) drops them."""
+        print_progress_line("resume: this run keeps no samples in flight; dropping the saved ones")
+        self.run.dock.clear()
+
+    def _reclaim_prompts(self, indexes: np.ndarray) -> None:
+        """The rollout stage claimed the prompts of ``indexes`` before the checkpoint; claim
+        them again once they are back in the dock, so the next claim takes fresh ones."""
+        (taken,) = self.run.dock.claim(
+            "rollout", ["prompt_ids"], len(indexes), whole_groups=True, timeout_s=self.timeout
+        )
+        if not np.array_equal(np.sort(taken), np.sort(indexes)):
+            raise DockError(
+                f"resume: the rollout stage found prompts at {np.sort(taken).tolist()[:8]} "
+                f"where the checkpoint put back {np.sort(indexes).tolist()[:8]}"
+            )
 
     def _stage(self, ledger: Ledger, name: str, fn, *args) -> list[dict[str, Any]]:
         """Run a stage, book its time; returns every worker's report."""
@@ -198,9 +238,8 @@ class IterationRunner:
         prompts = [np.asarray(p, dtype=np.int64) for p in batch.prompt_ids for _ in range(self.N)]
         records = np.repeat([self.record_of[u] for u in batch.uids], self.N).astype(np.int64)
         sampled.prompt_tokens += float(sum(len(p) for p in prompts))
-        self._timed_dock(
-            ledger, self.run.dock.put, indexes, {"prompt_ids": prompts, "record_id": records}
-        )
+        fields = dict(zip(PROMPT_FIELDS, (prompts, records), strict=True))
+        self._timed_dock(ledger, self.run.dock.put, indexes, fields)
 
     def _generate(self, indexes: np.ndarray, iteration: int, draw: int) -> list[dict]:
         args = self._generation_args(indexes, iteration, draw)

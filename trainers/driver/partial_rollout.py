@@ -33,19 +33,32 @@ rollout's whenever partial rollout is on, mindrl/config/placement.py, ``tokens_m
 With a budget no response reaches (``>= rollout.max_response_length``) the first round
 finishes the ``G`` fresh groups in slots ``0 .. G-1`` and nothing is carried, so a run
 trains exactly as without partial rollout: the same prompts, calls and seeds.
+
+A checkpoint between iterations keeps every group in flight (:meth:`in_flight_state`):
+the flights, paused indexes and draw count in the driver's position, their samples in
+actor rank 0's step folder; a resumed run restores both and continues them exactly
+(docs/pipeline.md, "Partial rollout").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import numpy as np
 
 from mindrl.config.placement import partial_rollout_groups
 from mindrl.data import PromptBatch
-from mindrl.workers.generation import PartialRollout
-from trainers.driver.iteration import IterationRunner, Ledger, Sampled
+from mindrl.dock import DockSlice
+from mindrl.workers.generation import PAUSED_FIELDS, RESPONSE_FIELDS, PartialRollout
+from trainers.driver.iteration import (
+    PROMPT_FIELDS,
+    VERSION_STAGE,
+    InFlightState,
+    IterationRunner,
+    Ledger,
+    Sampled,
+)
 from trainers.driver.setup import RunState
 
 
@@ -157,6 +170,34 @@ class PartialRolloutRunner(IterationRunner):
             self._timed_dock(ledger, self.run.dock.recycle, trained)
         if self.held:
             self._timed_dock(ledger, self.run.dock.hold, self._indexes(self.held), False)
+
+    # ---- checkpoints: the groups in flight ----------------------------------------------------
+    def in_flight_state(self) -> InFlightState | None:
+        """Every group not trained yet: the prompts, the paused responses' prefixes and the
+        finished responses in the dock, and the flights, paused indexes and draw count."""
+        if not self.flights:
+            return None
+        indexes = self._indexes(sorted(self.flights))
+        finished = np.setdiff1d(indexes, self.paused)
+        bookkeeping = {
+            "flights": [[slot, *astuple(flight)] for slot, flight in sorted(self.flights.items())],
+            "paused": self.paused.tolist(),
+            "drawn": self.drawn,
+        }
+        slices = [
+            DockSlice(indexes, PROMPT_FIELDS),
+            DockSlice(self.paused, PAUSED_FIELDS),
+            DockSlice(finished, RESPONSE_FIELDS, VERSION_STAGE),
+        ]
+        return InFlightState(bookkeeping, slices)
+
+    def restore_in_flight(self, bookkeeping: dict[str, Any]) -> None:
+        """The groups a checkpoint kept in flight, back as they were after its iteration
+        (their samples are in the dock again; their prompts were claimed when drawn)."""
+        self.flights = {slot: Flight(*rest) for slot, *rest in bookkeeping["flights"]}
+        self.paused = np.asarray(bookkeeping["paused"], dtype=np.int64)
+        self.drawn = bookkeeping["drawn"]
+        self._reclaim_prompts(self._indexes(sorted(self.flights)))
 
     def _record(
         self, metrics: dict[str, Any], sampled: Sampled, ledger: Ledger, seconds: float

@@ -74,6 +74,10 @@ class RunState:
     resumed: bool = False
     dataset_eos: int = 0
     resume_steps: dict[str, Path] = field(default_factory=dict)  # role -> checked step folder
+    #: The resumed checkpoint's bookkeeping of samples in flight, for the iteration runner.
+    in_flight: dict[str, Any] | None = None
+    #: An iteration is running: the runner's samples in flight are not a checkpoint's now.
+    iterating: bool = False
 
     def dp_size(self, role: str) -> int:
         """Data-parallel groups of ``role``: the TP / PP peers of a DP rank form one."""
@@ -87,13 +91,17 @@ class RunState:
     def trained_groups(self) -> list[WorkerGroup]:
         return [self.groups[name] for name in ("actor", "critic") if name in self.groups]
 
-    def position(self) -> dict:
-        """The driver's side of a checkpoint: what iteration, data and KL come next."""
-        return {
+    def position(self, in_flight: dict[str, Any] | None = None) -> dict:
+        """The driver's side of a checkpoint: what iteration, data and KL come next, and
+        the iteration runner's bookkeeping of the samples it keeps in flight, if any."""
+        position = {
             "next_iteration": self.finished_iteration + 1,
             "dataset": self.dataset.state_dict(),
             "kl_coef": self.kl.value,
         }
+        if in_flight is not None:
+            position["in_flight"] = in_flight
+        return position
 
 
 def prepare_run(config: MindRLConfig, trainer: str, resume: bool | str) -> RunState:
@@ -376,6 +384,8 @@ def _resume(run: RunState) -> None:
     position = positions[0]
     run.dataset.load_state_dict(position["dataset"])
     run.kl.value = position["kl_coef"]
+    # A checkpoint from before samples were kept in flight has none: nothing to restore.
+    run.in_flight = position.get("in_flight")
     run.start_iteration = position["next_iteration"]
     run.finished_iteration = run.start_iteration - 1
     run.resumed = True

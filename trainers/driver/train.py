@@ -4,7 +4,8 @@
 ``resources.ray_address`` / ``$RAY_ADDRESS``, else a local one), starts the dock and the
 worker groups (:mod:`trainers.driver.setup`), then runs iterations
 (:mod:`trainers.driver.iteration`), logging one progress line each, checkpointing every
-``checkpoint.every`` iterations and at the end. A dead worker, a stage past its
+``checkpoint.every`` iterations and at the end (with the samples a later iteration
+trains, when the runner keeps some in flight). A dead worker, a stage past its
 deadline or a failing worker ends the run with a one-line message naming the worker and
 the stage (exit 1); Ctrl-C saves a checkpoint of the last finished iteration when the
 workers still answer and exits 130.
@@ -18,7 +19,6 @@ import traceback
 from pathlib import Path
 
 from backends.device.registry import resolve_device
-from mindrl.config.placement import is_disaggregated
 from mindrl.config.schema import MindRLConfig
 from mindrl.data import PromptSourceError
 from mindrl.dock import DockError
@@ -34,7 +34,6 @@ from mindrl.workers.group import (
     WorkerOutOfMemoryError,
 )
 from mindrl.workers.model_setup import ModelSetupError
-from trainers.driver.async_iteration import DisaggregatedRunner
 from trainers.driver.cli import UserError, device_bytes_for_plan
 from trainers.driver.iteration import IterationRunner
 from trainers.driver.offline import make_runner
@@ -66,8 +65,8 @@ def train(
         validator = Validator.for_run(run)  # a bad val_source stops the run before Ray
         launch_run(run, device_name, resume)
         runner = make_runner(run)
-        if is_disaggregated(config):
-            runner = DisaggregatedRunner(run)
+        if run.in_flight is not None:  # its samples are back in the dock (actor rank 0)
+            runner.restore_in_flight(run.in_flight)
         code = _loop(run, runner, validator)
         _print_memory_check(run, runner, device_name)
         return code
@@ -78,7 +77,7 @@ def train(
         _report_failure(exc, run, runner)
         return 1
     except KeyboardInterrupt:
-        _on_interrupt(run)
+        _on_interrupt(run, runner)
         return 130
     finally:
         if run is not None:
@@ -90,17 +89,18 @@ def _loop(run: RunState, runner: IterationRunner, validator: Validator) -> int:
     resume_at = run.start_iteration if run.resumed else None
     with MetricsLogger.for_run(run.run_dir, config.logging, resume_at) as log:
         for iteration in range(run.start_iteration, config.iterations):
+            run.iterating = True
             metrics = runner.run_iteration(iteration)
             # Trained: a Ctrl-C during validation saves this iteration, not the one before.
-            run.finished_iteration = iteration
+            run.finished_iteration, run.iterating = iteration, False
             metrics |= validator.after(iteration)
             log.log(iteration, metrics)
             print_progress_line(format_progress_line(iteration, metrics))
             every = config.checkpoint.every
             if every and (iteration + 1) % every == 0 and iteration + 1 < config.iterations:
-                save_checkpoint(run)
+                save_checkpoint(run, runner)
         if run.finished_iteration >= run.start_iteration:
-            save_checkpoint(run)
+            save_checkpoint(run, runner)
             _write_hf(run)
     _plot(run.run_dir)
     print(f"mindrl-train: done; metrics in {run.run_dir}, checkpoints in {run.checkpoint_dir}")
@@ -131,26 +131,37 @@ def _write_hf(run: RunState) -> None:
     print(f"mindrl-train: trained model (HF) in {out}", file=sys.stderr)
 
 
-def save_checkpoint(run: RunState, timeout_s: float | None = None) -> None:
-    """Every trained role saves; the driver's position (next iteration, data, KL) rides along."""
-    position = run.position()
+def save_checkpoint(
+    run: RunState, runner: IterationRunner | None = None, timeout_s: float | None = None
+) -> None:
+    """Every trained role saves; the driver's position (next iteration, data, KL) rides
+    along. Between iterations the ``runner``'s samples in flight (partial rollout, an
+    asynchronous run's next batch) are kept too: its bookkeeping in the position, their
+    payloads written by actor rank 0 into its step folder."""
+    in_flight = runner.in_flight_state() if runner is not None and not run.iterating else None
+    position = run.position(in_flight.bookkeeping if in_flight is not None else None)
     timeout = timeout_s or run.plan.stage_deadline_s
     start = time.perf_counter()
     for group in run.trained_groups():
         root = str(run.checkpoint_dir)
-        group.call("save_checkpoint", root, position, stage="checkpoint", timeout_s=timeout)
+        args = [root, position]
+        if in_flight is not None and group.name == "actor":
+            args.append(in_flight.slices)
+        group.call("save_checkpoint", *args, stage="checkpoint", timeout_s=timeout)
     seconds = time.perf_counter() - start
     print_progress_line(
         f"checkpoint: iteration {run.finished_iteration} -> {run.checkpoint_dir} ({seconds:.1f}s)"
     )
 
 
-def _on_interrupt(run: RunState | None) -> None:
+def _on_interrupt(run: RunState | None, runner: IterationRunner | None) -> None:
     if run is None or run.finished_iteration < run.start_iteration:
         _say("interrupted before the first iteration finished; nothing new to save")
         return
     try:
-        save_checkpoint(run, INTERRUPT_SAVE_TIMEOUT_S)
+        # Interrupted inside an iteration, the runner's samples in flight are half-way
+        # through it: save_checkpoint keeps none of them then (run.iterating).
+        save_checkpoint(run, runner, INTERRUPT_SAVE_TIMEOUT_S)
         _say(
             f"interrupted; saved iteration {run.finished_iteration} to {run.checkpoint_dir} "
             "(continue with --resume)"
