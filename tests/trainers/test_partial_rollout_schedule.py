@@ -242,7 +242,9 @@ def test_a_resumed_runner_schedules_the_groups_in_flight_as_the_uninterrupted_on
     whole = iterate(make_runner(longtail), 12)
     runner = make_runner(longtail)
     before = iterate(runner, 5)
-    assert before[-1].counts["carried_groups"] > 0  # groups were in flight at the checkpoint
+    # At the checkpoint, groups with paused responses and finished groups held back wait.
+    counts = before[-1].counts
+    assert counts["paused_responses"] > 0 and counts["carried_finished_groups"] > 0
     after = iterate(resumed(runner), 7, first=5)
     assert before + after == whole
 
