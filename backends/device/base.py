@@ -25,6 +25,8 @@ class Device(ABC):
         ray_resource: Ray resource name workers ask for (``CPU``, ``GPU``, ``NPU``).
         visible_devices_env: environment variable that restricts visible devices, or
             ``None`` when the platform has none (CPU).
+        shares_host_memory: the device's memory is the host's (CPU), so a worker's
+            resident size holds its "device" tensors too.
     """
 
     name: str
@@ -32,6 +34,7 @@ class Device(ABC):
     dist_backend: str
     ray_resource: str
     visible_devices_env: str | None
+    shares_host_memory: bool = False
 
     # ---- availability -------------------------------------------------------------
     @classmethod

@@ -25,6 +25,7 @@ class CpuDevice(Device):
     dist_backend = "gloo"
     ray_resource = "CPU"
     visible_devices_env = None
+    shares_host_memory = True
 
     def __init__(self) -> None:
         self.ledger = MemoryLedger()

@@ -47,12 +47,14 @@ def test_this_machine_detects_the_cpu_with_gloo_and_ray_cpu_resources():
     assert (device.name, device.dist_backend, device.ray_resource) == ("cpu", "gloo", "CPU")
     assert device.visible_devices_env is None
     assert device.visible_devices_for([0, 1]) == {}
+    assert device.shares_host_memory  # its "device" bytes are in the worker's RSS
 
 
 def test_detection_prefers_npu_when_torch_npu_imports(fake_torch_npu, fake_cuda):
     assert resolve_device() == "npu"
     device = get_device()
     assert (device.dist_backend, device.ray_resource) == ("hccl", "NPU")
+    assert not device.shares_host_memory
     assert device.visible_devices_for([2, 3]) == {"ASCEND_RT_VISIBLE_DEVICES": "2,3"}
 
 
@@ -60,6 +62,7 @@ def test_detection_picks_cuda_without_torch_npu(fake_cuda, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_npu", None)  # import raises ImportError
     device = get_device()
     assert (device.name, device.dist_backend, device.ray_resource) == ("cuda", "nccl", "GPU")
+    assert not device.shares_host_memory
     assert device.visible_devices_for([1]) == {"CUDA_VISIBLE_DEVICES": "1"}
 
 

@@ -18,7 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
-from backends.device.registry import resolve_device
+from backends.device.registry import get_device, resolve_device
 from mindrl.config.schema import MindRLConfig
 from mindrl.data import PromptSourceError
 from mindrl.dock import DockError
@@ -108,12 +108,17 @@ def _loop(run: RunState, runner: IterationRunner, validator: Validator) -> int:
 
 
 def _print_memory_check(run: RunState, runner: IterationRunner, device_name: str) -> None:
-    """The planner's memory per device beside the run's measured peaks (never fatal: a
-    config the planner cannot size still trained)."""
+    """The planner's memory beside the run's measured peaks: per device, or per worker's
+    resident size where the device is the host (never fatal: a config the planner cannot
+    size still trained)."""
     try:
         bytes_per_device = device_bytes_for_plan(run.config, device_name)
         checks = check_memory(
-            run.config, run.plan, bytes_per_device, runner.stage_peaks, device_name == "cpu"
+            run.config,
+            run.plan,
+            bytes_per_device,
+            runner.stage_peaks,
+            get_device(device_name).shares_host_memory,
         )
     except (UserError, ValueError, KeyError) as exc:
         _error(f"no planned-vs-measured memory: {exc}")
