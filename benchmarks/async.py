@@ -87,18 +87,24 @@ model gives 0.68x at 8 + 8 and 0.85x at its best split (12 + 4).
 
 **Partial rollout** (``--partial-budget B``): instead of the four modes, the same config
 trains with every response generated to its end (``whole``) and with
-``rollout.partial_rollout_budget=B`` (``partial``), ``--repeats`` times in alternating
-order in one Ray session. Per run kind: p50 / p90 / max iteration time after ``--warmup``
-iterations, the trained throughput (trained tokens / wall seconds, the records' ``tps``
-times their seconds; and trained groups / wall seconds), groups trained and generation
-rounds per iteration, each stage's mean wall time (where the time goes); ratios are
-partial / whole. Use a task with long-tailed response lengths,
-``data.source=synthetic:longtail`` (1 prompt in 8 asks for a 12-digit answer) with room
-for it, ``rollout.max_response_length=16``.
+``rollout.partial_rollout_budget=B`` under both refill rules (``partial``: fresh prompts
+only for missing finished groups; ``partial-pool``: into every free slot),
+``--repeats`` times in alternating order in one Ray session. Per run kind: p50 / p90 /
+max iteration time after ``--warmup`` iterations, the trained throughput (trained tokens
+/ wall seconds, the records' ``tps`` times their seconds; and trained groups / wall
+seconds), groups trained, generation rounds and staleness per iteration, each stage's
+mean wall time (where the time goes); ratios are over whole. Use a task with
+long-tailed response lengths, ``data.source=synthetic:longtail`` (1 prompt in 8 asks for
+a 12-digit answer) or ``synthetic:longtail-48`` (48 digits), with room for it, and
+``--warm-start-steps S``: S supervised steps on the task's right answers first
+(benchmarks/harness/warm_start.py), so that responses are long because their prompt
+asks for more, not because an untrained policy never emits eos. Measured figures and
+what they mean: docs/pipeline.md, "Partial rollout" (at parity on the 2-core CPU box).
 
     .venv/bin/python benchmarks/async.py                       # tiny, 12 iterations x 1
-    .venv/bin/python benchmarks/async.py --partial-budget 4 --iterations 30 --warmup 5 \
-        --repeats 2 --set data.source=synthetic:longtail rollout.max_response_length=16
+    .venv/bin/python benchmarks/async.py --partial-budget 16 --warm-start-steps 400 \
+        --iterations 30 --warmup 5 --repeats 2 --set data.source=synthetic:longtail-48 \
+        rollout.max_response_length=64 rollout.max_prompt_length=64 actor.optim.lr=1e-4
     .venv/bin/python benchmarks/async.py --iterations 20 --repeats 2 --json out.json
     .venv/bin/python benchmarks/async.py --simulate-only
 """
@@ -145,7 +151,9 @@ RATIOS = (("stream", "sync"), ("disagg-sync", "sync"), ("async", "sync"), ("asyn
 #: Roles whose tensor parallelism ``--train-tp`` sets in every mode.
 TRAIN_ROLES = ("actor", "reference", "critic")
 #: Partial rollout's comparison: label -> what the run adds to the config (and the budget).
-PARTIAL_KINDS = ("whole", "partial")
+PARTIAL_KINDS = ("whole", "partial", "partial-pool")
+#: What each partial kind adds to the whole-rollout run (the budget goes with both).
+PARTIAL_REFILL = {"partial": "missing", "partial-pool": "pool"}
 #: Record keys that are timings or memory; every other metric must match across modes.
 MEASURED = {"tps", "iteration_time_s", "time", "busy", "overlap", "overhead"}
 
@@ -182,7 +190,7 @@ def summarize(records: list[dict], samples_per_iteration: int) -> dict[str, Any]
     (``samples_per_iteration`` over the median iteration); as means, each stage's wall,
     busy and overlap seconds and the overhead inside the iteration (dock operations,
     resharding, scheduling); the staleness of what trained, where the records carry it."""
-    iteration_s = statistics.median(r["iteration_time_s"] for r in records)
+    iteration_s = run_median(records)
 
     def mean_of(key: str) -> dict[str, float]:
         stages = sorted({s for r in records for s in r.get(key, {})})
@@ -279,6 +287,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     samples = config.data.global_batch_size * config.data.n_samples_per_prompt
     summaries = {
         mode: summarize([r for run in runs[mode] for r in run[args.warmup :]], samples)
+        | {"run_iteration_s": [run_median(run[args.warmup :]) for run in runs[mode]]}
         for mode in MODES
     }
     same = all(same_samples(runs["sync"][0], run) for run in runs["stream"])
@@ -286,6 +295,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "rollout_devices": rollout_devices, "train_tp": args.train_tp,
             "samples_per_iteration": samples, "modes": summaries, "same_samples": same,
             "ratios": ratios(summaries), "work_dir": str(work)}  # fmt: skip
+
+
+def run_median(records: list[dict]) -> float:
+    """One run's median iteration seconds: the spread between repeats shows the noise."""
+    return statistics.median(r["iteration_time_s"] for r in records)
 
 
 def ratios(summaries: dict[str, dict]) -> dict[str, dict[str, float]]:
@@ -313,7 +327,8 @@ def iteration_percentiles(records: list[dict]) -> dict[str, float]:
 
 def summarize_partial(records: list[dict], groups: int) -> dict[str, Any]:
     """Iteration-time percentiles, trained throughput (tokens and groups per second),
-    groups trained and generation rounds per iteration, and each stage's mean wall time
+    groups trained, generation rounds and the oldest trained group's staleness per
+    iteration, and each stage's mean wall time
     (a whole-rollout record trains every group in one round: it carries no
     ``trained_groups`` / ``generation_rounds``)."""
     seconds = sum(r["iteration_time_s"] for r in records)
@@ -327,6 +342,8 @@ def summarize_partial(records: list[dict], groups: int) -> dict[str, Any]:
         "groups_per_iteration": statistics.fmean(trained),
         "rounds_per_iteration": statistics.fmean(r.get("generation_rounds", 1) for r in records),
         "reward_mean": statistics.fmean(r["reward_mean"] for r in records),
+        # Updates between a trained group's first tokens and the trained weights.
+        "staleness_mean": statistics.fmean(r.get("staleness_max", 0) for r in records),
         "stage_s": {
             stage: statistics.fmean(r.get("time", {}).get(stage, 0.0) for r in records)
             for stage in stages
@@ -339,21 +356,52 @@ def measure_partial(args: argparse.Namespace) -> dict[str, Any]:
     from mindrl.config import load_config
     from trainers.registry import get_algorithm
 
-    whole = [*args.set, "dock.pipeline=sync"]
+    args.work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="mindrl-async-"))
+    warm = warm_start_policy(args)
+    whole = [
+        *args.set,
+        *([f"model.hf_path={warm['hf_path']}"] if warm else []),
+        "dock.pipeline=sync",
+    ]
     budget = f"rollout.partial_rollout_budget={args.partial_budget}"
-    kinds = {"whole": whole, "partial": [*whole, budget]}
+    kinds = {"whole": whole} | {
+        kind: [*whole, budget, f"rollout.partial_rollout_refill={refill}"]
+        for kind, refill in PARTIAL_REFILL.items()
+    }
     runs, work = run_alternating(args, kinds)
     groups = load_config(args.config, args.set, get_algorithm("grpo")).data.global_batch_size
     summaries = {
         kind: summarize_partial([r for run in runs[kind] for r in run[args.warmup :]], groups)
         for kind in PARTIAL_KINDS
     }
-    whole, partial = summaries["whole"], summaries["partial"]
+    ratios = {kind: partial_ratios(summaries[kind], summaries["whole"]) for kind in PARTIAL_REFILL}
+    return {"config": str(args.config), "overrides": args.set, "budget": args.partial_budget,
+            "warm_start": warm, "partial": summaries, "partial_ratios": ratios,
+            "work_dir": str(work)}  # fmt: skip
+
+
+def partial_ratios(partial: dict[str, Any], whole: dict[str, Any]) -> dict[str, float]:
+    """A partial kind's iteration-time percentiles and trained throughput over whole's."""
     ratios = {key: partial[key] / whole[key] for key in ("p50_s", "p90_s", "max_s")}
     ratios["throughput"] = partial["trained_tokens_per_s"] / whole["trained_tokens_per_s"]
     ratios["groups_per_s"] = partial["trained_groups_per_s"] / whole["trained_groups_per_s"]
-    return {"config": str(args.config), "overrides": args.set, "budget": args.partial_budget,
-            "partial": summaries, "partial_ratios": ratios, "work_dir": str(work)}  # fmt: skip
+    return ratios
+
+
+def warm_start_policy(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--warm-start-steps`` of supervised training on the task's right answers, saved
+    under the work folder for both run kinds to start from (benchmarks/harness/warm_start.py:
+    an untrained policy runs every response to the cap, so no prompt's response is long
+    because it asks for more); None without it."""
+    if not args.warm_start_steps:
+        return None
+    from benchmarks.harness.warm_start import warm_start
+    from mindrl.config import load_config
+    from trainers.registry import get_algorithm
+
+    config = load_config(args.config, args.set, algorithm=get_algorithm("grpo"))
+    print(f"async: warm start, {args.warm_start_steps} supervised steps ...", flush=True)
+    return warm_start(config, args.work_dir / "warm-start", args.warm_start_steps)
 
 
 # ---------------------------------------------------------------- simulated
@@ -594,6 +642,13 @@ def print_measured(report: dict[str, Any]) -> None:
             f"  {mode:<11} {s['iteration_s']:>8.3f}s {s['tps']:>9.0f} {s['samples_per_s']:>9.1f} "
             f"{stale:<12}  {stages}"
         )
+    print(
+        "  median iteration s of each repeat: "
+        + "; ".join(
+            f"{mode} " + " ".join(f"{x:.3f}" for x in s["run_iteration_s"])
+            for mode, s in report["modes"].items()
+        )
+    )
     for pair, r in report["ratios"].items():
         print(
             f"  {pair}: iteration time {r['iteration_time']:.3f}x, TPS {r['throughput']:.3f}x, "
@@ -610,26 +665,33 @@ def print_measured(report: dict[str, Any]) -> None:
 def print_partial(report: dict[str, Any]) -> None:
     print(
         f"\nmeasured on {report['machine']}: {report['config']} {' '.join(report['overrides'])}; "
-        f"partial: rollout.partial_rollout_budget={report['budget']}"
+        f"partial: rollout.partial_rollout_budget={report['budget']}, refill missing / pool"
     )
+    warm = report.get("warm_start")
+    if warm:
+        print(
+            f"  both start from a supervised warm start ({warm['steps']} steps on the task's "
+            f"right answers, loss {warm['loss_first']:.3f} -> {warm['loss_last']:.4f}): "
+            f"{warm['hf_path']}"
+        )
     print(
-        f"  {'rollout':<8} {'p50':>8} {'p90':>8} {'max':>8} {'trained tok/s':>14} "
-        f"{'groups/s':>9} groups/it rounds/it reward  mean stage wall s"
+        f"  {'rollout':<12} {'p50':>8} {'p90':>8} {'max':>8} {'trained tok/s':>14} "
+        f"{'groups/s':>9} groups/it rounds/it stale reward  mean stage wall s"
     )
     for kind, s in report["partial"].items():
         stages = ", ".join(f"{name} {sec:.3f}" for name, sec in s["stage_s"].items())
         print(
-            f"  {kind:<8} {s['p50_s']:>7.3f}s {s['p90_s']:>7.3f}s {s['max_s']:>7.3f}s "
+            f"  {kind:<12} {s['p50_s']:>7.3f}s {s['p90_s']:>7.3f}s {s['max_s']:>7.3f}s "
             f"{s['trained_tokens_per_s']:>14.1f} {s['trained_groups_per_s']:>9.2f} "
             f"{s['groups_per_iteration']:>9.2f} {s['rounds_per_iteration']:>9.2f} "
-            f"{s['reward_mean']:.3f}  {stages}"
+            f"{s['staleness_mean']:>5.2f} {s['reward_mean']:.3f}  {stages}"
         )
-    r = report["partial_ratios"]
-    print(
-        f"  partial / whole: p50 {r['p50_s']:.3f}x, p90 {r['p90_s']:.3f}x, max {r['max_s']:.3f}x "
-        f"iteration time; trained throughput {r['throughput']:.3f}x tokens/s, "
-        f"{r['groups_per_s']:.3f}x groups/s"
-    )
+    for kind, r in report["partial_ratios"].items():
+        print(
+            f"  {kind} / whole: p50 {r['p50_s']:.3f}x, p90 {r['p90_s']:.3f}x, max "
+            f"{r['max_s']:.3f}x iteration time; trained throughput {r['throughput']:.3f}x "
+            f"tokens/s, {r['groups_per_s']:.3f}x groups/s"
+        )
 
 
 def print_simulated(sim: dict[str, Any]) -> None:
@@ -685,6 +747,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="measure whole vs partial rollout with this budget (new tokens per iteration) "
         "instead of the four modes",
+    )
+    parser.add_argument(
+        "--warm-start-steps",
+        type=int,
+        default=0,
+        help="with --partial-budget: first train the policy this many supervised steps on "
+        "the task's right answers and run both kinds from it (0: from the config's model)",
     )
     for name, default in asdict(ClusterModel()).items():
         parser.add_argument(f"--sim-{name.replace('_', '-')}", type=type(default), default=default)
