@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mindrl.dock.client import DockClient
+from mindrl.dock.errors import DockError
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,22 @@ def snapshot_samples(dock: DockClient, slices: list[DockSlice]) -> list[dict[str
 
 def restore_samples(dock: DockClient, saved: list[dict[str, Any]]) -> int:
     """Put what :func:`snapshot_samples` took back at its indexes, one put per slice and
-    weights version; returns the number of samples put."""
+    weights version; returns the number of samples put.
+
+    Raises:
+        DockError: a saved index past this dock's size (the run that resumes sized its
+            dock smaller than the run that saved, e.g. a smaller partial rollout pool).
+    """
+    largest = max(
+        (int(part["indexes"].max()) for part in saved if len(part["indexes"])), default=-1
+    )
+    if largest >= dock.handle.n_samples:
+        raise DockError(
+            f"the checkpoint keeps samples in flight at dock indexes up to {largest}, but this "
+            f"run's dock holds {dock.handle.n_samples} (sized by data.global_batch_size x "
+            "n_samples_per_prompt and rollout.partial_rollout_groups): resume with the "
+            "settings the checkpoint was written with"
+        )
     count = 0
     for part in saved:
         indexes, versions = part["indexes"], part["versions"]

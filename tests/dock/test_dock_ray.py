@@ -207,6 +207,13 @@ def test_samples_kept_by_a_checkpoint_come_back_at_their_indexes_with_their_vers
     client.clear()
 
 
+def test_samples_saved_past_this_docks_size_are_refused_in_one_line(dock):
+    client = DockClient(dock)
+    saved = [{"indexes": np.array([3, G * N + 5]), "versions": np.array([-1, -1]), "fields": {}}]
+    with pytest.raises(DockError, match=rf"indexes up to {G * N + 5}, but this run's dock holds"):
+        restore_samples(client, saved)
+
+
 def test_one_warehouse_per_node_and_puts_land_in_the_local_one(dock):
 
     DockClient(dock).clear()
