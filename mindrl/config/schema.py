@@ -250,6 +250,15 @@ class RolloutConfig:
         "data.global_batch_size.",
         ge=1,
     )
+    partial_rollout_refill: str = option(
+        "missing",
+        "Partial rollout: fresh prompts a round puts into free slots. missing: only as many "
+        "as finished groups are still missing (fewest groups waiting, so the fewest stale "
+        "ones; a long tail costs extra rounds). pool: every free slot, keeping the pool full "
+        "(Kimi k1.5's fixed in-flight pool): one round per iteration once the tail is "
+        "steady, the update mostly trains groups finished an iteration earlier.",
+        choices=("missing", "pool"),
+    )
 
 
 @dataclass

@@ -93,9 +93,15 @@ def check_partial_rollout(
 
 
 def _check_partial_rollout_groups(config: MindRLConfig) -> list[str]:
-    """The in-flight pool must hold a whole update's groups, and means nothing without
-    a budget (every group then trains in the iteration that drew it)."""
+    """The in-flight pool must hold a whole update's groups; it and its refill mean
+    nothing without a budget (every group then trains in the iteration that drew it)."""
     groups, batch = config.rollout.partial_rollout_groups, config.data.global_batch_size
+    refill = config.rollout.partial_rollout_refill
+    if refill != "missing" and config.rollout.partial_rollout_budget is None:
+        return [
+            f"rollout.partial_rollout_refill={refill} needs rollout.partial_rollout_budget; "
+            "set a budget or remove it"
+        ]
     if groups is None:
         return []
     key = f"rollout.partial_rollout_groups={groups}"

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from backends.megatron.checkpoint import decode, encode
-from mindrl.config import load_config
+from mindrl.config import ConfigError, load_config
 from mindrl.data import PromptBatch
 from mindrl.run_plan import build_run_plan
 from trainers.driver.iteration import Ledger
@@ -204,6 +204,27 @@ def test_a_larger_pool_keeps_more_groups_in_flight():
     (step,) = iterate(runner, 1)
     assert step.counts["carried_groups"] == 12
     assert runner.pool == 12
+
+
+def test_refilling_the_pool_keeps_it_full_and_a_steady_long_tail_needs_one_round():
+    missing = iterate(make_runner(longtail), 12)
+    runner = make_runner(longtail, "rollout.partial_rollout_refill=pool")
+    pooled = iterate(runner, 12)
+    # Every round fills every free slot: the pool is full when the update starts ...
+    assert all(s.counts["carried_groups"] + G == POOL for s in pooled)
+    # ... so once the tail is steady no iteration waits a second round for finished
+    # groups, where refilling only what is missing needs one for some iterations.
+    assert [s.counts["generation_rounds"] for s in pooled[1:]] == [1] * 11
+    assert max(s.counts["generation_rounds"] for s in missing) > 1
+    assert [s.counts["trained_groups"] for s in pooled] == [G] * 12
+    trained = [prompt for s in pooled for prompt in s.trained]
+    assert len(trained) == len(set(trained))  # none twice, the oldest first as before
+    assert all(now.trained == sorted(now.trained) for now in pooled)
+
+
+def test_a_refill_policy_without_a_budget_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"partial_rollout_refill=pool needs rollout\.partial"):
+        load_config("configs/tiny.yaml", ["rollout.partial_rollout_refill=pool"])
 
 
 @pytest.mark.parametrize("budget", [1, 3, 5])

@@ -11,8 +11,11 @@ The dock keeps a pool of ``P`` group slots in flight (``rollout.partial_rollout_
 default ``2G``; the dock is sized to it, mindrl/run_plan.py ``dock_groups``), so one
 batch can finish while long responses stay paused. Each iteration runs rounds until at
 least ``G`` groups are finished; a round first puts fresh prompts into free slots, as
-many as finished groups are still missing (at most the free slots), then continues every
-paused response and generates the fresh ones. The update trains exactly the ``G``
+many as finished groups are still missing (at most the free slots;
+``rollout.partial_rollout_refill: missing``, the default) or into every free slot
+(``pool``: the pool stays full, so a steady long tail needs one round per iteration and
+the update mostly trains groups that finished an iteration earlier), then continues
+every paused response and generates the fresh ones. The update trains exactly the ``G``
 *oldest* finished groups (by the order their prompts were drawn, so none waits forever);
 the other finished groups are held out of every stage's claims (``DockClient.hold``)
 and, with the paused ones, carried over to the next iteration.
@@ -82,6 +85,8 @@ class PartialRolloutRunner(IterationRunner):
         self.budget: int = rollout.partial_rollout_budget
         self.pool = partial_rollout_groups(self.config)
         self.max_rounds = -(-rollout.max_response_length // self.budget)
+        #: Fresh prompts into every free slot (``pool``), or only as many as missing.
+        self.fill_pool = rollout.partial_rollout_refill == "pool"
         #: Slot -> the group in it, for every group in the dock not trained yet.
         self.flights: dict[int, Flight] = {}
         #: Sample indexes whose response is paused in the dock.
@@ -102,7 +107,7 @@ class PartialRolloutRunner(IterationRunner):
         self.iteration, self.drawn_before = iteration, self.drawn
         finished = self._finished()
         while len(finished) < self.G and sampled.draws < self.max_rounds:
-            fresh = self._free()[: self.G - len(finished)]
+            fresh = self._free() if self.fill_pool else self._free()[: self.G - len(finished)]
             self._round(ledger, sampled, fresh, iteration)
             finished = self._finished()
         sampled.kept = sorted(finished, key=lambda slot: self.flights[slot].order)[: self.G]
