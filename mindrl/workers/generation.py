@@ -94,6 +94,13 @@ def generate_into_dock(
         ``paused``: the indexes left unfinished.
     """
     chunk_size = max(1, GENERATION_CHUNK // group_size) * group_size
+    if partial is not None and len(partial.resumed):
+        # One engine call for the round: paused responses continue in the same batch as
+        # the fresh prompts (chunks serve the stream pipeline, which partial rollout does
+        # not use; two calls of B steps cost twice one on the CPU engine). A round with
+        # nothing resumed is chunked as a whole rollout, so a budget no response reaches
+        # samples exactly today's responses.
+        chunk_size = max(chunk_size, len(indexes))
     tokens, paused = 0, []
     for first in range(0, len(indexes), chunk_size):
         chunk = indexes[first : first + chunk_size]
