@@ -60,6 +60,11 @@ DIGIT_TASKS: dict[str, DigitTaskSpec] = {
     # Long-tailed response lengths: 1 prompt in 8 asks to copy 12 digits (13 response
     # tokens with eos), the rest 1-2 (2-3 tokens). Prompts fit max_prompt_length 16.
     "longtail": DigitTaskSpec("copy", min_digits=1, max_digits=2, long_share=0.125, long_digits=12),
+    # A longer tail for timing partial rollout: 1 in 8 copies 48 digits (49 tokens); needs
+    # rollout.max_prompt_length 64 and max_response_length >= 49.
+    "longtail-48": DigitTaskSpec(
+        "copy", min_digits=1, max_digits=2, long_share=0.125, long_digits=48
+    ),
 }
 DEFAULT_TINY_TASK = "tiny-next"
 

@@ -61,6 +61,7 @@ def test_the_partial_rollout_summary_gives_iteration_time_percentiles_and_traine
             "reward_mean": 0.5,
             "trained_groups": 4,
             "generation_rounds": 2,
+            "staleness_max": t % 2,
             "time": {"rollout": t / 2, "update": 0.25},
         }
         for t in range(1, 11)
@@ -72,11 +73,13 @@ def test_the_partial_rollout_summary_gives_iteration_time_percentiles_and_traine
     assert summary["trained_groups_per_s"] == pytest.approx(36 / 55)
     assert summary["groups_per_iteration"] == pytest.approx(3.6)
     assert summary["rounds_per_iteration"] == 2
+    assert summary["staleness_mean"] == 0.5
     assert summary["stage_s"] == {"rollout": pytest.approx(2.75), "update": 0.25}
     # A whole-rollout record has no trained_groups: it trains every group in one round.
     keep = ("iteration_time_s", "tps", "reward_mean")
     whole = bench.summarize_partial([{k: records[0][k] for k in keep}], 4)
     assert (whole["groups_per_iteration"], whole["rounds_per_iteration"]) == (4, 1)
+    assert whole["staleness_mean"] == 0
     assert whole["trained_groups_per_s"] == 4.0 and whole["stage_s"] == {}
 
 
