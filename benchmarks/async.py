@@ -99,7 +99,7 @@ a 12-digit answer) or ``synthetic:longtail-48`` (48 digits), with room for it, a
 ``--warm-start-steps S``: S supervised steps on the task's right answers first
 (benchmarks/harness/warm_start.py), so that responses are long because their prompt
 asks for more, not because an untrained policy never emits eos. Measured figures and
-what they mean: docs/pipeline.md, "Partial rollout" (at parity on the 2-core CPU box).
+what they mean: docs/pipeline.md, "Partial rollout" (small gains on the 2-core CPU box).
 
     .venv/bin/python benchmarks/async.py                       # tiny, 12 iterations x 1
     .venv/bin/python benchmarks/async.py --partial-budget 16 --warm-start-steps 400 \
