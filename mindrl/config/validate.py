@@ -95,22 +95,24 @@ def check_partial_rollout(
 def _check_partial_rollout_groups(config: MindRLConfig) -> list[str]:
     """The in-flight pool must hold a whole update's groups; it and its refill mean
     nothing without a budget (every group then trains in the iteration that drew it)."""
-    groups, batch = config.rollout.partial_rollout_groups, config.data.global_batch_size
-    refill = config.rollout.partial_rollout_refill
-    if refill != "missing" and config.rollout.partial_rollout_budget is None:
+    rollout, batch = config.rollout, config.data.global_batch_size
+    groups = rollout.partial_rollout_groups
+    set_here = {
+        f"rollout.partial_rollout_groups={groups}": groups is not None,
+        f"rollout.partial_rollout_refill={rollout.partial_rollout_refill}": (
+            rollout.partial_rollout_refill != "missing"
+        ),
+    }
+    if rollout.partial_rollout_budget is None:
         return [
-            f"rollout.partial_rollout_refill={refill} needs rollout.partial_rollout_budget; "
-            "set a budget or remove it"
+            f"{key} needs rollout.partial_rollout_budget; set a budget or remove it"
+            for key, used in set_here.items()
+            if used
         ]
-    if groups is None:
-        return []
-    key = f"rollout.partial_rollout_groups={groups}"
-    if config.rollout.partial_rollout_budget is None:
-        return [f"{key} needs rollout.partial_rollout_budget; set a budget or remove it"]
-    if groups < batch:
+    if groups is not None and groups < batch:
         return [
-            f"{key}: must be >= data.global_batch_size ({batch}), the finished groups an "
-            "update trains"
+            f"rollout.partial_rollout_groups={groups}: must be >= data.global_batch_size "
+            f"({batch}), the finished groups an update trains"
         ]
     return []
 
