@@ -72,6 +72,7 @@ class PromptDataset:
         shuffle: False keeps the records' order every epoch.
         max_prompt_length: Longest prompt in tokens; a longer one is an error.
         chat: Chat template use: ``auto`` (when the tokenizer has one), ``always``, ``never``.
+        source_name: Where the records come from, for the too-few-prompts message.
     """
 
     def __init__(
@@ -83,11 +84,13 @@ class PromptDataset:
         shuffle: bool = True,
         max_prompt_length: int | None = None,
         chat: ChatTemplateMode = "auto",
+        source_name: str = "the source",
     ) -> None:
         if not 1 <= batch_size <= len(records):
             raise ValueError(
-                f"batch size {batch_size} needs 1..{len(records)} prompts; lower "
-                "data.global_batch_size or give more prompts"
+                f"data.global_batch_size={batch_size} needs at least that many prompts, "
+                f"{source_name} gives {len(records)}; lower data.global_batch_size to at most "
+                f"{len(records)} or give more prompts"
             )
         self.records = list(records)
         self.batch_size = batch_size

@@ -12,14 +12,13 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mindrl.config.schema import MindRLConfig
 from mindrl.data.dataset import ChatTemplateMode, PromptDataset
 from mindrl.data.digit_tasks import DEFAULT_TINY_TASK, DIGIT_TASKS, make_digit_task
 from mindrl.data.records import PromptRecord
-from mindrl.data.sources import SYNTHETIC_PREFIX, PromptSourceError, _read_rows
+from mindrl.data.sources import SYNTHETIC_PREFIX, PromptSourceError, checked_file, read_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -71,11 +70,9 @@ def load_preference_pairs(
     """
     if source.startswith(SYNTHETIC_PREFIX):
         return make_digit_pairs(source.removeprefix(SYNTHETIC_PREFIX), num_pairs, seed)
-    path = Path(source)
-    if not path.is_file():
-        raise PromptSourceError(f"preference file {source!r} does not exist")
+    path = checked_file(source, "preference file")
     pairs = []
-    for number, where, row in _read_rows(path):
+    for number, where, row in read_rows(path):
         missing = [key for key in PAIR_FIELDS if key not in row]
         if missing:
             raise PromptSourceError(
@@ -94,7 +91,10 @@ def load_preference_pairs(
             )
         pairs.append(PreferencePair(f"{path.name}#{number}", *texts))
     if not pairs:
-        raise PromptSourceError(f"preference file {source!r} holds no pairs")
+        raise PromptSourceError(
+            f"preference file {source!r} holds no pairs (it is empty or blank); give one JSON "
+            "object per line with fields prompt, chosen and rejected"
+        )
     return pairs
 
 
@@ -130,9 +130,12 @@ class PairDataset(PromptDataset):
         max_prompt_length: int | None = None,
         max_response_length: int | None = None,
         chat: ChatTemplateMode = "auto",
+        source_name: str = "the source",
     ) -> None:
         records = [PromptRecord(p.uid, p.prompt, p.chosen) for p in pairs]
-        super().__init__(records, tokenizer, batch_size, seed, shuffle, max_prompt_length, chat)
+        super().__init__(
+            records, tokenizer, batch_size, seed, shuffle, max_prompt_length, chat, source_name
+        )
         self.pairs = list(pairs)
         self._index = {pair.uid: i for i, pair in enumerate(self.pairs)}
         self.chosen_ids = self._responses([p.chosen for p in pairs], tokenizer)
@@ -182,4 +185,5 @@ def pair_dataset(config: MindRLConfig, tokenizer: PreTrainedTokenizerBase) -> Pa
         max_prompt_length=config.rollout.max_prompt_length,
         max_response_length=config.rollout.max_response_length,
         chat=data.chat_template,
+        source_name=f"data.source {data.source!r}",
     )

@@ -34,6 +34,7 @@ def prompt_dataset(config: MindRLConfig, tokenizer: PreTrainedTokenizerBase) -> 
         shuffle=config.data.shuffle,
         max_prompt_length=config.rollout.max_prompt_length,
         chat=config.data.chat_template,
+        source_name=f"data.source {config.data.source!r}",
     )
 
 
