@@ -13,7 +13,6 @@ and the exit status is 0. Exit status 1: a check failed; 2: torch does not impor
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -72,6 +71,8 @@ class Check:
     parse: Callable[[str, Path], dict] | None = None  # (output, work dir) -> figures
     notes: list[str] = field(default_factory=list)
     result: dict = field(default_factory=dict)
+    #: A pytest module's JUnit XML: its counts, not its output, say how it went.
+    junit: Path | None = None
 
 
 # ---- the machine ---------------------------------------------------------------------------
@@ -207,7 +208,7 @@ def test_checks(python: str, work: Path) -> list[Check]:
         def parse(_out: str, _work: Path, xml: Path = xml) -> dict:
             return junit_counts(xml)
 
-        checks.append(Check(f"tests {rel}", command, ("pytest",), parse))
+        checks.append(Check(f"tests {rel}", command, ("pytest",), parse, junit=xml))
     return checks
 
 
@@ -315,30 +316,53 @@ def execute(check: Check, machine: Machine, timeout_s: float) -> None:
             timeout=timeout_s,
             check=False,
         )
-        rc, output = proc.returncode, proc.stdout + proc.stderr
+        rc, stdout, output = proc.returncode, proc.stdout, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
-        rc, output = None, f"timed out after {timeout_s:.0f} s\n{exc.stdout or ''}"
+        partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        rc, stdout, output = None, partial, f"timed out after {timeout_s:.0f} s\n{partial}"
     result: dict = {"rc": rc, "seconds": round(time.perf_counter() - start, 1)}
-    module = missing_module(output) if rc not in (0, None) else None
-    if module is not None:
-        result["status"] = f"skipped: needs {module} (import failed)"
-    elif rc == 0:
-        result["status"] = "passed"
-        try:
-            result["figures"] = check.parse(proc.stdout, ROOT) if check.parse else {}
-        except Exception as exc:  # the check ran; only reading its figures failed
-            result["status"] = f"failed: figures unreadable ({type(exc).__name__}: {exc})"
-        figures = result.get("figures", {})
-        if figures.get("tests") and figures.get("skipped") == figures["tests"]:
-            result["status"] = f"skipped: all {figures['tests']} tests skipped (see skip_reasons)"
+    if check.junit is not None and rc is not None and check.junit.exists():
+        result |= test_module_result(check.junit)
     else:
-        result["status"] = "failed" if rc is not None else "failed: timed out"
+        result |= command_result(check, rc, stdout, output)
     if result["status"] != "passed":
         result["output_tail"] = output[-TAIL_CHARS:]
-    if check.name.startswith("tests ") and result["status"] == "failed" and check.parse:
-        with contextlib.suppress(OSError, ET.ParseError):  # how many passed all the same
-            result["figures"] = check.parse(output, ROOT)
     check.result = result
+
+
+def command_result(check: Check, rc: int | None, stdout: str, output: str) -> dict:
+    """A benchmark or run: its exit status, and its figures when it passed. A non-zero
+    exit whose last error is a third-party import is a skip naming the module."""
+    module = missing_module(output) if rc not in (0, None) else None
+    if module is not None:
+        return {"status": f"skipped: needs {module} (import failed)"}
+    if rc is None:
+        return {"status": "failed: timed out"}
+    if rc != 0:
+        return {"status": "failed"}
+    try:
+        return {"status": "passed", "figures": check.parse(stdout, ROOT) if check.parse else {}}
+    except Exception as exc:  # the check ran; only reading its figures failed
+        return {"status": f"failed: figures unreadable ({type(exc).__name__}: {exc})"}
+
+
+def test_module_result(xml: Path) -> dict:
+    """A pytest module's status from its JUnit counts alone: any failure or error is
+    ``failed``, whatever the output mentions (a skip reason naming a missing module, say);
+    every test skipped or none selected is a skip; else passed."""
+    try:
+        figures = junit_counts(xml)
+    except ET.ParseError as exc:
+        return {"status": f"failed: JUnit XML unreadable ({exc})"}
+    if figures["failures"] or figures["errors"]:
+        status = f"failed: {figures['failures']} failed, {figures['errors']} errors"
+    elif figures["tests"] == 0:
+        status = "skipped: no test selected"
+    elif figures["skipped"] == figures["tests"]:
+        status = f"skipped: all {figures['tests']} tests skipped (see skip_reasons)"
+    else:
+        status = "passed"
+    return {"status": status, "figures": figures}
 
 
 def summary(machine: Machine, checks: list[Check], python: str) -> dict:

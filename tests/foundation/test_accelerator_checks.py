@@ -153,3 +153,49 @@ def test_on_a_gpu_box_without_ray_and_vllm_the_run_is_skipped_and_rollout_says_h
         "--layout-world",
         "2",
     ]
+
+
+#: What pytest wrote for tests/megatron/test_engine_on_devices.py on the first H200: two
+#: errors, and the npu tests skipped with the device layer's reason, which names a module.
+ERRORS_AND_AN_IMPORT_SKIP = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="2" failures="0" skipped="6" tests="10">
+<testcase classname="tests.megatron.test_engine_on_devices" name="test_one[cuda-moe]">
+<error message="NameError: name 'te_general_gemm' is not defined">trace</error></testcase>
+<testcase classname="tests.megatron.test_engine_on_devices" name="test_one[npu-dense]">
+<skipped type="pytest.skip" message="no npu device here: needs torch_npu (import failed:
+ModuleNotFoundError: No module named 'torch_npu')">skip</skipped></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_a_test_module_with_errors_is_failed_even_when_its_output_names_a_missing_module(
+    tmp_path,
+):
+    xml = tmp_path / "module.xml"
+    junit = ERRORS_AND_AN_IMPORT_SKIP
+    code = (
+        f"import pathlib, sys; pathlib.Path({str(xml)!r}).write_text({junit!r}); "
+        "print(\"SKIPPED [6] needs torch_npu: ModuleNotFoundError: No module named 'torch_npu'\"); "
+        "sys.exit(1)"
+    )
+    check = checks.Check("tests module", [sys.executable, "-c", code], junit=xml)
+    checks.execute(check, machine_with(), timeout_s=60)
+    assert check.result["status"] == "failed: 0 failed, 2 errors"
+    assert check.result["figures"]["errors"] == 2
+    assert "No module named 'torch_npu'" in check.result["output_tail"]
+
+
+def test_a_test_module_whose_tests_all_skip_or_pass_says_so_from_its_junit_counts(tmp_path):
+    def run(skipped: int, tests: int) -> str:
+        xml = tmp_path / f"{skipped}-{tests}.xml"
+        xml.write_text(
+            f'<testsuites><testsuite errors="0" failures="0" skipped="{skipped}" '
+            f'tests="{tests}"></testsuite></testsuites>'
+        )
+        check = checks.Check("tests module", [sys.executable, "-c", "pass"], junit=xml)
+        checks.execute(check, machine_with(), timeout_s=60)
+        return check.result["status"]
+
+    assert run(skipped=3, tests=3) == "skipped: all 3 tests skipped (see skip_reasons)"
+    assert run(skipped=0, tests=0) == "skipped: no test selected"
+    assert run(skipped=1, tests=3) == "passed"
