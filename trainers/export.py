@@ -39,7 +39,7 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, role: str = "actor"
         CheckpointError: nothing to export there, or a corrupt checkpoint.
     """
     saved = checkpoint.open_checkpoint(path, role)
-    spec = GPTSpec(**saved.meta["spec"])
+    spec = GPTSpec.from_dict(saved.meta["spec"])
     state, config = hf_model(saved.load("model"), spec, value_head=saved.meta["value_head"])
     save_hf_folder(state, config, out_dir)
     return Path(out_dir)

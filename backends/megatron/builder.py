@@ -326,7 +326,7 @@ def build_gpt(spec: GPTSpec, parallel: ParallelSpec, value_head: bool = False, s
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
-    validate(spec, parallel, dist.get_world_size())
+    validate(spec, parallel)
     device = get_device()
     with megatron_compat(device):
         config = transformer_config(spec, parallel)

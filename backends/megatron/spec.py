@@ -1,7 +1,11 @@
 """What the engine builds: architecture (:class:`GPTSpec`) and layout (:class:`ParallelSpec`).
 
 These are the engine's own input types so that ``backends`` never imports ``mindrl``;
-``mindrl.config`` maps its ``ModelConfig`` / ``ParallelConfig`` onto them.
+mindrl maps its ``ModelConfig`` / ``ParallelConfig`` onto them in one place. The rules a
+layout must obey (sizes that divide the world and the model, pipeline stage layers) are
+mindrl's layout validator's, checked before any engine is built and reported all at once
+in config terms; :func:`validate` keeps only what this engine cannot build whatever the
+layout's arithmetic.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ class GPTSpec:
         ffn_hidden_size: dense SwiGLU width.
         vocab_size: real vocabulary size (the engine pads it to a multiple of TP).
         max_position_embeddings: longest supported sequence.
-        kv_channels: per-head width; ``None`` means ``hidden_size // num_attention_heads``.
+        head_dim: per-head width (Megatron's ``kv_channels``); ``None`` resolves to
+            ``hidden_size // num_attention_heads`` when the spec is made.
         rope_theta: RoPE base.
         norm_eps: RMSNorm epsilon.
         tie_word_embeddings: output layer shares the input embedding.
@@ -69,7 +74,7 @@ class GPTSpec:
     ffn_hidden_size: int = 128
     vocab_size: int = 128
     max_position_embeddings: int = 512
-    kv_channels: int | None = None
+    head_dim: int | None = None
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
@@ -95,9 +100,19 @@ class GPTSpec:
     yarn: tuple[float, int, float, float, float, float] | None = None
     dtype: str = "float32"
 
-    @property
-    def head_dim(self) -> int:
-        return self.kv_channels or self.hidden_size // self.num_attention_heads
+    def __post_init__(self) -> None:
+        # One name for the per-head width: resolved here, so every reader sees an int.
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> GPTSpec:
+        """A spec from ``dataclasses.asdict`` of one (a checkpoint's meta); checkpoints
+        written before the per-head width was called ``head_dim`` name it ``kv_channels``."""
+        fields = dict(fields)
+        if "kv_channels" in fields:
+            fields["head_dim"] = fields.pop("kv_channels")
+        return cls(**fields)
 
     @property
     def is_moe(self) -> bool:
@@ -164,37 +179,15 @@ class ParallelSpec:
         return self.tp > 1
 
 
-def validate(spec: GPTSpec, parallel: ParallelSpec, world_size: int) -> None:
-    """Raise ``ValueError`` naming the first field that cannot work with this layout."""
+def validate(spec: GPTSpec, parallel: ParallelSpec) -> None:
+    """Raise ``ValueError`` for what this engine cannot build under any world size.
+
+    The layout arithmetic (world, heads, layers and experts divisible) is not checked
+    here: mindrl's layout validator refuses it before an engine is built, and a direct
+    caller gets Megatron-core's own assertion from ``initialize_model_parallel``.
+    """
     if spec.dtype not in DTYPES:
         raise ValueError(f"GPTSpec.dtype '{spec.dtype}' is unknown; choose one of {list(DTYPES)}")
-    dense = parallel.tp * parallel.cp * parallel.pp
-    if world_size % dense:
-        raise ValueError(
-            f"world size {world_size} is not divisible by tp*cp*pp={dense}; change the layout"
-        )
-    if spec.num_attention_heads % parallel.tp or spec.num_query_groups % parallel.tp:
-        raise ValueError(
-            f"tp={parallel.tp} must divide num_attention_heads={spec.num_attention_heads} "
-            f"and num_query_groups={spec.num_query_groups}"
-        )
-    if parallel.first_stage_layers is None and spec.num_layers % parallel.pp:
-        raise ValueError(f"pp={parallel.pp} must divide num_layers={spec.num_layers}")
-    if parallel.first_stage_layers is not None:
-        rest = spec.num_layers - parallel.first_stage_layers
-        if (
-            parallel.pp == 1
-            or parallel.first_stage_layers < 1
-            or rest < 1
-            or rest % (parallel.pp - 1)
-        ):
-            raise ValueError(
-                f"first_stage_layers={parallel.first_stage_layers} leaves {rest} of "
-                f"num_layers={spec.num_layers} that do not split evenly over the other "
-                f"{parallel.pp - 1} pipeline stages"
-            )
-    if spec.is_moe and spec.num_experts % parallel.ep:
-        raise ValueError(f"ep={parallel.ep} must divide num_experts={spec.num_experts}")
     if parallel.cp > 1:
         # Megatron-core 0.16's local DotProductAttention asserts cp == 1; only TE's
         # attention implements CP, and the engine neither splits sequences over CP ranks
@@ -204,9 +197,4 @@ def validate(spec: GPTSpec, parallel: ParallelSpec, world_size: int) -> None:
             "TransformerEngine attention, which has no CPU kernels, and CP sequence "
             "splitting the engine does not do); set cp=1 and use tp (sequence parallel "
             "is on with tp > 1), pp or dp instead"
-        )
-    if world_size % (parallel.ep * parallel.etp * parallel.pp):
-        raise ValueError(
-            f"world size {world_size} is not divisible by ep*etp*pp="
-            f"{parallel.ep * parallel.etp * parallel.pp}; change ep/etp"
         )

@@ -18,7 +18,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def _attention(m: ModelConfig, prefix: str) -> dict[str, ParamLayout]:
-    h, d = m.hidden_size, m.kv_channels
+    h, d = m.hidden_size, m.head_dim
     qkv_rows = d * (m.num_attention_heads + 2 * m.num_kv_heads)
     out = {
         f"{prefix}.input_layernorm.weight": ParamLayout("replicated", (h,)),

@@ -67,7 +67,9 @@ class ModelConfig:
     hidden_size: int = option(128, "Model width.", ge=1)
     num_attention_heads: int = option(2, "Query heads.", ge=1)
     num_kv_heads: int = option(2, "Key/value heads (query groups, GQA).", ge=1)
-    head_dim: int | None = option(None, "Per-head width; None: hidden_size / heads.", ge=1)
+    head_dim: int | None = option(
+        None, "Per-head width; None: hidden_size / heads (resolved when the section is made).", ge=1
+    )
     ffn_hidden_size: int = option(256, "Dense MLP width (SwiGLU).", ge=1)
     vocab_size: int = option(64, "Vocabulary size (padded for TP by the engine).", ge=2)
     max_position_embeddings: int = option(512, "Longest sequence the model supports.", ge=1)
@@ -113,6 +115,11 @@ class ModelConfig:
     )
     dtype: str = option("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
 
+    def __post_init__(self) -> None:
+        # One name for the per-head width, as in the engine's GPTSpec: resolved here.
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
@@ -120,10 +127,6 @@ class ModelConfig:
     @property
     def uses_mla(self) -> bool:
         return self.kv_lora_rank is not None
-
-    @property
-    def kv_channels(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
 
 
 @dataclass

@@ -152,7 +152,7 @@ def kv_bytes_per_token(model: ModelConfig, gen_tp: int) -> int:
     if model.uses_mla:  # compressed latent + rope key, not split by TP
         return model.num_layers * (model.kv_lora_rank + model.qk_rope_head_dim) * dtype_bytes
     kv_heads = max(model.num_kv_heads // gen_tp, 1)
-    return 2 * model.num_layers * kv_heads * model.kv_channels * dtype_bytes
+    return 2 * model.num_layers * kv_heads * model.head_dim * dtype_bytes
 
 
 def redundant_bytes(model: ModelConfig, train: ParallelConfig, gen_ep: int) -> int:

@@ -51,7 +51,7 @@ def attention_params(m: ModelConfig) -> ParamCounts:
         norms = (m.q_lora_rank or 0) + m.kv_lora_rank + h
         q_down = h * m.q_lora_rank if m.q_lora_rank else 0
         return ParamCounts(tp=q - q_down + kv_up + out, replicated=q_down + kv_down + norms)
-    d = m.kv_channels
+    d = m.head_dim
     qkv = h * d * (heads + 2 * m.num_kv_heads)
     bias = d * (heads + 2 * m.num_kv_heads) if m.qkv_bias else 0
     out = heads * d * h

@@ -58,7 +58,7 @@ def generation_shard_spec(spec: GPTSpec, tp: int) -> GPTSpec:
         spec,
         num_attention_heads=spec.num_attention_heads // tp,
         num_query_groups=spec.num_query_groups // tp,
-        kv_channels=spec.head_dim,
+        head_dim=spec.head_dim,
     )
 
 

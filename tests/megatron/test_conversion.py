@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from backends.generation.hf_experts import unfuse_experts
@@ -68,7 +70,7 @@ def test_a_contiguous_tp_split_of_fused_qkv_is_each_ranks_own_query_groups():
     d, tp = spec.head_dim, 2
     q, k, v = torch.randn(8 * d, 64), torch.randn(4 * d, 64), torch.randn(4 * d, 64)
     layout = ParamLayout("column", (16 * d, 64))
-    rank_spec = GPTSpec(num_attention_heads=4, num_query_groups=2, hidden_size=64, kv_channels=d)
+    rank_spec = GPTSpec(num_attention_heads=4, num_query_groups=2, hidden_size=64, head_dim=d)
     shards = []
     for rank in range(tp):
         shard = shard_tensor(interleave_qkv(q, k, v, spec), layout, rank, tp)
@@ -149,3 +151,14 @@ def test_a_deepseek_v3_checkpoint_the_engine_cannot_build_is_refused_naming_the_
         with pytest.raises(ValueError, match=field.replace("(", r"\(").replace(".", r"\.")) as err:
             ds.FAMILY.spec_from_hf_config(config)
         assert "\n" not in str(err.value)
+
+
+def test_the_per_head_width_has_one_name_and_old_checkpoint_metas_still_load():
+    derived = GPTSpec(num_attention_heads=4, hidden_size=64)
+    assert derived.head_dim == 16  # resolved when the spec is made
+    assert GPTSpec.from_dict(dataclasses.asdict(derived)) == derived
+    # A checkpoint's meta from before the rename calls it kv_channels.
+    old = {**dataclasses.asdict(derived), "head_dim": None}
+    old["kv_channels"] = old.pop("head_dim")
+    assert GPTSpec.from_dict(old | {"kv_channels": 32}).head_dim == 32
+    assert GPTSpec.from_dict(old).head_dim == 16

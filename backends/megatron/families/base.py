@@ -192,7 +192,7 @@ class LlamaLikeFamily:
             ffn_hidden_size=hf_config["intermediate_size"],
             vocab_size=hf_config["vocab_size"],
             max_position_embeddings=hf_config.get("max_position_embeddings", 2048),
-            kv_channels=hf_config.get("head_dim"),
+            head_dim=hf_config.get("head_dim"),
             rope_theta=float(hf_config.get("rope_theta") or _rope_theta(hf_config)),
             norm_eps=hf_config.get("rms_norm_eps", 1e-6),
             tie_word_embeddings=bool(hf_config.get("tie_word_embeddings", False)),

@@ -106,7 +106,7 @@ class DeepseekV3Family(LlamaLikeFamily):
         return {
             # MLA has no query groups: every head has its own key and value.
             "num_query_groups": hf_config["num_attention_heads"],
-            "kv_channels": None,
+            "head_dim": None,
             "q_lora_rank": hf_config.get("q_lora_rank"),
             "kv_lora_rank": hf_config["kv_lora_rank"],
             "qk_nope_head_dim": hf_config["qk_nope_head_dim"],
