@@ -1,8 +1,24 @@
-"""Megatron-core on the CPU: a scoped, reversible redirection of its CUDA assumptions.
+"""Megatron-core without TransformerEngine, and on the CPU.
 
-Megatron-core 0.16 allocates buffers with ``device=torch.cuda.current_device()`` and
-keeps its tensor-parallel RNG streams in CUDA generators. On a CPU-only torch both
-fail, so inside :func:`megatron_on_cpu`:
+Two separate things, both entered through :func:`megatron_compat` (every engine call):
+
+**TE-absent fixes, on every device** (:func:`fix_te_absent_names`). Megatron-core 0.16.1
+has two bugs when TransformerEngine is not installed, on a GPU as much as on the CPU:
+
+* the MoE router's ``te_general_gemm`` is only bound when TE imports, then read anyway
+  (``NameError`` in every router forward); it is defined as ``None``, the value Megatron
+  tests for;
+* multi-latent attention's ``HAVE_TE`` is ``True``: its TE extension module imports
+  without TE and binds ``TELinear`` to a ``MagicMock`` instance, so MLA's constructor
+  calls ``isinstance`` on it (``TypeError``); it is set ``False``.
+
+They are permanent and idempotent (they only give Megatron the values it meant to have)
+and change nothing when TE is installed.
+
+**The CPU redirection** (:func:`megatron_on_cpu`, a scoped, reversible patch). Megatron-core
+0.16 allocates buffers with ``device=torch.cuda.current_device()`` and keeps its
+tensor-parallel RNG streams in CUDA generators. On a CPU-only torch both fail, so
+inside it:
 
 * ``torch.cuda.current_device()`` returns ``"cpu"`` (a valid ``device=`` argument);
 * the RNG tracker forks and restores the CPU generator instead of a CUDA one
@@ -14,18 +30,22 @@ fail, so inside :func:`megatron_on_cpu`:
   CPU the forked stream *is* the CPU generator;
 * ``Tensor.cuda()`` returns the tensor itself: tied embeddings with pipeline parallelism
   move the shared weight with ``weight.data.cuda()`` before their all-reduce;
-* the MoE router's ``te_general_gemm`` is defined as ``None`` when TransformerEngine is
-  absent (Megatron 0.16 only binds the name when TE imports, then reads it anyway);
-* multi-latent attention's ``HAVE_TE`` is ``False`` when TransformerEngine is absent
-  (Megatron 0.16's TE extension module imports without TE, binding ``TELinear`` to a
-  ``MagicMock`` instance, so MLA believes TE is there and calls ``isinstance`` on it);
 * for the distributed optimizer (``DistributedDataParallel`` + ``get_megatron_optimizer``):
   the optimizer modules see a ``torch`` whose tensor factories turn ``device="cuda"``
   into the CPU, and ``Tensor.type()`` names CPU tensors ``torch.cuda.*`` (see
-  :class:`_TorchOnCpu` and :func:`_type_as_cuda` for the Megatron lines).
+  :class:`_TorchOnCpu` and :func:`_type_as_cuda` for the Megatron lines);
+* functions Megatron wrapped in ``torch.compile`` (its ``jit_fuser``: the router's
+  ``_apply_expert_bias`` runs in every MoE forward) run eagerly. Compiling would ask
+  dynamo, and inductor's device-property cache asks every *available* device interface
+  for its current device: in a CPU rank of a CUDA-built torch (the CPU reference beside
+  GPU ranks) that is ``torch.cuda.current_device()``, answered ``"cpu"`` here, and
+  inductor indexed its CUDA property list with it (``TypeError: list indices must be
+  integers or slices, not str``, seen on an H200).
 
-Everything is restored on exit, also after an exception. Applied only through
-:func:`megatron_compat` on the CPU device; accelerators never see it.
+Everything is restored on exit, also after an exception. It is applied only by
+:func:`megatron_compat` on the CPU device, and refuses to start in a process whose
+device is an accelerator or that has initialised one (:func:`_refuse_accelerator_process`):
+patched ``torch.cuda`` functions there would misplace real device work.
 """
 
 from __future__ import annotations
@@ -134,6 +154,49 @@ def _type_as_cuda(original: Any) -> Any:
     return type_
 
 
+def fix_te_absent_names() -> None:
+    """Give Megatron the names it reads without TransformerEngine (module docstring).
+
+    Idempotent; a no-op where TE is installed (the names are then TE's own).
+    """
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    if not isinstance(multi_latent_attention.TELinear, type):
+        multi_latent_attention.HAVE_TE = False
+
+
+class AcceleratorProcessError(RuntimeError):
+    """The CPU redirection was asked for in a process that computes on an accelerator."""
+
+
+def _refuse_accelerator_process() -> None:
+    """Raise unless this process computes on the CPU and has no accelerator runtime up.
+
+    The redirection patches ``torch.cuda`` for the whole process: in a process whose
+    device is a GPU / NPU, or that already created a CUDA / NPU context, Megatron (and
+    torch's compiler) would be handed ``"cpu"`` for the current device.
+    """
+    from backends.device import get_device
+
+    device = get_device()
+    if device.torch_device_type != "cpu":
+        raise AcceleratorProcessError(
+            f"the Megatron CPU redirection was requested in a process whose device is "
+            f"'{device.name}'; call megatron_compat with this process's device "
+            f"(backends.device.get_device()), or choose --device cpu for the whole process"
+        )
+    runtimes = {"cuda": torch.cuda, "npu": getattr(torch, "npu", None)}
+    for name, runtime in runtimes.items():
+        if runtime is not None and runtime.is_initialized():
+            raise AcceleratorProcessError(
+                f"the Megatron CPU redirection was requested in a process that has initialised "
+                f"{name}; run CPU ranks in processes of their own (spawned with device 'cpu')"
+            )
+
+
 @contextlib.contextmanager
 def megatron_on_cpu() -> Iterator[None]:
     """Run Megatron-core model code on the CPU for the duration of the block."""
@@ -142,9 +205,8 @@ def megatron_on_cpu() -> Iterator[None]:
     from megatron.core.optimizer import clip_grads
     from megatron.core.optimizer import optimizer as mp_optimizer
     from megatron.core.tensor_parallel import random as mp_random
-    from megatron.core.transformer import multi_latent_attention
-    from megatron.core.transformer.moe import moe_utils
 
+    _refuse_accelerator_process()
     patches = _Patches()
     mute = _MuteForkWarning()
     logger = logging.getLogger(mp_random.__name__)
@@ -157,16 +219,13 @@ def megatron_on_cpu() -> Iterator[None]:
         patches.set(mp_random, "_set_cuda_rng_state", _cpu_set_rng_state)
         patches.set(fused_softmax, "get_default_causal_mask", _cpu_causal_mask)
         patches.set(torch.Tensor, "cuda", _tensor_stays_on_cpu)
-        if not hasattr(moe_utils, "te_general_gemm"):
-            patches.set(moe_utils, "te_general_gemm", None)
-        if not isinstance(multi_latent_attention.TELinear, type):
-            patches.set(multi_latent_attention, "HAVE_TE", False)
         patches.set(mp_optimizer, "torch", _TORCH_ON_CPU)
         patches.set(clip_grads, "torch", _TORCH_ON_CPU)
         patches.set(mp_utils, "torch", _TORCH_ON_CPU)
         patches.set(torch.Tensor, "type", _type_as_cuda(torch.Tensor.type))
         logger.addFilter(mute)
-        yield
+        with torch.compiler.set_stance("force_eager"):
+            yield
     finally:
         logger.removeFilter(mute)
         patches.undo()
@@ -174,7 +233,9 @@ def megatron_on_cpu() -> Iterator[None]:
 
 @contextlib.contextmanager
 def megatron_compat(device: Any) -> Iterator[None]:
-    """Make Megatron-core usable on ``device``: only the CPU needs :func:`megatron_on_cpu`."""
+    """Make Megatron-core usable on ``device``: the TE-absent fixes on every device, the
+    CPU redirection (:func:`megatron_on_cpu`) on the CPU only."""
+    fix_te_absent_names()
     if device.torch_device_type != "cpu":
         yield
         return

@@ -1,11 +1,14 @@
-"""Megatron-core runs on the CPU inside the device layer's compat scope (issue 2)."""
+"""Megatron-core runs on the CPU inside the device layer's compat scope; the TE-absent
+fixes reach every device, the CPU redirection only CPU processes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backends.device import get_device
-from backends.megatron.cpu_compat import megatron_compat
+from backends.device.registry import reset_device
+from backends.megatron.cpu_compat import AcceleratorProcessError, megatron_compat
 from tests.support.spawn import run_ranks
 
 VOCAB, SEQ = 128, 16
@@ -95,3 +98,76 @@ def test_the_compat_scope_restores_torch_cuda_and_megatron_on_exit():
         pass
     assert _patched_names() == before
     assert torch.zeros(2).type() == "torch.FloatTensor"
+
+
+# ---- TE-absent fixes on every device; the CPU redirection on the CPU only -----------------
+
+
+@pytest.fixture
+def te_absent_bugs(monkeypatch):
+    """Megatron 0.16.1's two TE-absent bugs as a fresh import leaves them (no TE here)."""
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.moe import moe_utils
+
+    monkeypatch.delattr(moe_utils, "te_general_gemm", raising=False)
+    monkeypatch.setattr(multi_latent_attention, "HAVE_TE", True)
+    return moe_utils, multi_latent_attention
+
+
+@pytest.fixture
+def fake_cuda_process(monkeypatch):
+    """A FAKE CUDA process on this CPU-only torch: CUDA reported available with one
+    device and the process's device set to the real CudaDevice class (never computed on)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    reset_device()
+    yield get_device("cuda")
+    reset_device()
+
+
+def test_an_accelerator_process_gets_the_te_absent_fixes_and_no_cpu_redirection(
+    te_absent_bugs, fake_cuda_process
+):
+    moe_utils, mla = te_absent_bugs
+    current_device = torch.cuda.current_device
+    with megatron_compat(fake_cuda_process):
+        assert torch.cuda.current_device is current_device  # not redirected to "cpu"
+        assert moe_utils.te_general_gemm is None  # the router's torch.mm branch
+        assert mla.HAVE_TE is False  # MLA no longer isinstance-checks a MagicMock
+    assert mla.HAVE_TE is False  # permanent: a Megatron bug fixed, not a CPU scope
+
+
+def test_the_cpu_redirection_refuses_an_accelerator_process(fake_cuda_process):
+    from backends.device.cpu import CpuDevice
+
+    current_device = torch.cuda.current_device
+    with (
+        pytest.raises(AcceleratorProcessError, match="whose device is 'cuda'"),
+        megatron_compat(CpuDevice()),
+    ):
+        pass
+    assert torch.cuda.current_device is current_device  # nothing was patched
+
+
+def test_the_cpu_redirection_refuses_a_process_that_initialised_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # FAKE: a CUDA context
+    refused = pytest.raises(AcceleratorProcessError, match="has initialised cuda")
+    with refused, megatron_compat(get_device("cpu")):
+        pass
+
+
+def test_compiled_functions_run_eagerly_under_the_cpu_redirection():
+    """Dynamo never starts inside the scope: its device-property cache would read the
+    redirected torch.cuda.current_device() wherever CUDA is available."""
+
+    def refuse_to_compile(graph, inputs):
+        raise AssertionError("compiled under the CPU redirection")
+
+    add_one = torch.compile(lambda x: x + 1, backend=refuse_to_compile)
+    try:
+        with megatron_compat(get_device("cpu")):
+            assert add_one(torch.ones(2)).tolist() == [2.0, 2.0]
+        with pytest.raises(Exception, match="compiled under the CPU redirection"):
+            add_one(torch.ones(2))  # outside the scope dynamo compiles as usual
+    finally:
+        torch._dynamo.reset()
