@@ -141,7 +141,7 @@ sys.path.insert(0, str(ROOT))
 from mindrl.planner.sample_flow import dispatch_seconds, sample_flow  # noqa: E402
 
 #: What a disaggregated run adds: generation on ``rollout.devices`` of the world's devices,
-#: training on the rest (stream is refused with it: mindrl/config/placement.py).
+#: training on the rest (stream is refused with it: mindrl/config/compat.py).
 DISAGGREGATED = (
     "dock.pipeline=sync",
     "rollout.placement=disaggregated",

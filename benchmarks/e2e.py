@@ -170,7 +170,8 @@ def tiny_hf_folder(model_section: Any, tokenizer: Any, seed: int, folder: Path) 
     from transformers import LlamaForCausalLM
 
     from backends.megatron.hf_io import save_hf_folder
-    from mindrl.workers.model_setup import gpt_spec, hf_config_for, pretrained_config
+    from mindrl.config.specs import gpt_spec
+    from mindrl.workers.model_setup import hf_config_for, pretrained_config
 
     if model_section.family != "llama":
         raise UsageError(f"model.family {model_section.family!r}: the tiny model must be llama")

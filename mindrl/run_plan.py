@@ -1,10 +1,11 @@
-"""The run plan: one description of an iteration, built from the algorithm and the config.
+"""The run plan: one description of a run, built from the algorithm and the config.
 
-Everything that needs to know the stages reads it: the dock (one TD controller per stage,
-the fields each stage claims), the iteration loop (which stages run, in what order, what
-they claim and with which deadline), the planner (``--dry-run``: stages, roles, dock
-fields), start-up (which model roles to place) and the CLI. Before it existed the same
-stage -> fields table was written in three places and had drifted
+Everything that needs to know the stages or the devices reads it: the dock (one TD
+controller per stage, the fields each stage claims), the iteration loop (which runner,
+which stages run, in what order, what they claim and with which deadline), the planner
+(``--dry-run``: stages, roles, layouts, dock fields), start-up (which model roles to
+place, where, with which engine layout) and the CLI. Its mode and layouts are decided
+here once (mindrl/config/layout.py) and never asked of the config again
 (docs/architecture.md §3 draws one iteration's data flow).
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mindrl.algorithm import Algorithm, run_options
-from mindrl.config.placement import partial_rollout_groups
+from mindrl.config.layout import DISAGGREGATED, OFFLINE, RunLayout, resolve_layout
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 
 #: Fields every model stage reads: the packed sequence is prompt + response.
@@ -28,6 +29,13 @@ STAGE_DEADLINE_DOCK_TIMEOUTS = 5
 #: share the actor's devices (all-colocated placement, trainers/driver/setup.py) and take
 #: turns with generation; a role placed on devices of its own belongs here.
 ROLES_OFF_GENERATION_DEVICES = frozenset({"reward"})
+
+#: The iteration runners (trainers/driver/runners.py), one per way an iteration runs.
+#: ``online``: generate, score, update in turn on the same devices (optionally streaming).
+ONLINE, PARTIAL_ROLLOUT = "online", "partial_rollout"
+#: Partial rollout's default in-flight pool, in batches of data.global_batch_size groups:
+#: room for one batch to finish while up to one more batch of long responses is paused.
+PARTIAL_ROLLOUT_BATCHES = 2
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,11 @@ class RunPlan:
 
     Attributes:
         trainer: the algorithm's name.
+        mode: how generation shares the devices (``collocated``, ``disaggregated``) or
+            ``offline`` (stored samples, nothing generates); mindrl/config/layout.py.
+        runner: the iteration runner that runs it (``online``, ``partial_rollout``,
+            ``disaggregated`` or ``offline``; trainers/driver/runners.py).
+        layout: the devices that train and generate and every model role's layout.
         stages: in the order an iteration runs them.
         needs_reference / needs_critic / needs_old_logprob: which optional stages run.
         model_roles: the model worker groups to place (``actor`` first).
@@ -57,9 +70,15 @@ class RunPlan:
         stage_deadline_s: how long a stage's workers may take before the run ends.
         offline: trains on stored samples (DPO's pairs): no rollout, reward or advantage.
         options: the algorithm's options as the run trains with them (resolved once, here).
+        tokens_may_lag: a trained token may come from older weights than the trained ones
+            (``rollout.max_staleness > 0`` or partial rollout): the loss then weights each
+            token by its behaviour ratio (``algorithm.behaviour_is_cap``).
     """
 
     trainer: str
+    mode: str
+    runner: str
+    layout: RunLayout
     stages: tuple[StagePlan, ...]
     needs_reference: bool
     needs_critic: bool
@@ -71,7 +90,12 @@ class RunPlan:
     dock_groups: int
     stage_deadline_s: float
     options: AlgorithmConfig
-    offline: bool = False
+    tokens_may_lag: bool = False
+
+    @property
+    def offline(self) -> bool:
+        """Trains on stored samples (DPO's pairs): no rollout, reward or advantage."""
+        return self.mode == OFFLINE
 
     def stage(self, name: str) -> StagePlan:
         """The stage called ``name``.
@@ -143,24 +167,54 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
     needs_reference = algorithm.uses_reference(options)
     needs_critic = algorithm.needs_critic
     needs_old = needs_old_logprob(config)
+    model_roles = (
+        ("actor",)
+        + (("reference",) if needs_reference else ())
+        + (("critic",) if needs_critic else ())
+    )
+    layout = resolve_layout(config, model_roles)
     return RunPlan(
         trainer=algorithm.name,
+        mode=layout.mode,
+        runner=runner_for(layout.mode, config),
+        layout=layout,
         stages=_stages(
             needs_reference, needs_critic, needs_old, algorithm.advantage_inputs(options)
         ),
         needs_reference=needs_reference,
         needs_critic=needs_critic,
         needs_old_logprob=needs_old,
-        model_roles=("actor",)
-        + (("reference",) if needs_reference else ())
-        + (("critic",) if needs_critic else ()),
+        model_roles=model_roles,
         group_size=config.data.n_samples_per_prompt,
         uses_groups=algorithm.uses_groups,
         sample_batches=sample_batches(options, config),
         dock_groups=dock_groups(options, config),
         stage_deadline_s=stage_deadline_s(config),
         options=options,
+        tokens_may_lag=tokens_may_lag(config),
     )
+
+
+def runner_for(mode: str, config: MindRLConfig) -> str:
+    """The runner of a run in ``mode``: its own for offline and disaggregated runs, partial
+    rollout's with a generation budget, else the online loop."""
+    if mode in (OFFLINE, DISAGGREGATED):
+        return mode
+    return PARTIAL_ROLLOUT if config.rollout.partial_rollout_budget is not None else ONLINE
+
+
+def tokens_may_lag(config: MindRLConfig) -> bool:
+    """Whether a trained token may come from older weights than the trained ones: a sample
+    generated before the last update (``rollout.max_staleness``) or a response continued
+    across updates (``rollout.partial_rollout_budget``)."""
+    return config.rollout.max_staleness > 0 or config.rollout.partial_rollout_budget is not None
+
+
+def partial_rollout_groups(config: MindRLConfig) -> int:
+    """Groups partial rollout keeps in flight (``rollout.partial_rollout_groups``, by
+    default 2 x data.global_batch_size); the dock holds that many."""
+    groups = config.rollout.partial_rollout_groups
+    return PARTIAL_ROLLOUT_BATCHES * config.data.global_batch_size if groups is None else groups
 
 
 #: Samples per stored pair: the chosen and the rejected response, adjacent in the dock.
@@ -176,20 +230,23 @@ def _offline_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         StagePlan("ref_logp", "reference", SEQUENCE, ("ref_logprob",)),
         StagePlan("update", "actor", (*SEQUENCE, "ref_logprob"), ()),
     )
+    model_roles = ("actor", "reference")
     return RunPlan(
         trainer=algorithm.name,
+        mode=OFFLINE,
+        runner=OFFLINE,
+        layout=resolve_layout(config, model_roles, offline=True),
         stages=stages,
         needs_reference=True,
         needs_critic=False,
         needs_old_logprob=False,
-        model_roles=("actor", "reference"),
+        model_roles=model_roles,
         group_size=PAIR_SIZE,
         uses_groups=True,
         sample_batches=1,
         dock_groups=config.data.global_batch_size,
         stage_deadline_s=stage_deadline_s(config),
         options=run_options(algorithm, config),
-        offline=True,
     )
 
 

@@ -23,17 +23,19 @@ from backends.megatron.layouts import is_expert_param
 
 @dataclass(frozen=True)
 class OptimSpec:
-    """AdamW + schedule of one trained role.
+    """AdamW + schedule of one trained role (the names are mindrl's ``optim`` section's
+    and Megatron's ``OptimizerConfig``'s).
 
     Attributes:
         lr: peak learning rate.
         min_lr: floor of the cosine schedule.
-        schedule: ``constant`` or ``cosine`` after the warm-up.
-        warmup_steps: linear warm-up steps from 0 to ``lr``.
+        lr_schedule: ``constant`` or ``cosine`` after the warm-up.
+        lr_warmup_steps: linear warm-up steps from 0 to ``lr``.
         total_steps: length of the cosine decay (ignored for ``constant``).
         weight_decay: AdamW decoupled weight decay.
-        betas: AdamW betas.
-        eps: AdamW epsilon.
+        adam_beta1: AdamW beta1.
+        adam_beta2: AdamW beta2.
+        adam_eps: AdamW epsilon.
         clip_grad: global grad-norm clip; 0 disables clipping.
         distributed_optimizer: use Megatron's ``DistributedDataParallel`` + distributed
             optimizer instead of torch AdamW: Adam moments and fp32 main weights sharded
@@ -42,26 +44,27 @@ class OptimSpec:
 
     lr: float = 1e-5
     min_lr: float = 0.0
-    schedule: str = "constant"
-    warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    lr_warmup_steps: int = 0
     total_steps: int = 1000
     weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
     clip_grad: float = 1.0
     distributed_optimizer: bool = False
 
 
 def lr_factor(step: int, optim: OptimSpec) -> float:
     """Multiplier of ``optim.lr`` at optimizer step ``step`` (0-based)."""
-    if step < optim.warmup_steps:
-        return (step + 1) / optim.warmup_steps
-    if optim.schedule == "constant":
+    if step < optim.lr_warmup_steps:
+        return (step + 1) / optim.lr_warmup_steps
+    if optim.lr_schedule == "constant":
         return 1.0
-    if optim.schedule != "cosine":
-        raise ValueError(f"unknown lr schedule '{optim.schedule}'; choose constant or cosine")
-    span = max(optim.total_steps - optim.warmup_steps, 1)
-    progress = min((step - optim.warmup_steps) / span, 1.0)
+    if optim.lr_schedule != "cosine":
+        raise ValueError(f"unknown lr schedule '{optim.lr_schedule}'; choose constant or cosine")
+    span = max(optim.total_steps - optim.lr_warmup_steps, 1)
+    progress = min((step - optim.lr_warmup_steps) / span, 1.0)
     floor = optim.min_lr / optim.lr if optim.lr else 0.0
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -71,8 +74,8 @@ def make_optimizer(model: nn.Module, optim: OptimSpec):
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=optim.lr,
-        betas=optim.betas,
-        eps=optim.eps,
+        betas=(optim.adam_beta1, optim.adam_beta2),
+        eps=optim.adam_eps,
         weight_decay=optim.weight_decay,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, optim))

@@ -12,7 +12,7 @@ import torch
 
 from backends.layout import ParamLayout
 from mindrl.config import ModelConfig
-from mindrl.config.validate import stage_layer_counts
+from mindrl.config.layout import stage_layer_counts
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -16,7 +16,6 @@ from mindrl.config.schema import (
     RoleConfig,
     RolloutConfig,
 )
-from mindrl.config.validate import data_parallel_size, expert_data_parallel_size
 
 __all__ = [
     "AlgorithmConfig",
@@ -33,7 +32,5 @@ __all__ = [
     "RewardConfig",
     "RoleConfig",
     "RolloutConfig",
-    "data_parallel_size",
-    "expert_data_parallel_size",
     "load_config",
 ]

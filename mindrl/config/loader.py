@@ -66,7 +66,7 @@ def checkpoint_model(model: ModelConfig, origin: str) -> ModelConfig:
     """The model section as the checkpoint it names describes it (validated as such)."""
     if not model.hf_path:  # no checkpoint: the section is the architecture
         return model
-    from mindrl.workers.model_setup import ModelSetupError, with_checkpoint_architecture
+    from mindrl.config.specs import ModelSetupError, with_checkpoint_architecture
 
     try:
         return with_checkpoint_architecture(model)

@@ -1,24 +1,27 @@
-"""Cross-field checks: layouts that must multiply to the world size and divide the model.
+"""Cross-field checks: every problem of a config, one line each, all reported together.
 
 Each check returns one-line problems naming the dotted keys and the fix; the loader
-prefixes the file name and reports them all together.
+prefixes the file name and reports them all together. The layout rules are the layout
+module's (mindrl/config/layout.py), what combines with what the compatibility matrix's
+(mindrl/config/compat.py); this module adds the batch, length, validation, partial
+rollout and per-algorithm checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING
 
-from mindrl.config.placement import check_placement, is_disaggregated, train_world_size
-from mindrl.config.schema import (
-    DataConfig,
-    DockConfig,
-    MindRLConfig,
-    ModelConfig,
-    ParallelConfig,
-    RoleConfig,
+from mindrl.config.compat import RunFacts, unsupported_combinations
+from mindrl.config.layout import (
+    DISAGGREGATED,
+    OFFLINE,
+    RunLayout,
+    layout_problems,
+    placement_problems,
+    resolve_layout,
 )
+from mindrl.config.schema import DataConfig, DockConfig, MindRLConfig, RoleConfig
 
 if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
     from mindrl.algorithm import Algorithm
@@ -28,36 +31,39 @@ def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) ->
     """All cross-field problems of ``config`` (empty when it is consistent).
 
     ``algorithm`` (the run's) decides the algorithm-dependent checks (a critic's layout,
-    groups of at least two); without one, every role is checked and groups are not.
+    groups of at least two); without one, every role is checked and groups are not. The
+    reference's layout is checked even where the run places no reference, so a recipe
+    stays valid for every algorithm that reads it.
     """
-    world = train_world_size(config)
     needs_critic = algorithm is None or algorithm.needs_critic
-    roles = ["actor", "reference"] + (["critic"] if needs_critic else [])
-    problems: list[str] = []
-    for role in roles:
-        parallel = getattr(config, role).parallel
-        problems += check_training_layout(f"{role}.parallel", parallel, config.model, world)
-    problems += check_generation_layout(config, world)
-    problems += check_batch(config, algorithm)
+    roles = ("actor", "reference") + (("critic",) if needs_critic else ())
+    offline = algorithm is not None and algorithm.offline
+    layout = resolve_layout(config, roles, offline)
+    facts = RunFacts(config, algorithm, layout)
+    problems = layout_problems(layout, config)
+    problems += check_batch(config, algorithm, layout)
     problems += check_lengths(config)
     problems += check_ignored_role_settings(config)
     problems += check_validation(config, algorithm)
-    problems += check_placement(config, algorithm)
-    problems += check_partial_rollout(config, roles, algorithm)
+    placement = placement_problems(config)
+    problems += placement
+    if not placement:  # a device count that cannot work says so alone
+        problems += unsupported_combinations(DISAGGREGATED, facts)
+    problems += check_partial_rollout(facts)
     if algorithm is not None:
         problems += check_algorithm_options(config, algorithm)
-    if algorithm is not None and algorithm.offline:
-        problems += check_offline(config, algorithm)
+    if offline:
+        problems += check_offline(config, algorithm, layout)
     return problems
 
 
-def check_partial_rollout(
-    config: MindRLConfig, roles: list[str], algorithm: Algorithm | None = None
-) -> list[str]:
+def check_partial_rollout(facts: RunFacts) -> list[str]:
     """Partial rollout (``rollout.partial_rollout_budget``) needs an engine that continues
-    a response from its prefix; what it does not support yet is one line each."""
+    a response from its prefix and an in-flight pool of at least one batch; what it does
+    not support yet is the compatibility matrix's."""
+    config = facts.config
     budget = config.rollout.partial_rollout_budget
-    if algorithm is not None and algorithm.offline:
+    if facts.layout.mode == OFFLINE:
         return []  # an offline run's rollout settings are refused by check_offline
     if budget is None:
         return _check_partial_rollout_groups(config)
@@ -67,29 +73,8 @@ def check_partial_rollout(
         f"use rollout.engine {' or '.join(sorted(prefix_engines))}"
         for name, prefix_engines in _engines_without_prefix_continuation(config.rollout.engine)
     ]
-    world, group = train_world_size(config), config.data.n_samples_per_prompt
-    dp = [data_parallel_size(getattr(config, role).parallel, world) for role in roles]
-    unsupported = {
-        "rollout.placement: disaggregated": is_disaggregated(config),
-        "dock.pipeline: stream": config.dock.pipeline == "stream",
-        "dynamic sampling (DAPO)": bool(
-            config.algorithm.dynamic_sampling
-            or (algorithm is not None and algorithm.defaults.get("dynamic_sampling"))
-        ),
-        # GSPO's ratio is per sequence: a per-token behaviour weight does not apply to it.
-        "--trainer gspo": algorithm is not None and algorithm.name == "gspo",
-        # Every finished group must train on its own, so the update never waits on a
-        # second group to fill its data-parallel split.
-        f"data.n_samples_per_prompt={group} not a multiple of every data-parallel size "
-        f"({', '.join(f'{r} {d}' for r, d in zip(roles, dp, strict=True))})": all(dp)
-        and group % math.lcm(*dp) != 0,
-    }
     problems += _check_partial_rollout_groups(config)
-    return problems + [
-        f"{key} with {what} is not yet supported; remove rollout.partial_rollout_budget for it"
-        for what, used in unsupported.items()
-        if used
-    ]
+    return problems + unsupported_combinations("partial rollout", facts)
 
 
 def _check_partial_rollout_groups(config: MindRLConfig) -> list[str]:
@@ -151,7 +136,7 @@ OFFLINE_UNREAD_DATA = {
 }
 
 
-def check_offline(config: MindRLConfig, algorithm: Algorithm) -> list[str]:
+def check_offline(config: MindRLConfig, algorithm: Algorithm, layout: RunLayout) -> list[str]:
     """Unread settings of an offline run, and batch sizes that would split a pair: the
     chosen and rejected rows of a pair must meet in one micro-batch on one rank."""
     name = algorithm.name
@@ -174,10 +159,10 @@ def check_offline(config: MindRLConfig, algorithm: Algorithm) -> list[str]:
             f"dock.pipeline: {config.dock.pipeline} overlaps scoring with generation and "
             f"--trainer {name} generates nothing; remove it"
         )
-    return problems + check_whole_pairs(config)
+    return problems + check_whole_pairs(config, layout)
 
 
-def check_whole_pairs(config: MindRLConfig) -> list[str]:
+def check_whole_pairs(config: MindRLConfig, layout: RunLayout) -> list[str]:
     """Pairs per optimizer step split evenly over the actor's DP ranks, and an even
     micro-batch: a pair never straddles two ranks or two micro-batches."""
     actor = config.actor
@@ -187,7 +172,7 @@ def check_whole_pairs(config: MindRLConfig) -> list[str]:
             f"actor.micro_batch_size: {actor.micro_batch_size} rows would split a pair (its "
             "chosen and rejected rows) over two micro-batches; use an even number"
         )
-    dp = data_parallel_size(actor.parallel, config.world_size)
+    dp = layout.training["actor"].dp
     pairs = actor.mini_batch_size or config.data.global_batch_size
     if dp and pairs % dp:
         key = "actor.mini_batch_size" if actor.mini_batch_size else "data.global_batch_size"
@@ -223,103 +208,8 @@ def check_ignored_role_settings(config: MindRLConfig) -> list[str]:
     return problems
 
 
-def data_parallel_size(parallel: ParallelConfig, world: int) -> int:
-    """DP of a training layout (0 when the layout does not divide the world)."""
-    model_parallel = parallel.tp * parallel.cp * parallel.pp
-    return world // model_parallel if world % model_parallel == 0 else 0
-
-
-def expert_data_parallel_size(parallel: ParallelConfig, world: int) -> int:
-    """Expert DP: EP * ETP * EDP * PP = world (0 when it does not divide)."""
-    expert_parallel = parallel.ep * parallel.etp * parallel.pp
-    return world // expert_parallel if world % expert_parallel == 0 else 0
-
-
-def check_training_layout(
-    key: str, parallel: ParallelConfig, model: ModelConfig, world: int
-) -> list[str]:
-    problems = []
-    product = parallel.tp * parallel.cp * parallel.pp
-    if world % product:
-        problems.append(
-            f"{key}: tp*cp*pp = {parallel.tp}*{parallel.cp}*{parallel.pp} = {product} does not "
-            f"divide the world size {world} (resources.nodes * resources.devices_per_node)"
-        )
-    problems += divides(
-        f"{key}.tp", parallel.tp, "model.num_attention_heads", model.num_attention_heads
-    )
-    if not model.uses_mla:
-        problems += divides(f"{key}.tp", parallel.tp, "model.num_kv_heads", model.num_kv_heads)
-    problems += divides(f"{key}.tp", parallel.tp, "model.ffn_hidden_size", model.ffn_hidden_size)
-    problems += check_stage_layers(key, parallel, model)
-    if model.is_moe:
-        problems += divides(f"{key}.ep", parallel.ep, "model.num_experts", model.num_experts)
-        expert_product = parallel.ep * parallel.etp * parallel.pp
-        if world % expert_product:
-            problems.append(
-                f"{key}: ep*etp*pp = {expert_product} does not divide the world size {world}"
-            )
-    elif parallel.ep > 1 or parallel.etp > 1:
-        problems.append(
-            f"{key}.ep/etp: expert parallelism needs an MoE model (model.num_experts > 0)"
-        )
-    return problems
-
-
-def stage_layer_counts(parallel: ParallelConfig, num_layers: int) -> list[int]:
-    """Layers per pipeline stage: ``first_stage_layers`` first, the rest split evenly."""
-    if parallel.pp == 1:
-        return [num_layers]
-    first = parallel.first_stage_layers
-    if first is None:
-        return [num_layers // parallel.pp] * parallel.pp
-    return [first] + [(num_layers - first) // (parallel.pp - 1)] * (parallel.pp - 1)
-
-
-def check_stage_layers(key: str, parallel: ParallelConfig, model: ModelConfig) -> list[str]:
-    first = parallel.first_stage_layers
-    if first is None:
-        return divides(f"{key}.pp", parallel.pp, "model.num_layers", model.num_layers)
-    rest = model.num_layers - first
-    if parallel.pp == 1 or rest <= 0 or rest % (parallel.pp - 1):
-        return [
-            f"{key}.first_stage_layers: {first} leaves {rest} layers that do not split evenly over "
-            f"the other {parallel.pp - 1} pipeline stages of model.num_layers {model.num_layers}"
-        ]
-    return []
-
-
-def check_generation_layout(config: MindRLConfig, world: int) -> list[str]:
-    rollout, model, train = config.rollout, config.model, config.actor.parallel
-    problems = []
-    if world % rollout.tp:
-        problems.append(f"rollout.tp: {rollout.tp} does not divide the world size {world}")
-    problems += divides(
-        "rollout.tp", rollout.tp, "model.num_attention_heads", model.num_attention_heads
-    )
-    kv = model.num_kv_heads
-    if not model.uses_mla and kv % rollout.tp:
-        problems.append(
-            f"rollout.tp: {rollout.tp} does not divide model.num_kv_heads {kv} (the resharder "
-            "splits qkv by whole query groups; KV-head replication is not supported yet)"
-        )
-    if model.is_moe:
-        problems += divides("rollout.ep", rollout.ep, "model.num_experts", model.num_experts)
-        if world % rollout.ep:
-            problems.append(f"rollout.ep: {rollout.ep} does not divide the world size {world}")
-    elif rollout.ep > 1:
-        problems.append("rollout.ep: expert parallelism needs an MoE model (model.num_experts > 0)")
-    small, large = sorted((train.tp, rollout.tp))
-    if large % small:
-        problems.append(
-            f"rollout.tp: generation TP {rollout.tp} and actor.parallel.tp {train.tp} must be "
-            "multiples of one another so each generation shard is a run of training shards"
-        )
-    return problems
-
-
-def check_batch(config: MindRLConfig, algorithm: Algorithm | None) -> list[str]:
-    data, world = config.data, train_world_size(config)
+def check_batch(config: MindRLConfig, algorithm: Algorithm | None, layout: RunLayout) -> list[str]:
+    data = config.data
     problems = []
     if algorithm is not None and algorithm.uses_groups and data.n_samples_per_prompt < 2:
         problems.append(
@@ -327,7 +217,7 @@ def check_batch(config: MindRLConfig, algorithm: Algorithm | None) -> list[str]:
             f"needs at least 2, got {data.n_samples_per_prompt}"
         )
     samples = data.global_batch_size * data.n_samples_per_prompt
-    dp = data_parallel_size(config.actor.parallel, world)
+    dp = layout.training["actor"].dp
     if dp and samples % dp:
         problems.append(
             f"data.global_batch_size * data.n_samples_per_prompt = {samples} samples cannot be "
@@ -376,10 +266,4 @@ def check_lengths(config: MindRLConfig) -> list[str]:
             f"rollout.max_prompt_length + rollout.max_response_length = {total} exceeds "
             f"model.max_position_embeddings {model.max_position_embeddings}"
         ]
-    return []
-
-
-def divides(key: str, size: int, target_key: str, target: int) -> list[str]:
-    if target % size:
-        return [f"{key}: {size} does not divide {target_key} {target}"]
     return []

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mindrl.config import MindRLConfig
-from mindrl.config.placement import is_disaggregated
+from mindrl.config.layout import DISAGGREGATED
 from mindrl.planner.memory import MemoryPlan
 from mindrl.planner.report import plan_run_memory
 from mindrl.run_plan import RunPlan
@@ -100,7 +100,7 @@ def cpu_worker_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) ->
         return {"update": baseline + training.total}
     kv = planned_kv_bytes(memory, config)
     shard = memory.generation_naive.shard
-    if is_disaggregated(config):
+    if plan.mode == DISAGGREGATED:
         return {"rollout": baseline + shard + kv, "update": baseline + training.total}
     swap_buffers = 0
     if config.rollout.swap:

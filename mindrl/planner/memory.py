@@ -34,12 +34,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from mindrl.config import MindRLConfig, ModelConfig, ParallelConfig
-from mindrl.config.placement import train_world_size
-from mindrl.config.validate import (
-    data_parallel_size,
-    expert_data_parallel_size,
-    stage_layer_counts,
-)
+from mindrl.config.layout import stage_layer_counts, training_devices, training_layout
 from mindrl.planner.params import DTYPE_BYTES, ParamCounts, model_params, stage_params
 
 GRAD_BYTES = 4
@@ -117,9 +112,9 @@ def training_memory(config: MindRLConfig, role_name: str = "actor") -> TrainingM
     dense = stage.tp / parallel.tp + stage.replicated
     experts = stage.expert / (parallel.ep * parallel.etp)
     if role.optim.distributed_optimizer:
-        world = train_world_size(config)
-        dense /= max(data_parallel_size(parallel, world), 1)
-        experts /= max(expert_data_parallel_size(parallel, world), 1)
+        layout = training_layout(role, model, training_devices(config))
+        dense /= max(layout.dp, 1)
+        experts /= max(layout.edp, 1)
     return TrainingMemory(
         weights=int(local * dtype_bytes),
         grads=int(local * GRAD_BYTES),

@@ -35,7 +35,7 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
 
 def placement_table(plan: dict) -> Table:
     """One row per run of nodes that host the same things (48 nodes stay readable)."""
-    mode = plan.get("rollout_placement", "collocated") if plan["generates"] else "offline"
+    mode = plan["mode"]
     title = {
         "collocated": "roles collocated on every device, which trains and generates in turn",
         "disaggregated": "disaggregated: some devices train, the others generate; "

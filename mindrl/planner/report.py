@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from mindrl.config import MindRLConfig, ParallelConfig
-from mindrl.config.placement import is_disaggregated, rollout_world_size, train_world_size
-from mindrl.config.validate import data_parallel_size, expert_data_parallel_size
+from mindrl.config import MindRLConfig
+from mindrl.config.layout import DISAGGREGATED, GenerationLayout, TrainingLayout
 from mindrl.dock.schema import RL_FIELDS
 from mindrl.planner.memory import MemoryPlan, plan_memory, rollout_device_memory
 from mindrl.planner.params import model_params
@@ -37,16 +36,8 @@ def response_fields(plan: RunPlan) -> int:
     return sum(1 for name in plan.written_fields() if RL_FIELDS[name].variable)
 
 
-def layout_dict(parallel: ParallelConfig, world: int) -> dict:
-    return {
-        "tp": parallel.tp,
-        "pp": parallel.pp,
-        "cp": parallel.cp,
-        "dp": data_parallel_size(parallel, world),
-        "ep": parallel.ep,
-        "etp": parallel.etp,
-        "edp": expert_data_parallel_size(parallel, world),
-    }
+def layout_dict(layout: TrainingLayout) -> dict:
+    return {key: getattr(layout, key) for key in ("tp", "pp", "cp", "dp", "ep", "etp", "edp")}
 
 
 def placement(config: MindRLConfig, plan: RunPlan) -> list[dict]:
@@ -61,12 +52,12 @@ def placement(config: MindRLConfig, plan: RunPlan) -> list[dict]:
             "td_warehouse": node < warehouses,
             "td_controllers": list(plan.stage_names) if node == 0 else [],
         }
-        if not is_disaggregated(config):
+        if plan.mode != DISAGGREGATED:
             roles = list(planned_roles(plan))
             nodes.append(device_group(node, first, last, roles, True, plan.generates, dock))
             continue
         # Disaggregated runs are single-node (config check): trainers first, then rollout.
-        split = first + train_world_size(config)
+        split = first + plan.layout.train_devices
         trainers = list(plan.model_roles)
         nodes.append(device_group(node, first, split - 1, trainers, True, False, dock))
         shown_once = {**dock, "td_controllers": []}  # the node's, listed on the row above
@@ -83,9 +74,9 @@ def device_group(
     }
 
 
-def host_swap_bytes(memory: MemoryPlan, config: MindRLConfig) -> int:
+def host_swap_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) -> int:
     """Host bytes one node pins for allgather-swap: every device's swapped training state."""
-    if is_disaggregated(config):  # nothing generates on the training devices: no swap
+    if plan.mode == DISAGGREGATED:  # nothing generates on the training devices: no swap
         return 0
     return memory.swap_bytes * config.resources.devices_per_node if config.rollout.swap else 0
 
@@ -95,7 +86,7 @@ def fit_problems(
 ) -> list[str]:
     """Stages that do not fit in one device (or the swap in one host), with the shortfall."""
     problems = []
-    pinned = host_swap_bytes(memory, config)
+    pinned = host_swap_bytes(memory, config, plan)
     if pinned > host_bytes:
         problems.append(
             f"allgather-swap pins {pinned / GB:.1f} GB of host memory per node "
@@ -112,15 +103,15 @@ def fit_problems(
             f"{over:.1f} GB more than the {memory.device_bytes / GB:.1f} GB available"
         )
     if plan.generates:
-        problems += generation_problems(memory, config)
+        problems += generation_problems(memory, config, plan)
     return problems
 
 
-def generation_problems(memory: MemoryPlan, config: MindRLConfig) -> list[str]:
+def generation_problems(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) -> list[str]:
     """The generation stage's shortfall: no room left for the KV cache."""
     problems = []
     generation = memory.generation_swap if config.rollout.swap else memory.generation_naive
-    if is_disaggregated(config):
+    if plan.mode == DISAGGREGATED:
         generation = rollout_device_memory(config, memory.device_bytes)
     if generation.kv_cache_budget <= 0:
         over = -generation.kv_cache_budget / GB
@@ -139,7 +130,6 @@ def build_plan(
     host_bytes: int,
 ) -> dict:
     """The whole plan as a JSON-serialisable dict."""
-    world = train_world_size(config)  # the training layouts' world
     data = config.data
     memory = plan_run_memory(config, plan, device_bytes)
     flow = sample_flow(
@@ -157,7 +147,7 @@ def build_plan(
         "generates": plan.generates,
         "device": device_name,
         "world_size": config.world_size,
-        "rollout_placement": config.rollout.placement,
+        "mode": plan.mode,
         "max_staleness": config.rollout.max_staleness,
         "nodes": config.resources.nodes,
         "devices_per_node": config.resources.devices_per_node,
@@ -171,16 +161,16 @@ def build_plan(
             "dtype": config.model.dtype,
         },
         "training_layouts": {
-            role: layout_dict(getattr(config, role).parallel, world) for role in plan.model_roles
+            role: layout_dict(layout) for role, layout in plan.layout.training.items()
         },
-        "generation_layout": generation_layout(config) if plan.generates else None,
+        "generation_layout": generation_layout(plan.layout.generation),
         "memory": {
             **memory.as_dict(),
             "host_bytes": host_bytes,
-            "host_swap_bytes": host_swap_bytes(memory, config),
+            "host_swap_bytes": host_swap_bytes(memory, config, plan),
             "rollout_devices": (
                 asdict(rollout_device_memory(config, device_bytes))
-                if is_disaggregated(config)
+                if plan.mode == DISAGGREGATED
                 else None
             ),
         },
@@ -190,10 +180,8 @@ def build_plan(
     }
 
 
-def generation_layout(config: MindRLConfig) -> dict:
-    return {
-        "tp": config.rollout.tp,
-        "ep": config.rollout.ep,
-        "dp": rollout_world_size(config) // config.rollout.tp,
-        "pp": 1,
-    }
+def generation_layout(layout: GenerationLayout | None) -> dict | None:
+    """The generation layout (None: nothing generates)."""
+    if layout is None:
+        return None
+    return {"tp": layout.tp, "ep": layout.ep, "dp": layout.dp, "pp": 1}

@@ -20,10 +20,11 @@ import torch
 
 from backends.device import get_device
 from backends.generation import SamplingParams
-from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec, ResponseBatch, checkpoint
+from backends.megatron import MegatronEngine, ResponseBatch, checkpoint
 from mindrl.algorithm import Algorithm
-from mindrl.config.placement import is_disaggregated
+from mindrl.config.layout import COLLOCATED, DISAGGREGATED
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig, RoleConfig
+from mindrl.config.specs import EngineSpecs
 from mindrl.dock import DockHandle, DockSlice, restore_samples, snapshot_samples
 from mindrl.run_plan import stage_deadline_s
 from mindrl.workers.generation import PartialRollout, generate_into_dock
@@ -40,36 +41,6 @@ from mindrl.workers.weight_transfer import WeightSource
 IN_FLIGHT = "in_flight"
 
 
-def optim_spec(role: RoleConfig, total_steps: int) -> OptimSpec:
-    """The engine's optimizer settings for a trained role."""
-    o = role.optim
-    return OptimSpec(
-        lr=o.lr,
-        min_lr=o.min_lr,
-        schedule=o.lr_schedule,
-        warmup_steps=o.lr_warmup_steps,
-        total_steps=max(total_steps, 1),
-        weight_decay=o.weight_decay,
-        betas=(o.adam_beta1, o.adam_beta2),
-        eps=o.adam_eps,
-        clip_grad=o.clip_grad,
-        distributed_optimizer=o.distributed_optimizer,
-    )
-
-
-def parallel_spec(role: RoleConfig) -> ParallelSpec:
-    p = role.parallel
-    return ParallelSpec(
-        tp=p.tp,
-        pp=p.pp,
-        cp=p.cp,
-        ep=p.ep,
-        etp=p.etp,
-        first_stage_layers=p.first_stage_layers,
-        activation_checkpointing=role.activation_checkpointing,
-    )
-
-
 class ModelWorker(WeightSource):
     """One rank of the ``role`` group (``actor``, ``reference`` or ``critic``).
 
@@ -77,9 +48,10 @@ class ModelWorker(WeightSource):
         rank: rank in the role's group; ``size``: the group's size.
         role: which role this group plays.
         config: the whole run config.
-        dock: the dock handle (pickled to every worker).
         device_name: the device platform the driver resolved.
-        updates_per_iteration: optimizer steps per iteration (for the LR schedule length).
+        specs: the role's engine layout and optimizer, resolved from the run plan.
+        mode: the run plan's mode (``RunPlan.mode``): whether the actor's ranks generate
+            (collocated), send the weights to rollout workers (disaggregated) or neither.
     """
 
     def __init__(
@@ -89,7 +61,8 @@ class ModelWorker(WeightSource):
         role: str,
         config: MindRLConfig,
         device_name: str,
-        updates_per_iteration: int = 1,
+        specs: EngineSpecs,
+        mode: str,
     ) -> None:
         # Megatron warns at import that TE/Apex are absent; expected off accelerators.
         warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
@@ -99,9 +72,9 @@ class ModelWorker(WeightSource):
         )
         self.rank, self.size, self.role, self.config = rank, size, role, config
         self.section: RoleConfig = getattr(config, role)
+        self.specs, self.mode = specs, mode
         self.device = get_device(device_name)
         self.device.use_host_threads(config.resources.devices_per_node)
-        self.total_updates = updates_per_iteration * config.iterations
         self.engine: MegatronEngine | None = None
         self.rollout: Rollout | None = None
         self._store: torch.distributed.TCPStore | None = None  # rank 0 hosts it
@@ -136,20 +109,19 @@ class ModelWorker(WeightSource):
         self.device.init_process_group(self.rank, self.size, timeout_s=timeout, store=store)
         initial = initial_model(self.config.model)
         self.spec = initial.spec
-        trains = self.role != "reference"
         self.engine = MegatronEngine(
             initial.spec,
-            parallel_spec(self.section),
-            optim_spec(self.section, self.total_updates) if trains else None,
+            self.specs.parallel,
+            self.specs.optim,
             value_head=self.role == "critic",
             seed=self.config.seed,
             share_prompts=self.section.share_prompts,
         )
         if initial.hf_state is not None:
             self.engine.load_hf_state_dict(initial.hf_state)
-        if self.role == "actor" and is_disaggregated(self.config):
+        if self.role == "actor" and self.mode == DISAGGREGATED:
             self._init_weight_source()  # rollout workers generate; this rank sends weights
-        elif self.role == "actor" and not algorithm.offline:  # stored pairs: nothing to generate
+        elif self.role == "actor" and self.mode == COLLOCATED:  # offline: nothing generates
             self.rollout = Rollout(self.engine, self.config, initial, self.size)
         del initial
         memory_window(self.device)  # the weight conversion's transients go back to the OS now

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from backends.megatron import GlobalCounts, ResponseBatch
-from mindrl.config.placement import tokens_may_lag
 from mindrl.metrics.reduce import mean_by_key
+from mindrl.run_plan import tokens_may_lag
 
 Rows = dict[str, torch.Tensor]
 

@@ -9,7 +9,8 @@ import torch
 
 from benchmarks.harness.warm_start import _teacher_forced, warm_start
 from mindrl.config import load_config
-from mindrl.workers.model_setup import initial_model, with_checkpoint_architecture
+from mindrl.config.specs import with_checkpoint_architecture
+from mindrl.workers.model_setup import initial_model
 from trainers.registry import get_algorithm
 
 TINY = Path(__file__).parents[2] / "configs" / "tiny.yaml"

@@ -10,7 +10,7 @@ import pytest
 
 from backends.generation import registry
 from mindrl.config import ConfigError, load_config
-from mindrl.config.placement import rollout_world_size, tokens_may_lag, train_world_size
+from mindrl.run_plan import build_run_plan
 from trainers.registry import get_algorithm
 
 TINY = "configs/tiny.yaml"
@@ -74,11 +74,29 @@ def test_what_disaggregated_runs_cannot_do_yet_is_refused_as_not_yet_supported(
     assert f"disaggregated with {what} is not yet supported" in problem
 
 
+def plan_of(overrides: list[str], trainer: str = "grpo"):
+    algorithm = get_algorithm(trainer)
+    return build_run_plan(algorithm, load_config(TINY, overrides, algorithm))
+
+
 def test_disaggregated_roles_train_on_the_devices_the_rollout_leaves():
-    config = load_config(TINY, [*DISAGGREGATED, "rollout.max_staleness=1"], get_algorithm("grpo"))
-    assert (train_world_size(config), rollout_world_size(config)) == (1, 1)
-    collocated = load_config(TINY, [], get_algorithm("grpo"))
-    assert (train_world_size(collocated), rollout_world_size(collocated)) == (2, 2)
+    plan = plan_of([*DISAGGREGATED, "rollout.max_staleness=1"])
+    layout = plan.layout
+    assert (plan.mode, plan.runner) == ("disaggregated", "disaggregated")
+    assert (layout.train_devices, layout.rollout_devices, layout.generation.world) == (1, 1, 1)
+    assert layout.training["actor"].dp == 1
+    collocated = plan_of([])
+    assert (collocated.mode, collocated.runner) == ("collocated", "online")
+    layout = collocated.layout
+    assert (layout.train_devices, layout.rollout_devices, layout.generation.world) == (2, 0, 2)
+    assert (layout.training["actor"].tp, layout.generation.dp) == (2, 2)
+
+
+def test_the_plan_names_the_runner_of_every_kind_of_run_once():
+    assert plan_of(["rollout.partial_rollout_budget=2"]).runner == "partial_rollout"
+    assert plan_of(["dock.pipeline=stream"]).runner == "online"
+    offline = build_run_plan(get_algorithm("dpo"), load_config("configs/tiny_dpo.yaml"))
+    assert (offline.mode, offline.runner, offline.layout.generation) == ("offline", "offline", None)
 
 
 @pytest.mark.parametrize("budget", [0, -4])
@@ -141,7 +159,7 @@ def test_an_in_flight_pool_smaller_than_a_batch_or_without_a_budget_is_refused()
 
 def test_the_loss_corrects_token_lag_with_partial_rollout_or_staleness_only():
     def lags(*overrides: str) -> bool:
-        return tokens_may_lag(load_config(TINY, list(overrides), get_algorithm("grpo")))
+        return plan_of(list(overrides)).tokens_may_lag
 
     assert lags("rollout.partial_rollout_budget=2")
     assert lags(*DISAGGREGATED, "rollout.max_staleness=1")

@@ -68,15 +68,18 @@ MOE = [
 
 
 def tp2_generation_case(rank: int, world: int, train_tp: int, extra: list[str]) -> dict:
+    from mindrl.config.layout import training_layout
     from mindrl.config.loader import load_config
+    from mindrl.config.specs import parallel_spec
     from mindrl.workers.model_setup import initial_model
-    from mindrl.workers.roles import MegatronEngine, parallel_spec
+    from mindrl.workers.roles import MegatronEngine
     from mindrl.workers.rollout import Rollout
 
     overrides = [f"actor.parallel.tp={train_tp}", "rollout.tp=2", "rollout.engine=vllm"]
     config = load_config(TINY, [*overrides, "rollout.kv_cache_mib=16", *extra])
     initial = initial_model(config.model)
-    trainer = MegatronEngine(initial.spec, parallel_spec(config.actor), seed=config.seed)
+    layout = training_layout(config.actor, config.model, world)
+    trainer = MegatronEngine(initial.spec, parallel_spec(layout), seed=config.seed)
     rollout = Rollout(trainer, config, initial, world)
     first = decode_and_compare(rollout, trainer, initial.spec.vocab_size)
     with torch.no_grad():  # new weights: the engine must serve these, not cached ones

@@ -180,7 +180,9 @@ def resume_scenario(checkpoint_root: str) -> dict:
     The first loss after the resume depends only on the saved weights; the second also
     on the restored optimizer state (Adam moments, step count) and LR schedule position.
     """
-    optim = OptimSpec(lr=1e-2, schedule="cosine", warmup_steps=1, total_steps=4, clip_grad=0.5)
+    optim = OptimSpec(
+        lr=1e-2, lr_schedule="cosine", lr_warmup_steps=1, total_steps=4, clip_grad=0.5
+    )
     straight = MegatronEngine(DENSE, ParallelSpec(), optim, seed=1)
     uninterrupted = train_steps(straight, 0, 4)
     first = MegatronEngine(DENSE, ParallelSpec(), optim, seed=1)

@@ -9,7 +9,7 @@ from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec
 from backends.megatron.builder import destroy_parallel
 from tests.megatron.cases import DENSE, MICRO, data_stream, full_weights_for, policy_loss
 
-OPTIM = OptimSpec(lr=1e-2, schedule="cosine", warmup_steps=1, total_steps=4, clip_grad=0.5)
+OPTIM = OptimSpec(lr=1e-2, lr_schedule="cosine", lr_warmup_steps=1, total_steps=4, clip_grad=0.5)
 
 
 def _dp_share(engine: MegatronEngine, position: int):

@@ -31,11 +31,11 @@ STEPS = 3
 #: eps = 1e-3 keeps it ~1e-6, under the tolerance, instead of up to lr with 1e-8.
 ADAMW = OptimSpec(
     lr=1e-2,
-    schedule="cosine",
-    warmup_steps=1,
+    lr_schedule="cosine",
+    lr_warmup_steps=1,
     total_steps=4,
     weight_decay=0.1,
-    eps=1e-3,
+    adam_eps=1e-3,
     clip_grad=7.0,
 )
 DISTRIBUTED = dataclasses.replace(ADAMW, distributed_optimizer=True)

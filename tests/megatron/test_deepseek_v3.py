@@ -91,8 +91,8 @@ def test_mla_and_router_parameters_report_their_layouts_for_the_resharder(runs):
 
 def test_the_planner_counts_the_parameters_the_engine_builds(runs):
     from mindrl.config.schema import ModelConfig
+    from mindrl.config.specs import model_section_for
     from mindrl.planner.params import model_params
-    from mindrl.workers.model_setup import model_section_for
 
     one, _ = runs
     spec = ds.FAMILY.spec_from_hf_config(ds.tiny_config().to_dict())

@@ -10,7 +10,7 @@ import numpy as np
 
 from mindrl.dock import DockSlice
 from trainers.driver.iteration import InFlightState
-from trainers.driver.setup import RunState
+from trainers.driver.state import RunState
 from trainers.driver.train import save_checkpoint
 
 SLICES = [DockSlice(np.arange(4), ("prompt_ids", "record_id"))]

@@ -6,7 +6,8 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from mindrl.config import load_config
-from mindrl.workers.model_setup import gpt_spec, hf_config_for, pretrained_config
+from mindrl.config.specs import gpt_spec
+from mindrl.workers.model_setup import hf_config_for, pretrained_config
 from trainers.driver.cli import DEFAULT_CONFIG
 
 

@@ -18,15 +18,18 @@ GREEDY = SamplingParams(temperature=0, max_tokens=5)
 
 
 def refresh_case(rank: int, world: int) -> dict:
+    from mindrl.config.layout import training_layout
     from mindrl.config.loader import load_config
+    from mindrl.config.specs import parallel_spec
     from mindrl.workers.model_setup import initial_model
-    from mindrl.workers.roles import MegatronEngine, parallel_spec
+    from mindrl.workers.roles import MegatronEngine
     from mindrl.workers.rollout import Rollout
 
     # Training TP2 -> generation TP1 (DP2), the tiny recipe's hand-over, with the swap on.
     config = load_config(TINY, ["rollout.swap=true"])
     initial = initial_model(config.model)
-    trainer = MegatronEngine(initial.spec, parallel_spec(config.actor), seed=config.seed)
+    layout = training_layout(config.actor, config.model, world)
+    trainer = MegatronEngine(initial.spec, parallel_spec(layout), seed=config.seed)
     rollout = Rollout(trainer, config, initial, world)
 
     def decode(reshard: bool) -> dict:

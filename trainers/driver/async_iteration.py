@@ -45,7 +45,7 @@ from trainers.driver.iteration import (
     Sampled,
 )
 from trainers.driver.rollout_placement import ROLLOUT, push_weights
-from trainers.driver.setup import RunState
+from trainers.driver.state import RunState
 
 
 class StalenessBoundError(RuntimeError):

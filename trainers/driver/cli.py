@@ -1,4 +1,5 @@
-"""``mindrl-train``: the one command that plans or runs a GRPO / PPO / DAPO job.
+"""``mindrl-train``: the one command that plans or runs an RL post-training job, with any
+algorithm in trainers/registry.py.
 
 It lives in ``trainers`` (the top layer) because it picks an algorithm by name; the
 config, planner and pipeline it drives live in ``mindrl``.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from backends.device.registry import DEVICE_CLASSES, resolve_device
 from mindrl.algorithm import Algorithm
 from mindrl.config import ConfigError, MindRLConfig, load_config
 from mindrl.metrics.sinks import missing_sink_packages
+from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
 from mindrl.planner.report import build_plan
 from mindrl.run_plan import build_run_plan
 from trainers.registry import ALGORITHMS, get_algorithm
@@ -29,14 +30,10 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
 
 
-class UserError(Exception):
-    """A mistake in the command line or environment: one line, exit code 2."""
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="mindrl-train",
-        description="RL post-training (GRPO / PPO / DAPO) on NPU, GPU or CPU.",
+        description=f"RL post-training ({', '.join(TRAINERS)}) on NPU, GPU or CPU.",
         epilog="Overrides: dotted.key=value, e.g. actor.optim.lr=1e-6 (or --set KEY=VALUE). "
         "--help-config lists every config key.",
     )
@@ -81,27 +78,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def device_bytes_for_plan(config: MindRLConfig, device_name: str) -> int:
-    if config.resources.device_memory_gib is not None:
-        return int(config.resources.device_memory_gib * 2**30)
-    try:
-        from backends.device import get_device
-
-        return get_device(device_name).total_memory()
-    except DeviceUnavailableError as exc:
-        raise UserError(
-            f"cannot plan for '{device_name}' devices on this machine ({exc}); "
-            "set resources.device_memory_gib in the config"
-        ) from None
-
-
-def host_bytes_for_plan(config: MindRLConfig) -> int:
-    """Host memory per node: the config's, else this machine's (plan on a cluster node)."""
-    if config.resources.host_memory_gib is not None:
-        return int(config.resources.host_memory_gib * 2**30)
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def dry_run(
     config: MindRLConfig, algorithm: Algorithm, requested_device: str | None, as_json: bool
 ) -> int:
@@ -112,8 +88,8 @@ def dry_run(
         config,
         build_run_plan(algorithm, config),
         device_name,
-        device_bytes_for_plan(config, device_name),
-        host_bytes_for_plan(config),
+        device_bytes(config, device_name),
+        host_bytes(config),
     )
     if as_json:
         print(json.dumps(plan, indent=2))
@@ -153,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"mindrl-train: config error: {problem}", file=sys.stderr)
         return 2
-    except (UserError, DeviceUnavailableError) as exc:
+    except (CapacityError, DeviceUnavailableError) as exc:
         print(f"mindrl-train: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -27,7 +27,7 @@ from mindrl.dock import DockError, DockSlice
 from mindrl.metrics import generation_progress, mean_by_key, print_progress_line, tokens_per_second
 from mindrl.metrics.memory import MEMORY_KEYS, MEMORY_RECORD_KEY, book_peaks, peaks_by_role
 from mindrl.run_plan import SEQUENCE
-from trainers.driver.setup import RunState
+from trainers.driver.state import RunState
 from trainers.driver.streaming import StreamedStage, StreamScheduler, stage_call
 
 #: With no batch limit (``algorithm.max_sample_batches: 0``) say how sampling goes this often.

@@ -18,13 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from mindrl.config.placement import is_disaggregated
 from mindrl.metrics import mean_by_key
 from mindrl.metrics.memory import MEMORY_RECORD_KEY
-from trainers.driver.async_iteration import DisaggregatedRunner
 from trainers.driver.iteration import TIMING_KEYS, IterationRunner, Ledger
-from trainers.driver.partial_rollout import PartialRolloutRunner
-from trainers.driver.setup import RunState
+from trainers.driver.state import RunState
 
 
 class OfflineIterationRunner(IterationRunner):
@@ -88,16 +85,3 @@ def split_whole_pairs(indexes: np.ndarray, parts: int, pair_size: int = 2) -> li
     if len(indexes) % pair_size or pairs % parts:
         raise ValueError(f"{len(indexes)} samples are not {parts} equal runs of whole pairs")
     return list(np.split(np.asarray(indexes, dtype=np.int64), parts))
-
-
-def make_runner(run: RunState) -> IterationRunner:
-    """The iteration runner of ``run``: the offline one for stored pairs, the
-    disaggregated one with rollout workers of their own, the partial rollout one with a
-    generation budget, else the RL loop."""
-    if run.plan.offline:
-        return OfflineIterationRunner(run)
-    if is_disaggregated(run.config):
-        return DisaggregatedRunner(run)
-    if run.config.rollout.partial_rollout_budget is not None:
-        return PartialRolloutRunner(run)
-    return IterationRunner(run)

@@ -31,7 +31,7 @@ Every token's ``rollout_logprob`` is the one of the weights that sampled it, so 
 continued across updates, or a finished group that waited for an update, carries its
 behaviour policy token by token and the loss corrects each token for its lag
 (trainers/core.py, ``behaviour_weights``; the update's behaviour log-probs are the
-rollout's whenever partial rollout is on, mindrl/config/placement.py, ``tokens_may_lag``).
+rollout's whenever partial rollout is on, mindrl/run_plan.py, ``tokens_may_lag``).
 
 With a budget no response reaches (``>= rollout.max_response_length``) the first round
 finishes the ``G`` fresh groups in slots ``0 .. G-1`` and nothing is carried, so a run
@@ -50,9 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from mindrl.config.placement import partial_rollout_groups
 from mindrl.data import PromptBatch
 from mindrl.dock import DockSlice
+from mindrl.run_plan import partial_rollout_groups
 from mindrl.workers.generation import PAUSED_FIELDS, RESPONSE_FIELDS, PartialRollout
 from trainers.driver.iteration import (
     PROMPT_FIELDS,
@@ -62,7 +62,7 @@ from trainers.driver.iteration import (
     Ledger,
     Sampled,
 )
-from trainers.driver.setup import RunState
+from trainers.driver.state import RunState
 
 
 @dataclass(frozen=True)

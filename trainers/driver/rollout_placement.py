@@ -9,27 +9,23 @@ worker loads them and from then on stamps its samples with their version.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import ray
 
 from backends.device import get_device
 from mindrl.workers.group import WorkerGroup, wait_all
 from mindrl.workers.rollout_worker import RolloutWorker
-
-if TYPE_CHECKING:  # setup.py imports this module
-    from trainers.driver.setup import RunState
+from trainers.driver.state import RunState
 
 ROLLOUT = "rollout"  # the rollout workers' group in RunState.groups
 
 
 def place_rollout_workers(run: RunState, device_name: str) -> None:
-    """Start ``rollout.devices`` rollout workers, one device each."""
+    """Start the plan's rollout workers, one device each."""
     config = run.config
     group = WorkerGroup(
         ROLLOUT,
         ray.remote(RolloutWorker),
-        config.rollout.devices,
+        run.plan.layout.rollout_devices,
         get_device(device_name),
         args=(config, device_name),
         cpus_per_worker=config.resources.cpus_per_worker,

@@ -11,19 +11,17 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import ray
 
 from backends.device import get_device
 from backends.generation.registry import available_engines
 from backends.megatron import checkpoint
-from mindrl.algorithm import Algorithm
-from mindrl.config.placement import is_disaggregated, train_world_size
-from mindrl.config.schema import AlgorithmConfig, MindRLConfig
+from mindrl.config.layout import DISAGGREGATED
+from mindrl.config.schema import MindRLConfig
+from mindrl.config.specs import engine_specs
 from mindrl.data import PromptDataset, load_tokenizer
 from mindrl.data.pairs import pair_dataset
 from mindrl.data.run_prompts import prompt_dataset
@@ -35,10 +33,9 @@ from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
 from mindrl.workers.rollout import engine_name
 from trainers.driver.rollout_placement import connect_rollout_workers, place_rollout_workers
+from trainers.driver.state import RunState
 from trainers.kl_control import make_kl_controller
 from trainers.registry import get_algorithm
-
-T = TypeVar("T")
 
 #: The dock's fields: the RL fields plus the prompt's record (for the ground truth).
 FIELDS: dict[str, FieldSpec] = {**RL_FIELDS, "record_id": FieldSpec("int64")}
@@ -46,62 +43,6 @@ FIELDS: dict[str, FieldSpec] = {**RL_FIELDS, "record_id": FieldSpec("int64")}
 
 class RunSetupError(ValueError):
     """The run cannot start as configured; the message says what to change."""
-
-
-@dataclass
-class RunState:
-    """Everything the iteration loop and the checkpoints need."""
-
-    config: MindRLConfig
-    trainer: str
-    algorithm: Algorithm
-    options: AlgorithmConfig
-    plan: RunPlan
-    kl: Any
-    run_dir: Path
-    checkpoint_dir: Path
-    dataset: PromptDataset
-    groups: dict[str, WorkerGroup] = field(default_factory=dict)
-    dp_ranks: dict[str, list[int]] = field(default_factory=dict)
-    rendezvous: dict[str, tuple[str, int]] = field(default_factory=dict)
-    worker_nodes: dict[str, str] = field(default_factory=dict)
-    gen_dp_ranks: list[int] = field(default_factory=list)
-    dock_handle: Any = None
-    dock: DockClient | None = None
-    ray_started_here: bool = False
-    start_iteration: int = 0
-    finished_iteration: int = -1
-    resumed: bool = False
-    dataset_eos: int = 0
-    resume_steps: dict[str, Path] = field(default_factory=dict)  # role -> checked step folder
-    #: The resumed checkpoint's bookkeeping of samples in flight, for the iteration runner.
-    in_flight: dict[str, Any] | None = None
-    #: An iteration is running: the runner's samples in flight are not a checkpoint's now.
-    iterating: bool = False
-
-    def dp_size(self, role: str) -> int:
-        """Data-parallel groups of ``role``: the TP / PP peers of a DP rank form one."""
-        return len(set(self.dp_ranks[role]))
-
-    def per_worker(self, role: str, parts: Sequence[T]) -> list[T]:
-        """One part per data-parallel group -> one per worker of ``role``, in rank order
-        (the TP / PP peers of a DP rank get the same samples)."""
-        return [parts[r] for r in self.dp_ranks[role]]
-
-    def trained_groups(self) -> list[WorkerGroup]:
-        return [self.groups[name] for name in ("actor", "critic") if name in self.groups]
-
-    def position(self, in_flight: dict[str, Any] | None = None) -> dict:
-        """The driver's side of a checkpoint: what iteration, data and KL come next, and
-        the iteration runner's bookkeeping of the samples it keeps in flight, if any."""
-        position = {
-            "next_iteration": self.finished_iteration + 1,
-            "dataset": self.dataset.state_dict(),
-            "kl_coef": self.kl.value,
-        }
-        if in_flight is not None:
-            position["in_flight"] = in_flight
-        return position
 
 
 def prepare_run(config: MindRLConfig, trainer: str, resume: bool | str) -> RunState:
@@ -164,10 +105,10 @@ def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
 
     phase(f"connecting to Ray ({_ray_address(run.config) or 'local'})")
     run.ray_started_here = _connect_ray(run.config, device_name)
-    roles = run.plan.model_roles
-    reward = "" if run.plan.offline else ", reward"
-    rollout = f", rollout x {run.config.rollout.devices}" if is_disaggregated(run.config) else ""
-    trainers = f"{' + '.join(roles)} x {train_world_size(run.config)}"
+    plan = run.plan
+    reward = "" if plan.offline else ", reward"
+    rollout = f", rollout x {plan.layout.rollout_devices}" if plan.mode == DISAGGREGATED else ""
+    trainers = f"{' + '.join(plan.model_roles)} x {plan.layout.train_devices}"
     phase(f"starting worker processes: {trainers}{rollout}{reward}")
     _place_workers(run, device_name)
     phase("starting the transfer dock")
@@ -177,7 +118,7 @@ def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
     if resume:
         phase(f"resuming from {run.resume_steps['actor']}")
         _resume(run)
-    if is_disaggregated(run.config):
+    if plan.mode == DISAGGREGATED:
         phase("connecting the rollout workers and sending them the weights")
         connect_rollout_workers(run)
     phase("ready")
@@ -306,25 +247,27 @@ def _start_dock(run: RunState, controller_nodes: dict[str, str]) -> None:
 
 def _place_workers(run: RunState, device_name: str) -> None:
     """Start every worker group (placement groups, processes); engines come later."""
-    config, device = run.config, get_device(device_name)
-    timeout = run.plan.stage_deadline_s
-    for role in run.plan.model_roles:
-        per_iteration = _updates_per_iteration(config, role)
+    config, plan, device = run.config, run.plan, get_device(device_name)
+    timeout = plan.stage_deadline_s
+    for role in plan.model_roles:
+        specs = engine_specs(
+            getattr(config, role), plan.layout.training[role], _steps(config, role)
+        )
         group = WorkerGroup(
             role,
             ray.remote(ModelWorker),
-            train_world_size(config),
+            plan.layout.train_devices,
             device,
-            args=(role, config, device_name, per_iteration),
+            args=(role, config, device_name, specs, plan.mode),
             cpus_per_worker=config.resources.cpus_per_worker,
         )
         run.groups[role] = group
         (rendezvous,) = group.call("rendezvous", stage="start-up", timeout_s=timeout, ranks=[0])
         run.rendezvous[role] = rendezvous[:2]
         run.worker_nodes[role] = rendezvous[2]
-    if is_disaggregated(config):
+    if plan.mode == DISAGGREGATED:
         place_rollout_workers(run, device_name)
-    if run.plan.offline:
+    if plan.offline:
         return  # stored pairs carry their preference: no reward workers
     reward = WorkerGroup(
         "reward",
@@ -357,6 +300,14 @@ def _setup_workers(run: RunState) -> None:
             run.gen_dp_ranks = [info["gen_dp_rank"] for info in infos]
     if "reward" in run.groups:
         run.groups["reward"].call("attach", run.dock_handle, stage="start-up", timeout_s=timeout)
+
+
+def _steps(config: MindRLConfig, role: str) -> int | None:
+    """Optimizer steps ``role`` takes over the run (its LR schedule's length); ``None``
+    for the reference, which does not train."""
+    if role == "reference":
+        return None
+    return _updates_per_iteration(config, role) * config.iterations
 
 
 def _updates_per_iteration(config: MindRLConfig, role: str) -> int:

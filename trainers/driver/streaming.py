@@ -31,7 +31,7 @@ import ray
 from mindrl.dock.client import PendingClaim
 from mindrl.run_plan import StagePlan
 from mindrl.workers.group import POLL_S, StageTimeoutError, WorkerGroup, checked_get
-from trainers.driver.setup import RunState
+from trainers.driver.state import RunState
 
 
 @dataclass(frozen=True)

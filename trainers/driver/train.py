@@ -20,11 +20,13 @@ from pathlib import Path
 
 from backends.device.registry import get_device, resolve_device
 from mindrl.config.schema import MindRLConfig
+from mindrl.config.specs import ModelSetupError
 from mindrl.data import PromptSourceError
 from mindrl.dock import DockError
 from mindrl.metrics import MetricsLogger, format_progress_line, print_progress_line
 from mindrl.metrics.memory import peaks_by_role
 from mindrl.metrics.sinks import SinkError
+from mindrl.planner.capacity import device_bytes
 from mindrl.planner.check import check_memory, format_memory_check
 from mindrl.reshard import LayoutError
 from mindrl.workers.group import (
@@ -33,11 +35,10 @@ from mindrl.workers.group import (
     WorkerDiedError,
     WorkerOutOfMemoryError,
 )
-from mindrl.workers.model_setup import ModelSetupError
-from trainers.driver.cli import UserError, device_bytes_for_plan
 from trainers.driver.iteration import IterationRunner
-from trainers.driver.offline import make_runner
-from trainers.driver.setup import RunSetupError, RunState, launch_run, prepare_run, stop_run
+from trainers.driver.runners import make_runner
+from trainers.driver.setup import RunSetupError, launch_run, prepare_run, stop_run
+from trainers.driver.state import RunState
 from trainers.driver.validation import Validator
 from trainers.export import export_checkpoint, write_tokenizer
 
@@ -112,7 +113,7 @@ def _print_memory_check(run: RunState, runner: IterationRunner, device_name: str
     resident size where the device is the host (never fatal: a config the planner cannot
     size still trained)."""
     try:
-        bytes_per_device = device_bytes_for_plan(run.config, device_name)
+        bytes_per_device = device_bytes(run.config, device_name)
         checks = check_memory(
             run.config,
             run.plan,
@@ -120,7 +121,7 @@ def _print_memory_check(run: RunState, runner: IterationRunner, device_name: str
             runner.stage_peaks,
             get_device(device_name).shares_host_memory,
         )
-    except (UserError, ValueError, KeyError) as exc:
+    except (ValueError, KeyError) as exc:  # CapacityError included
         _error(f"no planned-vs-measured memory: {exc}")
         return
     line = format_memory_check(checks)

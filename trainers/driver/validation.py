@@ -26,7 +26,8 @@ from backends.generation import SamplingParams
 from mindrl.data import PromptDataset, load_tokenizer
 from mindrl.data.run_prompts import validation_records
 from mindrl.metrics.validation import VAL_PREFIX, validation_metrics
-from trainers.driver.setup import RunSetupError, RunState
+from trainers.driver.setup import RunSetupError
+from trainers.driver.state import RunState
 
 #: The last word of a validation seed's SeedSequence entropy; training's words there are
 #: its draw counts (0, 1, ...), so the two streams never meet.

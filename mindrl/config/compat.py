@@ -1,0 +1,149 @@
+"""What combines with what: the one matrix of features a run cannot use together yet.
+
+A *feature* is a setting that changes how a run works (disaggregated placement, partial
+rollout, streaming, dynamic sampling, ...), with the words a refusal names it by. The
+matrix lists, for each feature that has limits, the features it does not work with yet
+and what the user can do instead; :func:`unsupported_combinations` turns every row a
+config hits into the one line a user sees at start-up:
+
+    rollout.placement: disaggregated with dock.pipeline: stream is not yet supported; use
+    rollout.placement: collocated for it
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mindrl.config.layout import DISAGGREGATED, RunLayout
+from mindrl.config.schema import MindRLConfig
+
+if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
+    from mindrl.algorithm import Algorithm
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a feature is read from: the config, the run's algorithm (None: not known yet,
+    so no algorithm feature is in use) and the resolved layout."""
+
+    config: MindRLConfig
+    algorithm: Algorithm | None
+    layout: RunLayout
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A setting a refusal can name: whether a run uses it, and how it is named."""
+
+    used: Callable[[RunFacts], bool]
+    name: Callable[[RunFacts], str]
+
+
+def _named(text: str) -> Callable[[RunFacts], str]:
+    return lambda facts: text
+
+
+def _dynamic_sampling(facts: RunFacts) -> bool:
+    algorithm = facts.algorithm
+    return bool(
+        facts.config.algorithm.dynamic_sampling
+        or (algorithm is not None and algorithm.defaults.get("dynamic_sampling"))
+    )
+
+
+def _gspo(facts: RunFacts) -> bool:
+    return facts.algorithm is not None and facts.algorithm.name == "gspo"
+
+
+def _group_sizes(facts: RunFacts) -> str:
+    group = facts.config.data.n_samples_per_prompt
+    sizes = ", ".join(f"{role} {layout.dp}" for role, layout in facts.layout.training.items())
+    return f"data.n_samples_per_prompt={group} not a multiple of every data-parallel size ({sizes})"
+
+
+def _group_split_by_dp(facts: RunFacts) -> bool:
+    dp = [layout.dp for layout in facts.layout.training.values()]
+    return all(dp) and facts.config.data.n_samples_per_prompt % math.lcm(*dp) != 0
+
+
+FEATURES: dict[str, Feature] = {
+    "disaggregated": Feature(
+        lambda f: f.layout.mode == DISAGGREGATED, _named("rollout.placement: disaggregated")
+    ),
+    "partial rollout": Feature(
+        lambda f: f.config.rollout.partial_rollout_budget is not None,
+        lambda f: f"rollout.partial_rollout_budget={f.config.rollout.partial_rollout_budget}",
+    ),
+    "generation TP": Feature(lambda f: f.config.rollout.tp > 1, _named("rollout.tp > 1")),
+    "generation EP": Feature(lambda f: f.config.rollout.ep > 1, _named("rollout.ep > 1")),
+    "streaming": Feature(
+        lambda f: f.config.dock.pipeline == "stream", _named("dock.pipeline: stream")
+    ),
+    "dynamic sampling": Feature(_dynamic_sampling, _named("dynamic sampling (DAPO)")),
+    "several nodes": Feature(lambda f: f.config.resources.nodes > 1, _named("resources.nodes > 1")),
+    "validation": Feature(
+        lambda f: f.config.data.val_every > 0, _named("validation (data.val_every > 0)")
+    ),
+    # GSPO's ratio is per sequence: a per-token behaviour weight does not apply to it.
+    "gspo": Feature(_gspo, _named("--trainer gspo")),
+    "gspo with staleness": Feature(
+        lambda f: _gspo(f) and f.config.rollout.max_staleness > 0,
+        _named("--trainer gspo and rollout.max_staleness > 0"),
+    ),
+    # Every finished group must train on its own, so the update never waits on a second
+    # group to fill its data-parallel split.
+    "groups split by data parallelism": Feature(_group_split_by_dp, _group_sizes),
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The features ``feature`` does not work with yet, in the order refusals list them,
+    and what a refusal tells the user to do."""
+
+    without: tuple[str, ...]
+    instead: str
+
+
+#: The matrix. A pair not listed here combines.
+NOT_YET_SUPPORTED: dict[str, Limits] = {
+    "disaggregated": Limits(
+        (
+            "generation TP",
+            "generation EP",
+            "streaming",
+            "dynamic sampling",
+            "several nodes",
+            "validation",
+            "gspo with staleness",
+        ),
+        "use rollout.placement: collocated for it",
+    ),
+    "partial rollout": Limits(
+        (
+            "disaggregated",
+            "streaming",
+            "dynamic sampling",
+            "gspo",
+            "groups split by data parallelism",
+        ),
+        "remove rollout.partial_rollout_budget for it",
+    ),
+}
+
+
+def unsupported_combinations(feature: str, facts: RunFacts) -> list[str]:
+    """One line per feature the run uses beside ``feature`` that ``feature`` does not
+    work with yet (none when the run does not use ``feature``)."""
+    if not FEATURES[feature].used(facts):
+        return []
+    limits = NOT_YET_SUPPORTED[feature]
+    named = FEATURES[feature].name(facts)
+    return [
+        f"{named} with {FEATURES[other].name(facts)} is not yet supported; {limits.instead}"
+        for other in limits.without
+        if FEATURES[other].used(facts)
+    ]

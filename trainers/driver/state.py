@@ -1,0 +1,76 @@
+"""What the driver knows about a started run: its config and plan, the worker groups,
+the dock, and where the run stands. Start-up (setup.py) fills it; the iteration runners,
+the checkpoints and the rollout workers' hand-over read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mindrl.algorithm import Algorithm
+from mindrl.config.schema import AlgorithmConfig, MindRLConfig
+from mindrl.data import PromptDataset
+from mindrl.dock import DockClient
+from mindrl.run_plan import RunPlan
+from mindrl.workers.group import WorkerGroup
+
+T = TypeVar("T")
+
+
+@dataclass
+class RunState:
+    """Everything the iteration loop and the checkpoints need."""
+
+    config: MindRLConfig
+    trainer: str
+    algorithm: Algorithm
+    options: AlgorithmConfig
+    plan: RunPlan
+    kl: Any
+    run_dir: Path
+    checkpoint_dir: Path
+    dataset: PromptDataset
+    groups: dict[str, WorkerGroup] = field(default_factory=dict)
+    dp_ranks: dict[str, list[int]] = field(default_factory=dict)
+    rendezvous: dict[str, tuple[str, int]] = field(default_factory=dict)
+    worker_nodes: dict[str, str] = field(default_factory=dict)
+    gen_dp_ranks: list[int] = field(default_factory=list)
+    dock_handle: Any = None
+    dock: DockClient | None = None
+    ray_started_here: bool = False
+    start_iteration: int = 0
+    finished_iteration: int = -1
+    resumed: bool = False
+    dataset_eos: int = 0
+    resume_steps: dict[str, Path] = field(default_factory=dict)  # role -> checked step folder
+    #: The resumed checkpoint's bookkeeping of samples in flight, for the iteration runner.
+    in_flight: dict[str, Any] | None = None
+    #: An iteration is running: the runner's samples in flight are not a checkpoint's now.
+    iterating: bool = False
+
+    def dp_size(self, role: str) -> int:
+        """Data-parallel groups of ``role``: the TP / PP peers of a DP rank form one."""
+        return len(set(self.dp_ranks[role]))
+
+    def per_worker(self, role: str, parts: Sequence[T]) -> list[T]:
+        """One part per data-parallel group -> one per worker of ``role``, in rank order
+        (the TP / PP peers of a DP rank get the same samples)."""
+        return [parts[r] for r in self.dp_ranks[role]]
+
+    def trained_groups(self) -> list[WorkerGroup]:
+        return [self.groups[name] for name in ("actor", "critic") if name in self.groups]
+
+    def position(self, in_flight: dict[str, Any] | None = None) -> dict:
+        """The driver's side of a checkpoint: what iteration, data and KL come next, and
+        the iteration runner's bookkeeping of the samples it keeps in flight, if any."""
+        position = {
+            "next_iteration": self.finished_iteration + 1,
+            "dataset": self.dataset.state_dict(),
+            "kl_coef": self.kl.value,
+        }
+        if in_flight is not None:
+            position["in_flight"] = in_flight
+        return position
