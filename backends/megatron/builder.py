@@ -3,8 +3,10 @@
 The process groups come from ``megatron.core.parallel_state`` initialised on top of the
 device layer's default group (:func:`initialize_parallel`). The TransformerEngine layer
 spec is used when TE imports and the device is an accelerator; otherwise the local
-(pure PyTorch) spec. MoE layers use the ``alltoall`` token dispatcher on accelerators and
-``allgather`` on the CPU, whose alltoall dispatcher creates a CUDA stream.
+(pure PyTorch) spec with torch's fused attention kernels as core attention
+(``attention.py``; Megatron's local one materialises the scores). MoE layers use the
+``alltoall`` token dispatcher on accelerators and ``allgather`` on the CPU, whose
+alltoall dispatcher creates a CUDA stream.
 
 With ``tp > 1`` sequence parallelism is on (:attr:`ParallelSpec.sequence_parallel`):
 activations outside attention/MLP are ``[s / tp, b, h]``. The local spec's norm refuses
@@ -21,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from backends.device import get_device
+from backends.megatron.attention import torch_core_attention
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.layouts import tag_expert_params
 from backends.megatron.spec import GPTSpec, ParallelSpec, validate
@@ -258,27 +261,9 @@ def _replace_module(node: Any, old: type, new: type, field: str | None = None) -
     return node
 
 
-def local_mla_core_attention() -> type:
-    """Megatron's local ``DotProductAttention``, callable the way MLA calls it.
-
-    megatron-core 0.16.1's ``MultiLatentAttention`` passes ``k_channels`` / ``v_channels``
-    to its core attention, which only TE's accepts: the local spec cannot build MLA as
-    shipped. The local kernel works on any q/k width (MLA passes ``softmax_scale``) and
-    sizes its output by ``kv_channels``, which the engine sets to ``v_head_dim`` for MLA.
-    """
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-    class MLADotProductAttention(DotProductAttention):
-        def __init__(self, config, *args, k_channels=None, v_channels=None, **kwargs) -> None:
-            if v_channels not in (None, config.kv_channels):
-                raise ValueError(f"MLA v_channels={v_channels} != kv_channels={config.kv_channels}")
-            super().__init__(config, *args, **kwargs)
-
-    return MLADotProductAttention
-
-
 def decoder_block_spec(config, use_te: bool):
-    """Megatron's GPT block spec; local-spec norms made sequence-parallel capable."""
+    """Megatron's GPT block spec. Without TE: torch's fused attention kernels as core
+    attention (``attention.py``) and local-spec norms made sequence-parallel capable."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
@@ -286,10 +271,12 @@ def decoder_block_spec(config, use_te: bool):
     block = get_gpt_decoder_block_spec(
         config, use_transformer_engine=use_te, normalization="RMSNorm"
     )
-    if config.sequence_parallel and not use_te:  # TE's norms handle SP themselves
+    if use_te:  # TE's norms handle SP themselves; its attention is fused already
+        return block
+    block = _replace_module(block, DotProductAttention, torch_core_attention())
+    if config.sequence_parallel:
         block = _replace_module(block, WrappedTorchNorm, SequenceParallelNorm)
-    if config.multi_latent_attention and not use_te:
-        block = _replace_module(block, DotProductAttention, local_mla_core_attention())
+    if config.multi_latent_attention:
         block = _replicated_mla_down_projections(block)
     return block
 

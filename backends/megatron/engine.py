@@ -40,7 +40,11 @@ from backends.megatron.layouts import (
     tp_rank_for,
     tp_world_for,
 )
-from backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_logprobs
+from backends.megatron.logprobs import (
+    at_least_float32,
+    vocab_parallel_entropy,
+    vocab_parallel_logprobs,
+)
 from backends.megatron.optim import (
     OptimSpec,
     clip_gradients,
@@ -81,7 +85,7 @@ class MegatronEngine:
         seed: seed of the initial weights and of Megatron's TP RNG tracker.
         share_prompts: run the rows of a micro-batch that share a prompt as one packed
             row (``shared_prompt.py``) where the attention takes an arbitrary mask
-            (Megatron's local attention, no MLA); :attr:`share_prompts` says if it does.
+            (the torch core attention, no MLA); :attr:`share_prompts` says if it does.
     """
 
     def __init__(
@@ -167,7 +171,7 @@ class MegatronEngine:
     def _outputs(self, output: torch.Tensor, micro: _Scored, with_entropy: bool) -> dict:
         """Per response token, ``[b, R]``, from the last stage's output."""
         if self.value_head:  # output: [b, s, 1], a value at every position (a cheap head)
-            values = output.squeeze(-1).float().gather(1, micro.positions)
+            values = at_least_float32(output.squeeze(-1)).gather(1, micro.positions)
             per_window = {"values": micro.per_row(values)}
         else:  # output: [b, W, v], logits at the window's positions only
             vocab = self.spec.vocab_size
@@ -215,11 +219,12 @@ class MegatronEngine:
         keys = (
             ["values"] if self.value_head else ["logprobs"] + (["entropy"] if with_entropy else [])
         )
+        dtype = torch.float64 if self.spec.torch_dtype == torch.float64 else torch.float32
         out = {}
         for key in keys:
-            empty = torch.empty(len(batch), batch.width)  # filled by the broadcast below
+            empty = torch.empty(len(batch), batch.width, dtype=dtype)  # filled by the broadcast
             tensor = torch.cat([r[key] for r in results]) if results else empty
-            tensor = tensor.to(self.device.device()).float()
+            tensor = tensor.to(self.device.device(), dtype)
             if ps.get_pipeline_model_parallel_world_size() > 1:
                 src = ps.get_pipeline_model_parallel_last_rank()
                 dist.broadcast(tensor, src=src, group=ps.get_pipeline_model_parallel_group())

@@ -12,6 +12,11 @@ from __future__ import annotations
 import torch
 
 
+def at_least_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in float32, or as it is when it is float64 (the exactness tests)."""
+    return tensor if tensor.dtype == torch.float64 else tensor.float()
+
+
 def _tp_info() -> tuple[int, int, object]:
     from megatron.core import parallel_state
 
@@ -48,7 +53,7 @@ def vocab_parallel_logprobs(
     """
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    logits = mask_vocab_padding(logits_local.float(), vocab_size)
+    logits = mask_vocab_padding(at_least_float32(logits_local), vocab_size)
     # Megatron's kernel wants [s, b, v] and returns the cross entropy (= -log p).
     loss_sb = vocab_parallel_cross_entropy(
         logits.transpose(0, 1).contiguous(), targets.t().contiguous()
@@ -61,7 +66,7 @@ def vocab_parallel_entropy(logits_local: torch.Tensor, vocab_size: int) -> torch
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
     _, world, group = _tp_info()
-    logits = mask_vocab_padding(logits_local.float(), vocab_size)
+    logits = mask_vocab_padding(at_least_float32(logits_local), vocab_size)
     shift = logits.detach().amax(dim=-1, keepdim=True)
     if world > 1:
         torch.distributed.all_reduce(shift, op=torch.distributed.ReduceOp.MAX, group=group)

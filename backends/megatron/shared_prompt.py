@@ -17,9 +17,10 @@ is), from ``len(prompt) + sum(len(responses))`` tokens instead of ``n * len(prom
 sum(len(responses))``. ``tests/megatron/test_shared_prompt.py`` checks log-probs and
 gradients against the unpacked rows in float64.
 
-It needs an attention that takes an arbitrary mask: Megatron's local ``DotProductAttention``
-(the CPU path; ``MegatronEngine`` decides). TransformerEngine's fused kernels are built
-for the causal mask type and would not apply this one, so accelerators run unpacked rows.
+It needs an attention that takes an arbitrary mask: the torch core attention
+(``attention.py``, every device without TransformerEngine; ``MegatronEngine`` decides).
+TransformerEngine's fused kernels are built for the causal mask type and would not apply
+this one, so accelerators with TE run unpacked rows.
 """
 
 from __future__ import annotations

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: float64 is for the CPU tests that compare the engine's own maths (packed vs plain rows,
+#: fused vs Megatron's local attention) without float32 rounding in the way.
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 
 
 @dataclass(frozen=True)

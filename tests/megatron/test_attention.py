@@ -1,0 +1,88 @@
+"""The torch core attention (backends/megatron/attention.py) computes what Megatron's
+local attention computes, in float64: outputs and gradients for causal rows, for a
+shared-prompt group packed with a plain document and a tail pad, for packed documents,
+and for Megatron's own dense mask, with grouped-query heads and with MLA's shape (q / k
+wider than v, its own softmax scale); FlexAttention's BlockMask (forward only on the CPU)
+agrees; whole dense, MoE and DeepSeek-V3 models at TP2 with sequence parallelism score
+and train the same with either attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.megatron.attention import PackedMask, packed_kernel, spans_of
+from tests.megatron import attention_cases as cases
+from tests.support.spawn import run_ranks
+
+EXACT = {"rtol": 1e-10, "atol": 1e-12}
+
+
+@pytest.fixture(scope="module")
+def modules() -> dict:
+    (result,) = run_ranks(cases.module_outputs, 1)
+    return result
+
+
+@pytest.mark.parametrize("mask", list(cases.masks()))
+@pytest.mark.parametrize("shape", list(cases.SHAPES))
+def test_the_torch_attention_equals_megatrons_local_attention(modules, shape, mask):
+    local, fused = modules[shape, mask]["local"], modules[shape, mask]["torch"]
+    torch.testing.assert_close(fused["out"], local["out"], **EXACT)
+    for name, got, want in zip("qkv", fused["grads"], local["grads"], strict=True):
+        torch.testing.assert_close(got, want, **EXACT, msg=f"grad of {name}")
+
+
+@pytest.mark.parametrize("mask", ["shared_prompt", "documents"])
+@pytest.mark.parametrize("shape", list(cases.SHAPES))
+def test_flex_attentions_block_mask_gives_the_same_output(modules, shape, mask):
+    result = modules[shape, mask]
+    torch.testing.assert_close(result["flex"], result["local"]["out"], **EXACT)
+
+
+def test_a_packed_mask_hides_other_documents_and_other_responses():
+    mask = cases.masks()["shared_prompt"]
+    visible = mask.visible()[0]
+    # Second response's first token (7): the prompt (0-2) and itself, not response 1.
+    assert visible[7].nonzero().flatten().tolist() == [0, 1, 2, 7]
+    # The plain document (9-12) sees only its own earlier tokens; the pad only itself.
+    assert visible[11].nonzero().flatten().tolist() == [9, 10, 11]
+    assert visible[13].nonzero().flatten().tolist() == [13]
+    assert mask.spans == (((0, 9, True), (9, 13, False), (13, 14, False)),)
+
+
+def test_a_document_split_in_two_is_refused():
+    with pytest.raises(ValueError, match="contiguous"):
+        spans_of(torch.tensor([0, 0, 1, 0]), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"\[b, s\]"):
+        PackedMask.of(torch.zeros(3), torch.zeros(3))
+
+
+def test_flex_attention_is_the_packed_kernel_on_cuda_only_where_triton_imports(monkeypatch):
+    import sys
+
+    assert packed_kernel(torch.device("cpu")) == "sdpa"
+    monkeypatch.setitem(sys.modules, "triton", None)  # an import of it raises ImportError
+    assert packed_kernel(torch.device("cuda")) == "sdpa"
+    monkeypatch.setitem(sys.modules, "triton", type(sys)("triton"))  # FAKE Triton
+    assert packed_kernel(torch.device("cuda")) == "flex"
+
+
+@pytest.fixture(scope="module")
+def models() -> list[dict]:
+    return run_ranks(cases.model_steps, 2)
+
+
+@pytest.mark.parametrize("family", ["dense", "moe", "deepseek"])
+def test_models_at_tp2_with_sequence_parallelism_train_the_same_with_either_attention(
+    models, family
+):
+    for rank in models:
+        fused, local = rank[family, "torch"], rank[family, "local"]
+        for key, value in local["scored"].items():
+            assert value.dtype == torch.float64
+            torch.testing.assert_close(fused["scored"][key], value, **EXACT)
+        assert fused["loss"] == pytest.approx(local["loss"], rel=1e-12)
+        assert fused["grads"].keys() == local["grads"].keys()
+        for name, grad in local["grads"].items():
+            torch.testing.assert_close(fused["grads"][name], grad, **EXACT, msg=name)
