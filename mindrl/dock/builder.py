@@ -77,8 +77,12 @@ def create_dock(
     reads = stages if isinstance(stages, dict) else {stage: list(schema) for stage in stages}
     _check_reads(reads, schema)
     if kind == "central":
-        central = CentralBuffer.remote(n_samples, group_size, schema, reads, group_ids)
-        only = WarehouseInfo(central, ray.get_runtime_context().get_node_id(), 0, n_samples)
+        # On the driver's node, pinned: every byte of every stage goes through this node.
+        here = ray.get_runtime_context().get_node_id()
+        central = CentralBuffer.options(scheduling_strategy=on_node(here)).remote(
+            n_samples, group_size, schema, reads, group_ids
+        )
+        only = WarehouseInfo(central, here, 0, n_samples)
         handle = DockHandle(
             schema, n_samples, group_size, [only], central=central, timeout_s=timeout_s
         )

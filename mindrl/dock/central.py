@@ -66,12 +66,15 @@ class CentralBuffer:
         timeout_s: float,
         dp_parts: int = 1,
         step: int | None = None,
+        part_warehouses: list[int | None] | None = None,
     ) -> list[np.ndarray]:
         state = self.states.get(stage)
         if state is None:
             raise DockError(f"unknown stage '{stage}'; known: {sorted(self.states)}")
         request = (fields, batch_size, whole_groups, prefer_warehouse)
-        return await wait_and_claim(state, self.changed, request, timeout_s, dp_parts, step)
+        return await wait_and_claim(
+            state, self.changed, request, timeout_s, dp_parts, step, part_warehouses
+        )
 
     def get(self, indexes: np.ndarray, fields: list[str]) -> dict[str, Padded]:
         return self.store.get(indexes, fields)

@@ -52,6 +52,13 @@ class DockClient:
         """The warehouse on this process's node (claims prefer its samples), if any."""
         return self._local
 
+    def warehouse_on(self, node_id: str) -> int | None:
+        """The warehouse on node ``node_id``, if it has one (a centralized buffer: None,
+        every sample lives in the one buffer)."""
+        if self.handle.central is not None:
+            return None
+        return next((i for i, w in enumerate(self.handle.warehouses) if w.node_id == node_id), None)
+
     # ---- payloads ---------------------------------------------------------------------
     def owner(self, indexes: np.ndarray) -> np.ndarray:
         """Warehouse id owning each index."""
@@ -143,11 +150,17 @@ class DockClient:
         whole_groups: bool = False,
         dp_parts: int = 1,
         timeout_s: float | None = None,
+        part_warehouses: list[int | None] | None = None,
     ) -> list[np.ndarray]:
-        """Indexes for ``stage`` (split in ``dp_parts`` balanced by length), marked consumed."""
+        """Indexes for ``stage`` (split in ``dp_parts`` balanced by length), marked consumed.
+
+        ``part_warehouses``: the warehouse beside each part's worker (:meth:`warehouse_on`
+        its node); each part then holds what that warehouse stores while it can.
+        """
         return self.claim_async(
-            stage, fields, batch_size, whole_groups, dp_parts, timeout_s
-        ).result()
+            stage, fields, batch_size, whole_groups, dp_parts, timeout_s,
+            part_warehouses=part_warehouses,
+        ).result()  # fmt: skip
 
     def claim_async(
         self,
@@ -158,6 +171,7 @@ class DockClient:
         dp_parts: int = 1,
         timeout_s: float | None = None,
         step: int | None = None,
+        part_warehouses: list[int | None] | None = None,
     ) -> PendingClaim:
         """Ask for a claim without waiting for it; ``ray.wait`` on ``.ref``, then ``.result()``.
 
@@ -168,14 +182,16 @@ class DockClient:
         timeout_s = self.handle.timeout_s if timeout_s is None else timeout_s
         if self.handle.central is not None:
             ref = self.handle.central.claim.remote(
-                stage, fields, batch_size, whole_groups, None, timeout_s, dp_parts, step
-            )
+                stage, fields, batch_size, whole_groups, None, timeout_s, dp_parts, step,
+                part_warehouses,
+            )  # fmt: skip
             name = "centralized buffer"
         else:
             controller = self._controller(stage)
             ref = controller.claim.remote(
-                fields, batch_size, whole_groups, self._local, timeout_s, dp_parts, step
-            )
+                fields, batch_size, whole_groups, self._local, timeout_s, dp_parts, step,
+                part_warehouses,
+            )  # fmt: skip
             name = f"TD controller of stage '{stage}'"
         return PendingClaim(self, ref, name, timeout_s)
 

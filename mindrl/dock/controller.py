@@ -9,6 +9,7 @@ around it that lets a stage wait, with a deadline, until enough samples are read
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import numpy as np
 import ray
@@ -185,10 +186,20 @@ def starved(stage: str, timeout_s: float, need: int, have: int, fields: list[str
     )
 
 
-def balance_by_length(indexes: np.ndarray, lengths: np.ndarray, parts: int) -> list[np.ndarray]:
+def balance_by_length(
+    indexes: np.ndarray,
+    lengths: np.ndarray,
+    parts: int,
+    warehouses: np.ndarray | None = None,
+    part_warehouses: Sequence[int | None] | None = None,
+) -> list[np.ndarray]:
     """Split ``indexes`` into ``parts`` of equal count with similar total length.
 
     Greedy: longest first, each to the part with the smallest load that still has room.
+    With ``part_warehouses`` (the warehouse beside each part's worker) and ``warehouses``
+    (where each index is stored), a sample goes to a part beside its warehouse while one
+    has room, and only the rest to any part: each worker then reads what is stored on its
+    own node, and only what its node's share cannot cover crosses the network.
     """
     if len(indexes) % parts:
         raise DockError(
@@ -196,11 +207,29 @@ def balance_by_length(indexes: np.ndarray, lengths: np.ndarray, parts: int) -> l
         )
     room = len(indexes) // parts
     loads, members = np.zeros(parts), [[] for _ in range(parts)]
-    for i in np.argsort(-lengths, kind="stable"):
-        open_parts = [p for p in range(parts) if len(members[p]) < room]
-        target = min(open_parts, key=lambda p: loads[p])
+
+    def place(i: int, candidates: list[int]) -> None:
+        target = min(candidates, key=lambda p: loads[p])
         members[target].append(indexes[i])
         loads[target] += lengths[i]
+
+    order = np.argsort(-lengths, kind="stable")
+    local = part_warehouses is not None and len(set(part_warehouses)) > 1
+    rest = []
+    for i in order:
+        if local:
+            beside = [
+                p for p in range(parts)
+                if part_warehouses[p] == warehouses[i] and len(members[p]) < room
+            ]  # fmt: skip
+            if not beside:
+                rest.append(i)
+                continue
+            place(i, beside)
+        else:
+            place(i, [p for p in range(parts) if len(members[p]) < room])
+    for i in rest:
+        place(i, [p for p in range(parts) if len(members[p]) < room])
     return [np.sort(np.array(m, dtype=np.int64)) for m in members]
 
 
@@ -211,12 +240,15 @@ async def wait_and_claim(
     timeout_s: float,
     dp_parts: int,
     step: int | None = None,
+    part_warehouses: Sequence[int | None] | None = None,
 ) -> list[np.ndarray]:
     """Wait on ``changed`` until ``state`` can serve ``request``, then claim and split.
 
     ``request`` is ``(fields, batch_size, whole_groups, prefer_warehouse)``. With ``step``
     the claim is a chunk (streaming): it waits for ``step`` ready samples only and takes
-    the largest multiple of ``step`` ready now, up to ``batch_size``.
+    the largest multiple of ``step`` ready now, up to ``batch_size``. ``part_warehouses``:
+    the warehouse beside each part's worker, so each part is what its node stores while
+    it can be (:func:`balance_by_length`).
     """
     fields, batch_size, whole_groups, prefer = request
     if step is not None and (step < 1 or step % dp_parts):
@@ -243,7 +275,13 @@ async def wait_and_claim(
         taken = state.claim(fields, size, whole_groups, prefer)
     if dp_parts == 1:
         return [taken]
-    return balance_by_length(taken, state.length[taken], dp_parts)
+    if part_warehouses is not None and len(part_warehouses) != dp_parts:
+        raise DockError(
+            f"stage '{state.stage}': {len(part_warehouses)} part warehouses for {dp_parts} parts"
+        )
+    return balance_by_length(
+        taken, state.length[taken], dp_parts, state.warehouse[taken], part_warehouses
+    )
 
 
 @ray.remote(num_cpus=0)
@@ -282,11 +320,14 @@ class TDController:
         timeout_s: float,
         dp_parts: int = 1,
         step: int | None = None,
+        part_warehouses: list[int | None] | None = None,
     ) -> list[np.ndarray]:
         """Wait until ``batch_size`` samples are ready (or the deadline), then take them;
         with ``step``, a chunk: whatever multiple of ``step`` is ready (see wait_and_claim)."""
         request = (fields, batch_size, whole_groups, prefer_warehouse)
-        return await wait_and_claim(self.state, self.changed, request, timeout_s, dp_parts, step)
+        return await wait_and_claim(
+            self.state, self.changed, request, timeout_s, dp_parts, step, part_warehouses
+        )
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

@@ -58,6 +58,11 @@ RL_FIELDS: dict[str, FieldSpec] = {
 }
 
 
+#: The fields a training run's dock holds: the RL fields plus the prompt's record (the
+#: driver puts it beside the prompt; reward workers look the ground truth up by it).
+RUN_FIELDS: dict[str, FieldSpec] = {**RL_FIELDS, "record_id": FieldSpec("int64")}
+
+
 def check_column(name: str, spec: FieldSpec, values: np.ndarray, lengths: np.ndarray) -> str | None:
     """One-line reason the concatenated samples of a field do not fit ``spec``, or None."""
     if values.dtype != spec.numpy_dtype:

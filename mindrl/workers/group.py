@@ -64,6 +64,8 @@ class WorkerGroup:
         device: the device layer; each bundle asks for one ``device.ray_resource``.
             ``None``: CPU-only workers (reward scoring), ``cpus_per_worker`` slots each.
         cpus_per_worker: Ray CPU slots per worker on accelerators (CPU: the device slot).
+        strategy: the placement group's strategy: ``"PACK"`` fills a node before the
+            next, ``"SPREAD"`` puts each bundle on another node while it can.
     """
 
     def __init__(
@@ -75,13 +77,14 @@ class WorkerGroup:
         args: Sequence[Any] = (),
         cpus_per_worker: float = 1.0,
         ready_timeout_s: float = 300.0,
+        strategy: str = "PACK",
     ) -> None:
         self.name = name
         self.size = size
         bundle = {"CPU": cpus_per_worker} if device is None else {device.ray_resource: 1.0}
         if device is not None and device.ray_resource != "CPU":
             bundle["CPU"] = cpus_per_worker
-        self._pg = placement_group([dict(bundle) for _ in range(size)], strategy="PACK")
+        self._pg = placement_group([dict(bundle) for _ in range(size)], strategy=strategy)
         self._wait_for_placement(ready_timeout_s, bundle)
         options = (
             {"num_cpus": cpus_per_worker}

@@ -121,6 +121,37 @@ def test_dp_split_is_even_in_count_and_balanced_in_length():
         balance_by_length(indexes, lengths, 3)
 
 
+def test_dp_split_gives_each_part_what_its_warehouse_stores():
+    indexes = np.arange(16)
+    lengths = np.random.default_rng(0).integers(1, 50, 16)
+    stored_in = indexes // 4  # warehouse w holds indexes 4w .. 4w + 3
+    parts = balance_by_length(indexes, lengths, 4, stored_in, [2, 0, 3, 1])
+    assert [p.tolist() for p in parts] == [[8, 9, 10, 11], [0, 1, 2, 3], [12, 13, 14, 15],
+                                           [4, 5, 6, 7]]  # fmt: skip
+
+
+def test_dp_split_crosses_only_what_a_node_cannot_hold():
+    indexes = np.arange(12)
+    lengths = np.array([9, 8, 7, 6, 5, 4, 9, 8, 7, 6, 5, 4])
+    stored_in = np.array([0] * 6 + [1] * 6)
+    # Two parts beside warehouse 0, one beside warehouse 1: room for 4 each.
+    parts = balance_by_length(indexes, lengths, 3, stored_in, [0, 0, 1])
+    assert [len(p) for p in parts] == [4, 4, 4]
+    assert set(parts[2]) <= set(range(6, 12))  # the lone part reads only its own node
+    remote = sum(int((stored_in[p] != w).sum()) for p, w in zip(parts, [0, 0, 1], strict=True))
+    assert remote == 2  # warehouse 1's six samples fill its part; two must go elsewhere
+    loads = sorted(int(lengths[p].sum()) for p in parts[:2])
+    assert loads[1] - loads[0] <= 3  # the two parts on node 0 still balance by length
+
+
+def test_dp_split_with_every_part_on_one_node_is_the_plain_split():
+    indexes = np.arange(8)
+    lengths = np.array([100, 1, 1, 1, 90, 2, 2, 3])
+    plain = balance_by_length(indexes, lengths, 2)
+    beside = balance_by_length(indexes, lengths, 2, indexes % 3, [1, 1])
+    assert [p.tolist() for p in beside] == [p.tolist() for p in plain]
+
+
 def test_metadata_is_a_few_scalars_per_sample_not_payload():
     state = ControllerState("update", 64, 8, FIELDS)
     state.on_put(np.arange(64), ["response_ids"], 0, np.full(64, 4096, dtype=np.int64))

@@ -77,3 +77,32 @@ def test_resume_checks_the_checkpoint_before_any_process_starts(tmp_path):
         f"{(older / 'model.safetensors').stat().st_size} were written; the previous complete "
         f"step is {older}: resume from it with --resume-from {older}"
     )
+
+
+def test_each_data_parallel_part_is_claimed_beside_its_first_ranks_warehouse():
+    from types import SimpleNamespace
+
+    from mindrl.dock import RL_FIELDS, DockClient
+    from mindrl.dock.handle import DockHandle, WarehouseInfo
+    from trainers.driver.setup import _model_placement
+    from trainers.driver.state import RunState
+
+    shares = [(0, 8), (8, 16), (16, 24)]
+    handle = DockHandle(RL_FIELDS, 24, 4, [WarehouseInfo(None, f"node{i}", a, b)
+                                           for i, (a, b) in enumerate(shares)])  # fmt: skip
+    run = RunState(*[None] * 9)  # the driver state itself plays no part here
+    run.dock = DockClient(handle)
+    # TP 2 x DP 2 over nodes 2, 2, 0, 0: part 0 is ranks 0-1 (node 2), part 1 ranks 2-3.
+    run.rank_nodes["actor"] = ["node2", "node2", "node0", "node0"]
+    run.dp_ranks["actor"] = [0, 0, 1, 1]
+    assert run.part_warehouses("actor") == [2, 0]
+    # Generation TP 1: each rank its own part; a node without a warehouse has none.
+    assert run.part_warehouses("actor", [0, 1, 2, 3]) == [2, 2, 0, 0]
+    run.rank_nodes["reward"] = ["node9"]
+    assert run.part_warehouses("reward", range(1)) == [None]
+    assert run.part_warehouses("critic") is None  # no such role in this run
+
+    resources = SimpleNamespace(nodes=4, devices_per_node=1)
+    assert _model_placement(SimpleNamespace(resources=resources)) == "SPREAD"
+    resources.devices_per_node = 8  # a node's own devices keep a TP group together
+    assert _model_placement(SimpleNamespace(resources=resources)) == "PACK"

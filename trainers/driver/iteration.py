@@ -278,6 +278,7 @@ class IterationRunner:
             whole_groups=True,
             dp_parts=len(set(self.run.gen_dp_ranks)),
             timeout_s=self.timeout,
+            part_warehouses=self.run.part_warehouses("actor", self.run.gen_dp_ranks),
         )
 
     def _sampling_params(self, iteration: int, draw: int) -> SamplingParams:
@@ -311,8 +312,9 @@ class IterationRunner:
         """A scoring stage on the whole batch at once (sync mode)."""
         call = stage_call(self.run, self.plan.stage(name))
         parts = self.run.dock.claim(
-            name, call.fields, len(indexes), self.whole_group_claims, call.dp_parts, self.timeout
-        )
+            name, call.fields, len(indexes), self.whole_group_claims, call.dp_parts, self.timeout,
+            part_warehouses=call.part_warehouses,
+        )  # fmt: skip
         return call.group.call_each("score", call.args(parts), stage=name, timeout_s=self.timeout)
 
     def _filter(self, ledger: Ledger, slots: list[int]) -> list[int]:
@@ -348,7 +350,10 @@ class IterationRunner:
 
     def _by_dp_rank(self, stage: str, role: str, fields: list[str], n: int) -> list:
         dp_parts = self.run.dp_size(role)
-        parts = self.run.dock.claim(stage, fields, n, dp_parts=dp_parts, timeout_s=self.timeout)
+        parts = self.run.dock.claim(
+            stage, fields, n, dp_parts=dp_parts, timeout_s=self.timeout,
+            part_warehouses=self.run.part_warehouses(role),
+        )  # fmt: skip
         return self.run.per_worker(role, parts)
 
     def _advantages(self, indexes: np.ndarray) -> list[dict]:

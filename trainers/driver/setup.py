@@ -25,7 +25,8 @@ from mindrl.config.specs import engine_specs
 from mindrl.data import PromptDataset, load_tokenizer
 from mindrl.data.pairs import pair_dataset
 from mindrl.data.run_prompts import prompt_dataset
-from mindrl.dock import RL_FIELDS, DockClient, FieldSpec, create_dock, shutdown_dock
+from mindrl.dock import DockClient, FieldSpec, create_dock, shutdown_dock
+from mindrl.dock.schema import RUN_FIELDS
 from mindrl.rewards.registry import get_verifier
 from mindrl.run_plan import RunPlan, build_run_plan
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
@@ -38,7 +39,7 @@ from trainers.kl_control import make_kl_controller
 from trainers.registry import get_algorithm
 
 #: The dock's fields: the RL fields plus the prompt's record (for the ground truth).
-FIELDS: dict[str, FieldSpec] = {**RL_FIELDS, "record_id": FieldSpec("int64")}
+FIELDS: dict[str, FieldSpec] = RUN_FIELDS
 
 
 class RunSetupError(ValueError):
@@ -260,6 +261,7 @@ def _place_workers(run: RunState, device_name: str) -> None:
             device,
             args=(role, config, device_name, specs, plan.mode),
             cpus_per_worker=config.resources.cpus_per_worker,
+            strategy=_model_placement(config),
         )
         run.groups[role] = group
         (rendezvous,) = group.call("rendezvous", stage="start-up", timeout_s=timeout, ranks=[0])
@@ -277,9 +279,16 @@ def _place_workers(run: RunState, device_name: str) -> None:
         args=(config, run.algorithm, run.options),
     )
     run.groups["reward"] = reward
-    (run.worker_nodes["reward"],) = reward.call(
-        "node_id", stage="start-up", timeout_s=timeout, ranks=[0]
-    )
+    run.rank_nodes["reward"] = reward.call("node_id", stage="start-up", timeout_s=timeout)
+    run.worker_nodes["reward"] = run.rank_nodes["reward"][0]
+
+
+def _model_placement(config: MindRLConfig) -> str:
+    """A model role's placement strategy: one device per node spreads its ranks over the
+    nodes. PACK does that on accelerators (a node has one device), but on a CPU a device
+    is a CPU slot, and a node with a reward worker's slot too would take two ranks."""
+    resources = config.resources
+    return "SPREAD" if resources.nodes > 1 and resources.devices_per_node == 1 else "PACK"
 
 
 def _setup_workers(run: RunState) -> None:
@@ -296,6 +305,7 @@ def _setup_workers(run: RunState) -> None:
         names = [f"{role}[{r}]" for r in range(len(refs))]
         infos = wait_all(refs, names, "start-up", timeout)
         run.dp_ranks[role] = [info["dp_rank"] for info in infos]
+        run.rank_nodes[role] = [info["node_id"] for info in infos]
         if role == "actor":
             run.gen_dp_ranks = [info["gen_dp_rank"] for info in infos]
     if "reward" in run.groups:

@@ -37,6 +37,7 @@ class RunState:
     dp_ranks: dict[str, list[int]] = field(default_factory=dict)
     rendezvous: dict[str, tuple[str, int]] = field(default_factory=dict)
     worker_nodes: dict[str, str] = field(default_factory=dict)
+    rank_nodes: dict[str, list[str]] = field(default_factory=dict)  # role -> node of each rank
     gen_dp_ranks: list[int] = field(default_factory=list)
     dock_handle: Any = None
     dock: DockClient | None = None
@@ -59,6 +60,21 @@ class RunState:
         """One part per data-parallel group -> one per worker of ``role``, in rank order
         (the TP / PP peers of a DP rank get the same samples)."""
         return [parts[r] for r in self.dp_ranks[role]]
+
+    def part_warehouses(
+        self, role: str, part_of_rank: Sequence[int] | None = None
+    ) -> list[int | None] | None:
+        """The warehouse beside each data-parallel part of ``role`` (its first rank's
+        node), so a claim hands each part what its node stores; ``part_of_rank``: the part
+        each rank takes (default the role's DP ranks; generation: ``gen_dp_ranks``)."""
+        nodes = self.rank_nodes.get(role)
+        if self.dock is None or not nodes:
+            return None
+        ranks = self.dp_ranks.get(role, range(len(nodes))) if part_of_rank is None else part_of_rank
+        first: dict[int, int] = {}
+        for rank, part in enumerate(ranks):
+            first.setdefault(part, rank)
+        return [self.dock.warehouse_on(nodes[first[part]]) for part in sorted(first)]
 
     def trained_groups(self) -> list[WorkerGroup]:
         return [self.groups[name] for name in ("actor", "critic") if name in self.groups]

@@ -44,6 +44,8 @@ class StageCall:
     dp_parts: int
     #: claimed parts (one per data-parallel rank) -> each worker's ``score`` arguments
     args: Callable[[list[np.ndarray]], list[tuple]]
+    #: the warehouse beside each part's worker (None: no preference)
+    part_warehouses: list[int | None] | None = None
 
 
 def stage_call(run: RunState, stage: StagePlan) -> StageCall:
@@ -51,8 +53,9 @@ def stage_call(run: RunState, stage: StagePlan) -> StageCall:
     if stage.role == "reward":
         group = run.groups["reward"]
         return StageCall(
-            stage.name, group, list(stage.reads), group.size, lambda parts: [(p,) for p in parts]
-        )
+            stage.name, group, list(stage.reads), group.size, lambda parts: [(p,) for p in parts],
+            run.part_warehouses("reward", range(group.size)),
+        )  # fmt: skip
     (out_field,) = stage.writes
     return StageCall(
         stage.name,
@@ -60,6 +63,7 @@ def stage_call(run: RunState, stage: StagePlan) -> StageCall:
         list(stage.reads),
         run.dp_size(stage.role),
         lambda parts: [(p, out_field) for p in run.per_worker(stage.role, parts)],
+        run.part_warehouses(stage.role),
     )
 
 
@@ -181,6 +185,7 @@ class StreamScheduler:
                 dp_parts=call.dp_parts,
                 timeout_s=max(deadline - time.perf_counter(), 1.0),
                 step=call.dp_parts,  # every chunk splits evenly over the stage's DP ranks
+                part_warehouses=call.part_warehouses,
             )
             if left
             else None
