@@ -26,6 +26,8 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
     if plan["memory"].get("rollout_devices"):
         console.print(disaggregated_memory_table(plan))
     console.print(flow_table(plan))
+    if plan["nodes"] > 1:
+        console.print(link_table(plan))
     for problem in plan["fit_problems"]:
         console.print(f"[bold red]does not fit:[/bold red] {problem}")
     if not plan["fit_problems"]:
@@ -181,5 +183,24 @@ def flow_table(plan: dict) -> Table:
         f"dock: metadata ({flow['controllers']} controllers)",
         f"{flow['dock_metadata_bytes'] / 2**20:,.3f} MiB",
         "-",
+    )
+    return table
+
+
+def link_table(plan: dict) -> Table:
+    """The sample flow on each node's link (mindrl.planner.report.layout_link_flow)."""
+    flow = plan["link_flow"]
+    table = Table(
+        title="sample flow per node link, one iteration at the maximum lengths (warehouse "
+        "per node; controllers, driver and reward workers on node 0)"
+    )
+    for col in ("node", "up (leaves the node)", "down (enters it)"):
+        table.add_column(col, justify="right")
+    for node, (up, down) in enumerate(zip(flow["up"], flow["down"], strict=True)):
+        table.add_row(str(node), f"{up / 2**10:,.1f} KiB", f"{down / 2**10:,.1f} KiB")
+    payload = flow["payload"] / max(sum(flow["up"]), 1)
+    table.caption = (
+        f"{flow['calls']} calls between nodes; payload {payload:.0%} of the bytes, the "
+        "rest Ray's framing of each call (mindrl.planner.sample_flow.CALL_BYTES)"
     )
     return table

@@ -9,10 +9,16 @@ from dataclasses import asdict
 
 from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED, GenerationLayout, TrainingLayout
-from mindrl.dock.schema import RL_FIELDS
+from mindrl.dock.schema import RL_FIELDS, RUN_FIELDS
 from mindrl.planner.memory import MemoryPlan, plan_memory, rollout_device_memory
 from mindrl.planner.params import model_params
-from mindrl.planner.sample_flow import sample_flow
+from mindrl.planner.sample_flow import (
+    DockLayout,
+    LinkFlow,
+    StageWorkers,
+    link_flow,
+    sample_flow,
+)
 from mindrl.run_plan import RunPlan
 
 GB = 1e9
@@ -34,6 +40,75 @@ def plan_run_memory(config: MindRLConfig, plan: RunPlan, device_bytes: int) -> M
 def response_fields(plan: RunPlan) -> int:
     """Per-token fields the dock stores for each response in this run."""
     return sum(1 for name in plan.written_fields() if RL_FIELDS[name].variable)
+
+
+def stage_workers(config: MindRLConfig, plan: RunPlan) -> list[StageWorkers]:
+    """Each stage's workers as this config places them (trainers/driver/setup.py): model
+    ranks ``devices_per_node`` to a node in rank order, each data-parallel replica's first
+    rank putting its results (a rollout TP group's first rank its responses); reward
+    workers on the driver's node (node 0: CPU processes where Ray finds a free slot), the
+    advantage stage on reward rank 0 alone."""
+    per_node, layout = config.resources.devices_per_node, plan.layout
+    out = []
+    for stage in plan.stages:
+        if stage.name == "advantage":
+            nodes, parts, writers = [0], [0], [True]
+        elif stage.role == "reward":
+            nodes, parts = [0] * config.reward.workers, list(range(config.reward.workers))
+            writers = [True] * len(parts)
+        elif stage.name == "rollout":
+            first = layout.train_devices if plan.mode == DISAGGREGATED else 0
+            ranks = range(first, first + layout.generation.world)
+            tp = layout.generation.tp
+            nodes = [r // per_node for r in ranks]
+            parts = [(r - first) // tp for r in ranks]
+            writers = [(r - first) % tp == 0 for r in ranks]
+        else:
+            role = layout.training[stage.role]
+            ranks = range(role.world)
+            nodes = [r // per_node for r in ranks]
+            parts = [(r // role.tp) % role.dp for r in ranks]
+            writers = [r % role.tp == 0 and r < role.tp * role.dp for r in ranks]
+        out.append(StageWorkers(stage.name, stage.reads, stage.writes, tuple(nodes),
+                                tuple(parts), tuple(writers)))  # fmt: skip
+    return out
+
+
+def layout_link_flow(
+    config: MindRLConfig, plan: RunPlan, prompt_len: float | None = None,
+    response_len: float | None = None, fetched_response_len: float | None = None,
+) -> LinkFlow:  # fmt: skip
+    """Bytes one iteration's sample flow puts on each node's link for this layout: a
+    warehouse on each of the first ``dock.warehouses`` nodes (default all), every stage's
+    controller, the driver and the reward workers on node 0. Lengths default to the
+    config's maxima (an upper bound); a run's measured lengths make it a prediction of
+    that run (``fetched_response_len``: the width a fetch pads responses to)."""
+    prompt_len = config.rollout.max_prompt_length if prompt_len is None else prompt_len
+    response_len = config.rollout.max_response_length if response_len is None else response_len
+    fetched_len = response_len if fetched_response_len is None else fetched_response_len
+    written = set(plan.written_fields())
+    prompt_fields = tuple(
+        f for f in dict.fromkeys(r for s in plan.stages for r in s.reads) if f not in written
+    )
+
+    def per_sample(field: str, length: float) -> float:
+        spec = RUN_FIELDS[field]
+        size = spec.numpy_dtype.itemsize
+        if not spec.variable:
+            return float(size)
+        return size * (prompt_len if field in prompt_fields else length)
+
+    fields = {f for s in plan.stages for f in (*s.reads, *s.writes)}
+    stored = {f: per_sample(f, response_len) for f in fields}
+    fetched = {f: per_sample(f, fetched_len) for f in fields}
+    nodes = config.resources.nodes
+    layout = DockLayout(
+        nodes=nodes,
+        warehouse_nodes=tuple(range(min(config.dock.warehouses or nodes, nodes))),
+        controller_nodes=dict.fromkeys(plan.stage_names, 0),
+    )
+    samples = config.data.global_batch_size * plan.group_size
+    return link_flow(stage_workers(config, plan), prompt_fields, samples, layout, stored, fetched)
 
 
 def layout_dict(layout: TrainingLayout) -> dict:
@@ -175,6 +250,7 @@ def build_plan(
             ),
         },
         "sample_flow": flow.as_dict(),
+        "link_flow": layout_link_flow(config, plan).as_dict(),
         "allgather_swap": config.rollout.swap and plan.generates,
         "fit_problems": fit_problems(memory, config, plan, host_bytes),
     }

@@ -62,3 +62,182 @@ def sample_flow(
         dock_metadata_bytes=metadata,
         dock_endpoint_seconds=dispatch_seconds(endpoint),
     )
+
+
+# ---- bytes on each node's link, for a layout ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallBytes:
+    """Bytes one remote dock call adds to its payload on the wire: Ray's task request and
+    reply (ids, function descriptor, argument framing), gRPC, TCP/IP headers and ACKs,
+    plus what each field adds (its numpy arrays and name)."""
+
+    request: float
+    reply: float
+    request_per_field: float = 0.0
+    reply_per_field: float = 0.0
+
+
+#: Measured on a 2-node shaped cluster (``python -m benchmarks.cluster.probe --calls``: 20
+#: calls of each kind, 1 and 32 samples x 1 and 3 fields, the dock's traffic class of the
+#: links' counters); every case lies within 40 bytes of these plus its payload. An
+#: announcement is the metadata a warehouse sends a controller after a put.
+CALL_BYTES = {
+    "put": CallBytes(request=1296, reply=238, request_per_field=112),
+    "fetch": CallBytes(request=950, reply=407, request_per_field=6, reply_per_field=111),
+    "announce": CallBytes(request=1352, reply=216),
+    "claim": CallBytes(request=1057, reply=462),
+    "clear": CallBytes(request=700, reply=251),
+}
+INDEX_BYTES = 8  # an index, a length: int64 on the wire
+
+
+@dataclass(frozen=True)
+class StageWorkers:
+    """One stage as its workers meet the dock: the node and data-parallel part of each
+    worker, and which of them put the stage's results (a replica's first rank)."""
+
+    name: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    nodes: tuple[int, ...]
+    parts: tuple[int, ...]
+    writers: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class DockLayout:
+    """Where the dock's pieces and the run's processes sit: a warehouse on each of
+    ``warehouse_nodes`` (contiguous, equal shares of the samples), each stage's controller
+    on ``controller_nodes[stage]``, the driver (which puts the prompt fields and claims
+    every stage) on ``driver_node``."""
+
+    nodes: int
+    warehouse_nodes: tuple[int, ...]
+    controller_nodes: dict[str, int]
+    driver_node: int = 0
+
+
+@dataclass
+class LinkFlow:
+    """Bytes one iteration puts on each node's link (up: leaving the node, down:
+    entering it), and how many of them are payload (the rest is the calls' framing)."""
+
+    up: list[float]
+    down: list[float]
+    payload: float = 0.0
+    calls: int = 0
+
+    def send(self, src: int, dst: int, payload: float, framing: float) -> None:
+        if src == dst:
+            return
+        self.up[src] += payload + framing
+        self.down[dst] += payload + framing
+        self.payload += payload
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def part_composition(
+    part_nodes: list[int], shares: list[float], warehouse_nodes: tuple[int, ...]
+) -> list[list[float]]:
+    """Expected samples of each part from each warehouse when a claim is split with each
+    part's warehouse preferred (mindrl.dock.controller.balance_by_length): a warehouse's
+    samples fill the parts beside it first, and what is left spreads over the parts with
+    room. With every part beside one warehouse (or none), the plain split: each part takes
+    every warehouse's share in proportion."""
+    total = sum(shares)
+    room = [total / len(part_nodes)] * len(part_nodes)
+    out = [[0.0] * len(shares) for _ in part_nodes]
+    left = list(shares)
+    beside = [[p for p, n in enumerate(part_nodes) if n == node] for node in warehouse_nodes]
+    if len({warehouse_nodes.index(n) if n in warehouse_nodes else -1 for n in part_nodes}) > 1:
+        for w, parts in enumerate(beside):
+            for p in parts:
+                take = min(room[p], left[w] / len(parts))
+                out[p][w] += take
+            for p in parts:
+                room[p] -= out[p][w]
+            left[w] -= sum(out[p][w] for p in parts)
+    spare = sum(room)
+    for w, amount in enumerate(left):
+        for p, space in enumerate(room):
+            if spare > 0:
+                out[p][w] += amount * space / spare
+    return out
+
+
+def link_flow(
+    stages: list[StageWorkers],
+    prompt_fields: tuple[str, ...],
+    samples: int,
+    layout: DockLayout,
+    stored_bytes: dict[str, float],
+    fetched_bytes: dict[str, float] | None = None,
+) -> LinkFlow:
+    """The bytes one iteration's sample flow puts on each node's link.
+
+    Args:
+        stages: in iteration order, each with its workers (:class:`StageWorkers`).
+        prompt_fields: what the driver puts per sample before the first stage.
+        samples: G x N.
+        layout: where the warehouses, controllers and the driver are.
+        stored_bytes: per field, the bytes of one sample as put (unpadded values).
+        fetched_bytes: per field, the bytes of one sample as fetched (padded to the
+            longest of the request); default ``stored_bytes``.
+
+    Every message between two nodes counts its payload (values, one int64 length per
+    sample and field, one int64 index per sample) and its framing (:data:`CALL_BYTES`):
+    the driver's prompt puts; each worker's fetch from and put to every warehouse holding
+    part of its share; each put's announcement to the controllers tracking its fields;
+    the driver's claims and the end-of-iteration clear.
+    """
+    fetched = fetched_bytes or stored_bytes
+    flow = LinkFlow([0.0] * layout.nodes, [0.0] * layout.nodes)
+    shares = [samples / len(layout.warehouse_nodes)] * len(layout.warehouse_nodes)
+    tracking = {s.name: set(s.reads) for s in stages}
+
+    def call(kind: str, src: int, dst: int, out: float, back: float, fields: int = 0) -> None:
+        cost = CALL_BYTES[kind]
+        if src != dst:
+            flow.calls += 1
+        flow.send(src, dst, out, cost.request + cost.request_per_field * fields)
+        flow.send(dst, src, back, cost.reply + cost.reply_per_field * fields)
+
+    def put(src: int, w: int, k: float, fields: tuple[str, ...]) -> None:
+        node = layout.warehouse_nodes[w]
+        values = sum(stored_bytes[f] * k for f in fields) + INDEX_BYTES * k * (1 + len(fields))
+        call("put", src, node, values, 0.0, len(fields))
+        for stage, tracked in tracking.items():
+            if tracked & set(fields):
+                call("announce", node, layout.controller_nodes[stage], 2 * INDEX_BYTES * k, 0.0)
+
+    for w, share in enumerate(shares):
+        put(layout.driver_node, w, share, prompt_fields)
+    for stage in stages:
+        controller = layout.controller_nodes[stage.name]
+        call("claim", layout.driver_node, controller, 0.0, INDEX_BYTES * samples)
+        part_nodes = [stage.nodes[stage.parts.index(p)] for p in sorted(set(stage.parts))]
+        composition = part_composition(part_nodes, shares, layout.warehouse_nodes)
+        for node, part, writes in zip(stage.nodes, stage.parts, stage.writers, strict=True):
+            for w, k in enumerate(composition[part]):
+                if k <= 0:
+                    continue
+                reply = sum(fetched[f] * k for f in stage.reads) + INDEX_BYTES * k * len(
+                    stage.reads
+                )
+                call(
+                    "fetch",
+                    node,
+                    layout.warehouse_nodes[w],
+                    INDEX_BYTES * k,
+                    reply,
+                    len(stage.reads),
+                )
+                if writes and stage.writes:
+                    put(node, w, k, stage.writes)
+    for node in [*layout.warehouse_nodes, *layout.controller_nodes.values()]:
+        call("clear", layout.driver_node, node, 0.0, 0.0)
+    return flow

@@ -162,3 +162,40 @@ def test_an_online_plan_still_sizes_generation_beside_training():
     assert report["generation_layout"] is not None
     assert report["memory"]["generation_swap"]["kv_cache_budget"] > 0
     assert "gen: KV-cache budget" in printed(report)
+
+
+def test_one_remote_prompt_put_and_its_announcement_are_all_a_two_node_flow_carries():
+    from mindrl.planner.sample_flow import CALL_BYTES, DockLayout, StageWorkers, link_flow
+
+    # 4 samples on 2 nodes, one warehouse each (2 samples per share); one stage whose
+    # parts sit beside the warehouses reads the prompt and writes nothing.
+    stage = StageWorkers("score", ("prompt_ids",), (), (0, 1), (0, 1), (True, True))
+    layout = DockLayout(2, (0, 1), {"score": 0})
+    flow = link_flow([stage], ("prompt_ids",), 4, layout, {"prompt_ids": 80.0})
+    put, announce, clear = CALL_BYTES["put"], CALL_BYTES["announce"], CALL_BYTES["clear"]
+    # The driver (node 0) puts warehouse 1's two prompts: values, a length and an index
+    # each; warehouse 1 tells the stage's controller (node 0) their indexes and lengths;
+    # at the end the driver clears warehouse 1. Reads are local: nothing else crosses.
+    put_out = 2 * 80 + 2 * 8 * 2 + put.request + put.request_per_field
+    clear_out = clear.request
+    assert flow.up[0] == pytest.approx(put_out + announce.reply + clear_out)
+    assert flow.down[1] == flow.up[0]
+    assert flow.up[1] == pytest.approx(put.reply + 2 * 16 + announce.request + clear.reply)
+    assert flow.calls == 3
+
+
+def test_a_four_node_tiny_layout_puts_the_centralized_stages_on_node_0s_link():
+    from mindrl.planner.report import layout_link_flow
+
+    overrides = ["resources.nodes=4", "resources.devices_per_node=1", "actor.parallel.tp=1",
+                 "reference.parallel.tp=1", "critic.parallel.tp=1"]  # fmt: skip
+    config = load_config(CONFIGS / "tiny.yaml", overrides)
+    plan = build_run_plan(get_algorithm("grpo"), config)
+    flow = layout_link_flow(config, plan)
+    # Each actor rank reads and writes its own node's warehouse; the driver's prompts and
+    # the reward worker's reads and writes (node 0) are what crosses: nodes 1-3 alike.
+    assert flow.up[1] == flow.up[2] == flow.up[3] and flow.down[1] == flow.down[3]
+    assert flow.down[0] > flow.down[1] and flow.up[0] > flow.up[1]
+    one_config = load_config(CONFIGS / "tiny.yaml")
+    one_node = layout_link_flow(one_config, build_run_plan(get_algorithm("grpo"), one_config))
+    assert one_node.up == [0.0] and one_node.calls == 0
