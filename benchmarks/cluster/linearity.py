@@ -1,0 +1,252 @@
+"""Transfer dock vs centralized buffer as nodes are added, on shaped links (issue 26).
+
+For each N in ``--nodes``: builds an N-node shaped cluster (benchmarks/cluster/netns.py),
+runs the GRPO sample flow of benchmarks/cluster/flow.py through the dock and the
+centralized buffer (alternating, ``--iterations`` timed after ``--warmup``), then
+unshapes the links and runs it again: the CPU-only time of the same flow. Per system and
+N: throughput per node (samples / s), linearity = throughput(N) / (N x throughput(1)),
+the bytes each link carried, the busiest link's share of all bytes between nodes, and
+which bound the time hit: the links (the busiest link direction's bytes at the link rate)
+or the CPUs (the unshaped run's time). A table, a plot (``--plot``) and ``--json OUT``:
+
+    {"td": {"1": {"throughput_per_node": ..., "linearity": ...}, ...}, "central": {...},
+     "link_mb_per_s": ..., "bound": ...}
+
+    flock /tmp/mindrl-heavy.lock .venv/bin/python -m benchmarks.cluster.linearity \\
+        --nodes 1,2,4,8 --link-mb-per-s 12.5 --json linearity.json \\
+        --plot docs/figures/cluster_linearity.png
+
+Needs root, ``ip netns`` and tc (refused in one line otherwise). Results and what they
+mean: README, "A shaped cluster on one machine"; docs/pipeline.md, "Scaling on links".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.cluster.netns import PYTHON, ShapedCluster, refused_in_one_line, report_line
+
+SYSTEMS = ("td", "central", "td_local")
+#: An iteration is its emulated compute plus its dispatch (the sample flow's moves). A
+#: dispatch is link-bound when its busiest link direction at the link rate takes longer
+#: than the same flow on unshaped links (the cores' time); the report's ``bound`` is
+#: ``cpu`` if any dispatch over this share of its iteration is core-bound, else ``link``.
+CORES_MATTER = 0.1
+LABELS = {
+    "td": "transfer dock",
+    "central": "centralized buffer",
+    "td_local": "dock, prompts + advantages per node (what-if)",
+}
+
+
+def run_flow(cluster: ShapedCluster, args: argparse.Namespace, nodes: int) -> dict:
+    """The flow driver inside node 0; its JSON report."""
+    argv = [str(PYTHON), "-m", "benchmarks.cluster.flow", "--nodes", str(nodes),
+            "--token", cluster.token, "--link-mb-per-s", str(args.link_mb_per_s),
+            "--compute-ratio", str(args.compute_ratio), "--prompts", str(args.prompts),
+            "--responses", str(args.responses), "--prompt-len", str(args.prompt_len),
+            "--response-len", str(args.response_len), "--iterations", str(args.iterations),
+            "--warmup", str(args.warmup)]  # fmt: skip
+    if args.local:
+        argv.append("--local")
+    done = cluster.run_on(0, argv, timeout_s=args.timeout_s)
+    report = report_line(done.stdout)
+    if done.returncode != 0 or report is None:
+        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+        raise SystemExit(f"error: the flow driver failed on {nodes} node(s): {tail}")
+    return report
+
+
+def measure(args: argparse.Namespace) -> dict[int, dict]:
+    """Per N: the shaped and the unshaped (CPU-only) reports (``--raw``: written as they
+    come, so an interrupted sweep keeps what it measured)."""
+    out = {}
+    for nodes in args.node_counts:
+        with ShapedCluster(nodes, args.link_mb_per_s, object_store_mb=256) as cluster:
+            print(f"{nodes} node(s): cluster up, shaped run", file=sys.stderr)
+            shaped = run_flow(cluster, args, nodes)
+            cluster.shape(None)
+            print(f"{nodes} node(s): unshaped (CPU-only) run", file=sys.stderr)
+            unshaped = run_flow(cluster, args, nodes)
+        out[nodes] = {"shaped": shaped, "unshaped": unshaped}
+        if args.raw:
+            args.raw.write_text(json.dumps(out, indent=2))
+    return out
+
+
+def link_totals(run: dict) -> tuple[list[int], list[int]]:
+    """Median bytes per iteration up and down each link."""
+    ups = [r["links"]["up"] for r in run]
+    downs = [r["links"]["down"] for r in run]
+    return (
+        [int(statistics.median(col)) for col in zip(*ups, strict=True)],
+        [int(statistics.median(col)) for col in zip(*downs, strict=True)],
+    )
+
+
+def summarize(measured: dict[int, dict], mb_per_s: float) -> dict:
+    """The issue's JSON: per system and N, throughput per node and linearity, with the
+    bytes per link, the busiest link's share and the bound behind each."""
+    systems = [s for s in SYSTEMS if s in next(iter(measured.values()))["shaped"]["runs"]]
+    report: dict = {system: {} for system in systems}
+    bounds = []
+    for nodes, both in sorted(measured.items()):
+        shaped, unshaped = both["shaped"], both["unshaped"]
+        compute = sum(shaped["compute_s"].values())
+        for system in systems:
+            seconds = shaped["median_s"][system]
+            up, down = link_totals(shaped["runs"][system])
+            crossed = sum(up)  # every byte between nodes leaves one node's uplink
+            busiest = max(max(up), max(down))
+            link_s = busiest / (mb_per_s * 2**20)
+            cpu_s = unshaped["median_s"][system] - compute
+            bound = "link" if link_s >= cpu_s else "cpu"
+            if (seconds - compute) > CORES_MATTER * seconds:
+                bounds.append(bound)
+            per_link = [u + d for u, d in zip(up, down, strict=True)]
+            report[system][str(nodes)] = {
+                "throughput_per_node": shaped["samples_per_node"] / seconds,
+                "iteration_s": seconds,
+                "compute_s": compute,
+                "dispatch_s": seconds - compute,
+                "busiest_link_s": link_s,
+                "cpu_only_dispatch_s": cpu_s,
+                "bound": bound,
+                "link_bytes_up": up,
+                "link_bytes_down": down,
+                "busiest_link_share": max(per_link) / crossed if crossed else 0.0,
+            }
+    for system in systems:
+        base = report[system].get("1", {}).get("throughput_per_node")
+        for entry in report[system].values():
+            entry["linearity"] = entry["throughput_per_node"] / base if base else None
+    report["link_mb_per_s"] = mb_per_s
+    report["bound"] = "cpu" if "cpu" in bounds else "link"
+    return report
+
+
+def render(report: dict, shape: dict, compute_ratio: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 150))
+    table = Table(
+        title=f"GRPO sample flow per node: {shape['prompts']} prompts x {shape['responses']} "
+        f"responses, L_p {shape['prompt_len']}, L_r {shape['response_len']}; links "
+        f"{report['link_mb_per_s']:g} MB/s; emulated device compute = {compute_ratio:g} x "
+        "a node's stage bytes at the link rate"
+    )
+    for col in ("system", "N", "s / iter", "compute", "dispatch", "busiest link at rate",
+                "CPU-only dispatch", "bound", "samples/s/node", "linearity",
+                "busiest link MiB", "its share"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for system in (s for s in SYSTEMS if s in report):
+        for nodes, e in report[system].items():
+            busiest = max(map(sum, zip(e["link_bytes_up"], e["link_bytes_down"], strict=True)))
+            table.add_row(
+                LABELS[system], nodes, f"{e['iteration_s']:.2f}", f"{e['compute_s']:.2f}",
+                f"{e['dispatch_s']:.2f}", f"{e['busiest_link_s']:.2f}",
+                f"{e['cpu_only_dispatch_s']:.2f}", e["bound"],
+                f"{e['throughput_per_node']:.1f}", _percent(e["linearity"]),
+                f"{busiest / 2**20:.1f}", f"{e['busiest_link_share']:.0%}",
+            )  # fmt: skip
+    console.print(table)
+    console.print(f"bound: {report['bound']}")
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for system in (s for s in SYSTEMS if s in report):
+        nodes = [int(n) for n in report[system]]
+        left.plot(nodes, [e["linearity"] for e in report[system].values()], "o-",
+                  label=LABELS[system])  # fmt: skip
+        busiest = [
+            max(map(sum, zip(e["link_bytes_up"], e["link_bytes_down"], strict=True))) / 2**20
+            for e in report[system].values()
+        ]
+        right.plot(nodes, busiest, "o-", label=LABELS[system])
+    left.axhline(0.9, color="grey", ls=":", lw=1)
+    left.set(xlabel="nodes", ylabel="linearity", ylim=(0, 1.1), xscale="log", xticks=nodes,
+             xticklabels=[str(n) for n in nodes],
+             title=f"linearity, links {report['link_mb_per_s']:g} MB/s")  # fmt: skip
+    right.set(xlabel="nodes", ylabel="MiB per iteration", xscale="log", xticks=nodes,
+              xticklabels=[str(n) for n in nodes], title="busiest link (up + down)")  # fmt: skip
+    left.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="1,2,4,8", help="comma-separated node counts")
+    parser.add_argument(
+        "--link-mb-per-s",
+        type=float,
+        default=300.0,
+        help="each link's rate per direction, MB = 2^20 B (paper: 300)",
+    )
+    parser.add_argument(
+        "--compute-ratio",
+        type=float,
+        default=1.0,
+        help="emulated device compute per stage, in units of the time the "
+        "stage's bytes of one node take at the link rate (0: none)",
+    )
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per node")
+    parser.add_argument("--responses", type=int, default=8, help="responses per prompt")
+    parser.add_argument("--prompt-len", type=int, default=1024)
+    parser.add_argument("--response-len", type=int, default=4096)
+    parser.add_argument("--iterations", type=int, default=3, help="timed iterations per system")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="per flow run")
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help="also the what-if: each node loads its prompts and computes its groups' "
+        "advantages (the trainer: the driver puts every prompt, one worker every advantage)",
+    )
+    parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--plot", type=Path, help="write the plot (PNG) here")
+    parser.add_argument("--raw", type=Path, help="write every run's measurements here")
+    args = parser.parse_args(argv)
+    try:
+        args.node_counts = sorted({int(n) for n in args.nodes.split(",")})
+    except ValueError:
+        parser.error(f"--nodes must be comma-separated integers, got {args.nodes!r}")
+    if not args.node_counts or args.node_counts[0] < 1 or args.node_counts[-1] > 64:
+        parser.error("--nodes: node counts between 1 and 64")
+    if args.link_mb_per_s <= 0:
+        parser.error("--link-mb-per-s must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with refused_in_one_line():
+        measured = measure(args)
+    report = summarize(measured, args.link_mb_per_s)
+    shape = next(iter(measured.values()))["shaped"]["shape"]
+    render(report, shape, args.compute_ratio)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    if args.plot:
+        plot(report, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
