@@ -3,7 +3,8 @@
 For each N in ``--nodes``: builds an N-node shaped cluster (benchmarks/cluster/netns.py),
 runs the GRPO sample flow of benchmarks/cluster/flow.py through the dock and the
 centralized buffer (alternating, ``--iterations`` timed after ``--warmup``), then
-unshapes the links and runs it again: the CPU-only time of the same flow. Per system and
+unshapes the links and runs the flow again without the emulated compute: the CPU-only
+time of the same moves. Per system and
 N: throughput per node (samples / s), linearity = throughput(N) / (N x throughput(1)),
 the bytes each link carried, the busiest link's share of all bytes between nodes, and
 which bound the time hit: the links (the busiest link direction's bytes at the link rate)
@@ -43,11 +44,13 @@ LABELS = {
 }
 
 
-def run_flow(cluster: ShapedCluster, args: argparse.Namespace, nodes: int) -> dict:
+def run_flow(
+    cluster: ShapedCluster, args: argparse.Namespace, nodes: int, compute_ratio: float
+) -> dict:
     """The flow driver inside node 0; its JSON report."""
     argv = [str(PYTHON), "-m", "benchmarks.cluster.flow", "--nodes", str(nodes),
             "--token", cluster.token, "--link-mb-per-s", str(args.link_mb_per_s),
-            "--compute-ratio", str(args.compute_ratio), "--prompts", str(args.prompts),
+            "--compute-ratio", str(compute_ratio), "--prompts", str(args.prompts),
             "--responses", str(args.responses), "--prompt-len", str(args.prompt_len),
             "--response-len", str(args.response_len), "--iterations", str(args.iterations),
             "--warmup", str(args.warmup)]  # fmt: skip
@@ -68,10 +71,10 @@ def measure(args: argparse.Namespace) -> dict[int, dict]:
     for nodes in args.node_counts:
         with ShapedCluster(nodes, args.link_mb_per_s, object_store_mb=256) as cluster:
             print(f"{nodes} node(s): cluster up, shaped run", file=sys.stderr)
-            shaped = run_flow(cluster, args, nodes)
+            shaped = run_flow(cluster, args, nodes, args.compute_ratio)
             cluster.shape(None)
             print(f"{nodes} node(s): unshaped (CPU-only) run", file=sys.stderr)
-            unshaped = run_flow(cluster, args, nodes)
+            unshaped = run_flow(cluster, args, nodes, 0.0)  # the sample flow alone
         out[nodes] = {"shaped": shaped, "unshaped": unshaped}
         if args.raw:
             args.raw.write_text(json.dumps(out, indent=2))
@@ -103,7 +106,7 @@ def summarize(measured: dict[int, dict], mb_per_s: float) -> dict:
             crossed = sum(up)  # every byte between nodes leaves one node's uplink
             busiest = max(max(up), max(down))
             link_s = busiest / (mb_per_s * 2**20)
-            cpu_s = unshaped["median_s"][system] - compute
+            cpu_s = unshaped["median_s"][system]
             bound = "link" if link_s >= cpu_s else "cpu"
             if (seconds - compute) > CORES_MATTER * seconds:
                 bounds.append(bound)
