@@ -251,12 +251,15 @@ def run_alternating(
     import ray
 
     from mindrl.config import load_config
-    from trainers.driver.setup import _connect_ray  # the CPU slots a run's roles need
+    from mindrl.run_plan import build_run_plan
+    from trainers.driver.setup import _connect_ray  # the CPU slots a run's devices need
     from trainers.registry import get_algorithm
 
-    config = load_config(args.config, args.set, algorithm=get_algorithm("grpo"))
+    grpo = get_algorithm("grpo")
+    config = load_config(args.config, args.set, algorithm=grpo)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="mindrl-async-"))
-    _connect_ray(config, "cpu")
+    # Every kind uses the config's devices (the disaggregated ones split them): one slot each.
+    _connect_ray(config, "cpu", build_run_plan(grpo, config))
     labels = list(kinds)
     runs: dict[str, list[list[dict]]] = {label: [] for label in labels}
     try:

@@ -73,6 +73,9 @@ class RunPlan:
         tokens_may_lag: a trained token may come from older weights than the trained ones
             (``rollout.max_staleness > 0`` or partial rollout): the loss then weights each
             token by its behaviour ratio (``algorithm.behaviour_is_cap``).
+        offloaded_roles: collocated roles whose state waits on the host between their
+            stages, brought back to the device before each (the planner's fit check
+            decides, mindrl/planner/offload.py); none until it has.
     """
 
     trainer: str
@@ -91,6 +94,7 @@ class RunPlan:
     stage_deadline_s: float
     options: AlgorithmConfig
     tokens_may_lag: bool = False
+    offloaded_roles: tuple[str, ...] = ()
 
     @property
     def offline(self) -> bool:

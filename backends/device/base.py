@@ -167,12 +167,26 @@ class Device(ABC):
         devices; the count in use. Accelerator workers keep Ray's (their ``num_cpus``)."""
         return torch.get_num_threads()
 
-    def ray_actor_options(self, cpus_per_worker: float = 1.0) -> dict:
-        """Ray actor options reserving one device for a worker (Ray then sets the
-        worker's visible-devices variable). On CPU the device *is* one CPU slot."""
+    def ray_bundle(self, processes: int = 1, cpus_per_worker: float = 1.0) -> dict[str, float]:
+        """One device as a Ray placement-group bundle shared by ``processes`` worker
+        processes (the roles collocated on it). On CPU the device *is* one CPU slot, which
+        its processes share; an accelerator's bundle adds each process's CPU slots."""
         if self.ray_resource == "CPU":
-            return {"num_cpus": 1}
-        return {"num_cpus": cpus_per_worker, "resources": {self.ray_resource: 1}}
+            return {"CPU": 1.0}
+        return {self.ray_resource: 1.0, "CPU": cpus_per_worker * processes}
+
+    def ray_actor_options(self, cpus_per_worker: float = 1.0, device_share: float = 1.0) -> dict:
+        """Ray actor options reserving ``device_share`` of one device for a worker (Ray
+        then sets the worker's visible-devices variable; processes sharing a bundle see the
+        same device). On CPU the device *is* one CPU slot."""
+        if self.ray_resource == "CPU":
+            return {"num_cpus": device_share}
+        return {"num_cpus": cpus_per_worker, "resources": {self.ray_resource: device_share}}
+
+    def empty_cache(self) -> None:
+        """Return this process's cached free device memory to the device, so another
+        process on it can allocate it (no-op where no caching allocator keeps it)."""
+        return
 
     def visible_devices_for(self, indexes: list[int]) -> dict[str, str]:
         """Environment a worker needs to see only ``indexes`` (empty on CPU)."""

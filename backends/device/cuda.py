@@ -46,9 +46,13 @@ class CudaDevice(Device):
         options._timeout = datetime.timedelta(seconds=timeout_s)
         return dist.ProcessGroupNCCL(dist.PrefixStore("weights", store), rank, size, options)
 
-    def ray_actor_options(self, cpus_per_worker: float = 1.0) -> dict:
-        # GPUs are Ray's built-in resource: num_gpus makes Ray set CUDA_VISIBLE_DEVICES.
-        return {"num_cpus": cpus_per_worker, "num_gpus": 1}
+    def ray_actor_options(self, cpus_per_worker: float = 1.0, device_share: float = 1.0) -> dict:
+        # GPUs are Ray's built-in resource: num_gpus makes Ray set CUDA_VISIBLE_DEVICES
+        # (to the same GPU for every fractional share of one bundle's GPU).
+        return {"num_cpus": cpus_per_worker, "num_gpus": device_share}
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
 
     def device_count(self) -> int:
         return torch.cuda.device_count()

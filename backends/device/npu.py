@@ -77,5 +77,8 @@ class NpuDevice(Device):
     def reset_peak_memory_stats(self) -> None:
         torch.npu.reset_peak_memory_stats()
 
+    def empty_cache(self) -> None:
+        torch.npu.empty_cache()
+
     def total_memory(self) -> int:
         return torch.npu.get_device_properties(self.current_index()).total_memory

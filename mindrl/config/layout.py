@@ -29,6 +29,8 @@ COLLOCATED = "collocated"
 DISAGGREGATED = "disaggregated"
 #: Stored samples (DPO's pairs): the model roles train on every device, nothing generates.
 OFFLINE = "offline"
+#: The process of a disaggregated rollout device (mindrl/workers/rollout_worker.py).
+ROLLOUT_WORKER = "rollout"
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,19 @@ class RunLayout:
     def devices(self) -> int:
         """Every device the run uses: the training ones and the rollout workers' own."""
         return self.train_devices + self.rollout_devices
+
+    def device_processes(self) -> list[tuple[str, ...]]:
+        """The placement: the worker processes on each device, by role, in device order.
+
+        Every training device holds one process of each model role (rank ``r`` of every
+        role on device ``r``; the actor's process also generates when collocated), which
+        take turns on it stage by stage; each rollout device holds its rollout worker.
+        One process per role, not one per device: Megatron-core's parallel state is one
+        per process, and the roles' layouts may differ (docs/architecture.md, Placement).
+        """
+        return [tuple(self.training)] * self.train_devices + [
+            (ROLLOUT_WORKER,)
+        ] * self.rollout_devices
 
 
 def placement_mode(config: MindRLConfig, offline: bool = False) -> str:

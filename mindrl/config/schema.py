@@ -19,10 +19,16 @@ class ResourcesConfig:
 
     nodes: int = option(1, "Number of nodes (hosts) in the Ray cluster.", ge=1)
     devices_per_node: int = option(
-        2, "Accelerators per node (CPU: number of worker processes per node).", ge=1
+        2,
+        "Accelerators per node (CPU: devices per node, each one Ray CPU slot that the roles' "
+        "processes on it share).",
+        ge=1,
     )
     device_memory_gib: float | None = option(
-        None, "Usable memory of one device for the planner; None: ask the device.", gt=0
+        None,
+        "Usable memory of one device for the planner (its fit check also decides which "
+        "roles wait on the host between their stages); None: ask the device.",
+        gt=0,
     )
     host_memory_gib: float | None = option(
         None,
@@ -35,8 +41,9 @@ class ResourcesConfig:
     )
     cpus_per_worker: float = option(
         1.0,
-        "Ray CPU slots each model worker reserves beside its GPU / NPU (CPU device: 1, the "
-        "device slot; reward workers: 1).",
+        "Ray CPU slots each model or rollout worker process reserves beside its share of a "
+        "GPU / NPU (a device's bundle holds them for every process on it; CPU device: the "
+        "processes share the device's one slot; reward workers: 1).",
         gt=0,
     )
 

@@ -9,8 +9,9 @@ Bytes are decimal (``GB`` = 1e9 B) as in the paper's memory figures. The model:
   and micro-batch (Korthikanti et al. with sequence parallelism, which the engine turns
   on whenever tp > 1; flash attention, so no ``s^2`` term), ``2 * s * b * h / tp`` with
   full recompute (``actor.activation_checkpointing``: only each layer's input is kept).
-* other roles (reference, critic) are collocated on the same devices and stay resident
-  through every stage (nothing offloads them): the reference's weights, the critic's
+* other roles (reference, critic) are collocated on the same devices and, unless the fit
+  check offloads them (mindrl/planner/offload.py: an offloaded role is left out of
+  ``roles``), stay resident through every stage: the reference's weights, the critic's
   weights + grads + optimizer state, each under its own layout. They add to both stages.
 * generation stage (PP = 1, generation TP/EP): the generation weight shard, the KV
   cache in what is left of ``rollout.memory_fraction`` of the device, plus whatever

@@ -21,6 +21,7 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
         f"({plan['model']['dtype']})"
     )
     console.print(placement_table(plan))
+    console.print(processes_table(plan))
     console.print(layout_table(plan))
     console.print(memory_table(plan))
     if plan["memory"].get("rollout_devices"):
@@ -59,6 +60,23 @@ def placement_table(plan: dict) -> Table:
             " + ".join(does),
             "one per node" if first["td_warehouse"] else "-",
             ", ".join(first["td_controllers"]) or "-",
+        )
+    return table
+
+
+def processes_table(plan: dict) -> Table:
+    """Which worker processes share a device, each with its share of it, and where each
+    role's state waits between its stages (the fit check's decision)."""
+    table = Table(title="worker processes per device (one Ray bundle per device)")
+    for col in ("devices", "processes", "share each", "offloaded to host between its stages"):
+        table.add_column(col)
+    for kind in plan["device_processes"]:
+        processes = kind["processes"]
+        table.add_row(
+            str(kind["devices"]),
+            ", ".join(processes),
+            f"1/{len(processes)} device",
+            ", ".join(kind["offloaded"]) or "none: every role stays on the device",
         )
     return table
 
@@ -105,6 +123,15 @@ def training_rows(mem: dict) -> list[tuple[str, int]]:
     ]
 
 
+def offloaded_rows(mem: dict) -> list[tuple[str, int]]:
+    """Host bytes per device of the roles offloaded between their stages (not on the
+    device beside the actor's stages; brought back for their own)."""
+    return [
+        (f"{role}: on the host between its stages", size)
+        for role, size in mem.get("offloaded_roles", {}).items()
+    ]
+
+
 def memory_table(plan: dict) -> Table:
     if not plan["generates"]:
         return training_memory_table(plan)
@@ -120,6 +147,7 @@ def memory_table(plan: dict) -> Table:
         ("gen: resident model state", naive["resident_training"], swap["resident_training"]),
         ("gen: KV-cache budget", naive["kv_cache_budget"], swap["kv_cache_budget"]),
     ]
+    rows += [(name, size, size) for name, size in offloaded_rows(mem)]
     for name, a, b in rows:
         table.add_row(name, gb(a), gb(b))
     tokens = (
@@ -131,8 +159,8 @@ def memory_table(plan: dict) -> Table:
     table.add_row("swapped to host per iteration", "-", gb(mem["swap_bytes"]))
     table.add_row(
         f"host memory pinned per node (of {gb(mem['host_bytes'])})",
-        "-",
-        gb(mem["host_swap_bytes"]),
+        gb(mem.get("host_offload_bytes", 0)),
+        gb(mem["host_swap_bytes"] + mem.get("host_offload_bytes", 0)),
     )
     return table
 
@@ -143,7 +171,7 @@ def training_memory_table(plan: dict) -> Table:
     table = Table(title=f"per-device memory (device: {gb(mem['device_bytes'])}; no generation)")
     table.add_column("item")
     table.add_column("bytes", justify="right")
-    for name, size in training_rows(mem):
+    for name, size in training_rows(mem) + offloaded_rows(mem):
         table.add_row(name, gb(size))
     return table
 

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED, GenerationLayout, TrainingLayout
 from mindrl.dock.schema import RL_FIELDS, RUN_FIELDS
-from mindrl.planner.memory import MemoryPlan, plan_memory, rollout_device_memory
+from mindrl.planner.memory import MemoryPlan, plan_memory, resident_bytes, rollout_device_memory
 from mindrl.planner.params import model_params
 from mindrl.planner.sample_flow import (
     DockLayout,
@@ -33,8 +33,18 @@ def planned_roles(plan: RunPlan) -> tuple[str, ...]:
 
 
 def plan_run_memory(config: MindRLConfig, plan: RunPlan, device_bytes: int) -> MemoryPlan:
-    """The per-device memory of ``plan``'s stages (the dry run and the end-of-run check)."""
-    return plan_memory(config, device_bytes, planned_roles(plan), plan.generates)
+    """The per-device memory of ``plan``'s stages (the dry run and the end-of-run check).
+
+    A role the plan offloads is not resident beside the actor's stages: its state waits
+    on the host (:func:`offloaded_bytes`)."""
+    resident = tuple(r for r in planned_roles(plan) if r not in plan.offloaded_roles)
+    return plan_memory(config, device_bytes, resident, plan.generates)
+
+
+def offloaded_bytes(config: MindRLConfig, plan: RunPlan) -> dict[str, int]:
+    """Per device, the bytes each offloaded role keeps on the host between its stages:
+    the reference its weights, the critic its weights and optimizer state."""
+    return {role: resident_bytes(config, role) for role in plan.offloaded_roles}
 
 
 def response_fields(plan: RunPlan) -> int:
@@ -149,11 +159,34 @@ def device_group(
     }
 
 
+def device_processes(plan: RunPlan) -> list[dict]:
+    """The placement decision per kind of device: the worker processes that share it
+    (one per role, each holding its share of the device) and which of them the fit check
+    offloads to the host between their stages."""
+    kinds: dict[tuple[str, ...], int] = {}
+    for roles in plan.layout.device_processes():
+        kinds[roles] = kinds.get(roles, 0) + 1
+    return [
+        {
+            "devices": count,
+            "processes": list(roles),
+            "offloaded": [role for role in roles if role in plan.offloaded_roles],
+        }
+        for roles, count in kinds.items()
+    ]
+
+
 def host_swap_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) -> int:
     """Host bytes one node pins for allgather-swap: every device's swapped training state."""
     if plan.mode == DISAGGREGATED:  # nothing generates on the training devices: no swap
         return 0
     return memory.swap_bytes * config.resources.devices_per_node if config.rollout.swap else 0
+
+
+def host_offload_bytes(config: MindRLConfig, plan: RunPlan) -> int:
+    """Host bytes one node pins for the offloaded roles of every device on it."""
+    per_device = sum(offloaded_bytes(config, plan).values())
+    return per_device * config.resources.devices_per_node
 
 
 def fit_problems(
@@ -162,9 +195,11 @@ def fit_problems(
     """Stages that do not fit in one device (or the swap in one host), with the shortfall."""
     problems = []
     pinned = host_swap_bytes(memory, config, plan)
-    if pinned > host_bytes:
+    offloaded = host_offload_bytes(config, plan)
+    if pinned + offloaded > host_bytes:
+        what = "allgather-swap and the offloaded roles pin" if offloaded else "allgather-swap pins"
         problems.append(
-            f"allgather-swap pins {pinned / GB:.1f} GB of host memory per node "
+            f"{what} {(pinned + offloaded) / GB:.1f} GB of host memory per node "
             f"({config.resources.devices_per_node} devices), more than the "
             f"{host_bytes / GB:.1f} GB available; set resources.host_memory_gib to the "
             "nodes' memory, or turn actor.swap_optimizer off"
@@ -227,6 +262,7 @@ def build_plan(
         "nodes": config.resources.nodes,
         "devices_per_node": config.resources.devices_per_node,
         "placement": placement(config, plan),
+        "device_processes": device_processes(plan),
         "model": {
             "family": config.model.family,
             "params": params.total,
@@ -243,6 +279,8 @@ def build_plan(
             **memory.as_dict(),
             "host_bytes": host_bytes,
             "host_swap_bytes": host_swap_bytes(memory, config, plan),
+            "offloaded_roles": offloaded_bytes(config, plan),
+            "host_offload_bytes": host_offload_bytes(config, plan),
             "rollout_devices": (
                 asdict(rollout_device_memory(config, device_bytes))
                 if plan.mode == DISAGGREGATED

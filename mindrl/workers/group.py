@@ -1,4 +1,4 @@
-"""A group of identical Ray workers, one per device, placed with a placement group.
+"""A group of identical Ray workers: one role's ranks, one per device.
 
 Calls go to every worker (or a chosen subset) and are awaited with a deadline: a worker
 that dies raises :class:`WorkerDiedError` naming the worker and the stage at once, and a
@@ -56,16 +56,22 @@ POLL_S = 1.0
 
 
 class WorkerGroup:
-    """``size`` Ray actors of ``worker_cls``, one bundle each, packed onto nodes.
+    """``size`` Ray actors of ``worker_cls``, rank ``r`` started with ``actor_options[r]``.
+
+    Model roles and rollout workers get their options from the run's one device placement
+    group (mindrl/workers/placement.py: each rank's device bundle and its share of it).
+    Without ``actor_options`` the group reserves its own placement group of one bundle per
+    worker, packed onto nodes: ``device``'s (one whole device each) or, with ``device``
+    ``None``, ``cpus_per_worker`` CPU slots each (reward scoring).
 
     Args:
         name: shown in errors, e.g. ``"actor"``.
         worker_cls: a ``@ray.remote`` class whose constructor takes ``(rank, size, *args)``.
-        device: the device layer; each bundle asks for one ``device.ray_resource``.
-            ``None``: CPU-only workers (reward scoring), ``cpus_per_worker`` slots each.
-        cpus_per_worker: Ray CPU slots per worker on accelerators (CPU: the device slot).
-        strategy: the placement group's strategy: ``"PACK"`` fills a node before the
-            next, ``"SPREAD"`` puts each bundle on another node while it can.
+        device: the device layer, for a group that places itself; ``None``: CPU-only.
+        cpus_per_worker: Ray CPU slots per worker beside its device (CPU: the device slot).
+        strategy: a group that places itself: ``"PACK"`` fills a node before the next,
+            ``"SPREAD"`` puts each bundle on another node while it can.
+        actor_options: per rank, the Ray actor options that place it.
     """
 
     def __init__(
@@ -73,33 +79,42 @@ class WorkerGroup:
         name: str,
         worker_cls: Any,
         size: int,
-        device: Device | None,
+        device: Device | None = None,
         args: Sequence[Any] = (),
         cpus_per_worker: float = 1.0,
         ready_timeout_s: float = 300.0,
         strategy: str = "PACK",
+        actor_options: Sequence[dict] | None = None,
     ) -> None:
         self.name = name
         self.size = size
-        bundle = {"CPU": cpus_per_worker} if device is None else {device.ray_resource: 1.0}
-        if device is not None and device.ray_resource != "CPU":
-            bundle["CPU"] = cpus_per_worker
-        self._pg = placement_group([dict(bundle) for _ in range(size)], strategy=strategy)
-        self._wait_for_placement(ready_timeout_s, bundle)
-        options = (
-            {"num_cpus": cpus_per_worker}
-            if device is None
-            else device.ray_actor_options(cpus_per_worker)
-        )
+        self._pg = None
+        if actor_options is None:
+            actor_options = self._own_placement(device, cpus_per_worker, ready_timeout_s, strategy)
         self.workers = [
-            worker_cls.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
+            worker_cls.options(name=None, **actor_options[i]).remote(i, size, *args)
+            for i in range(size)
+        ]
+
+    def _own_placement(
+        self, device: Device | None, cpus_per_worker: float, timeout_s: float, strategy: str
+    ) -> list[dict]:
+        """A placement group of one bundle per worker; each worker's options on it."""
+        if device is None:
+            bundle, options = {"CPU": cpus_per_worker}, {"num_cpus": cpus_per_worker}
+        else:
+            bundle = device.ray_bundle(1, cpus_per_worker)
+            options = device.ray_actor_options(cpus_per_worker)
+        self._pg = placement_group([dict(bundle) for _ in range(self.size)], strategy=strategy)
+        self._wait_for_placement(timeout_s, bundle)
+        return [
+            {
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self._pg, placement_group_bundle_index=i
                 ),
-                name=None,
                 **options,
-            ).remote(i, size, *args)
-            for i in range(size)
+            }
+            for i in range(self.size)
         ]
 
     def _wait_for_placement(self, timeout_s: float, bundle: dict[str, float]) -> None:
@@ -157,7 +172,8 @@ class WorkerGroup:
     def shutdown(self) -> None:
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
-        remove_placement_group(self._pg)
+        if self._pg is not None:  # the run's device placement is removed by its owner
+            remove_placement_group(self._pg)
 
 
 def wait_all(

@@ -10,9 +10,12 @@ argument (an ``Algorithm`` object from ``trainers``), never as an import.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import ray
@@ -26,6 +29,8 @@ from mindrl.config.layout import COLLOCATED, DISAGGREGATED
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig, RoleConfig
 from mindrl.config.specs import EngineSpecs
 from mindrl.dock import DockHandle, DockSlice, restore_samples, snapshot_samples
+from mindrl.reshard import grad_tensors
+from mindrl.reshard.swap import HostSwap
 from mindrl.run_plan import stage_deadline_s
 from mindrl.workers.generation import PartialRollout, generate_into_dock
 from mindrl.workers.model_setup import initial_model
@@ -40,6 +45,26 @@ from mindrl.workers.weight_transfer import WeightSource
 #: The tree in the actor's step folder with the dock's samples in flight (mindrl.dock.snapshot).
 IN_FLIGHT = "in_flight"
 
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def on_device(method: Method) -> Method:
+    """Run a stage (or a checkpoint) with the role's state on its device. A role the plan
+    offloads (``RunPlan.offloaded_roles``) brings it back from the host first and puts it
+    back after, so between its stages the device holds none of it."""
+
+    @functools.wraps(method)
+    def with_state_on_device(self: ModelWorker, *args: Any, **kwargs: Any) -> Any:
+        if self._host is None:
+            return method(self, *args, **kwargs)
+        self._host.swap_in()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._offload()
+
+    return with_state_on_device
+
 
 class ModelWorker(WeightSource):
     """One rank of the ``role`` group (``actor``, ``reference`` or ``critic``).
@@ -52,6 +77,8 @@ class ModelWorker(WeightSource):
         specs: the role's engine layout and optimizer, resolved from the run plan.
         mode: the run plan's mode (``RunPlan.mode``): whether the actor's ranks generate
             (collocated), send the weights to rollout workers (disaggregated) or neither.
+        offloaded: the plan offloads this role: its weights, grads and optimizer state
+            wait in pinned host memory between its stages (:func:`on_device`).
     """
 
     def __init__(
@@ -63,6 +90,7 @@ class ModelWorker(WeightSource):
         device_name: str,
         specs: EngineSpecs,
         mode: str,
+        offloaded: bool = False,
     ) -> None:
         # Megatron warns at import that TE/Apex are absent; expected off accelerators.
         warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
@@ -74,6 +102,7 @@ class ModelWorker(WeightSource):
         self.section: RoleConfig = getattr(config, role)
         self.specs, self.mode = specs, mode
         self.device = get_device(device_name)
+        self._host = HostSwap(self.device) if offloaded else None
         self.device.use_host_threads(config.resources.devices_per_node)
         self.engine: MegatronEngine | None = None
         self.rollout: Rollout | None = None
@@ -124,6 +153,8 @@ class ModelWorker(WeightSource):
         elif self.role == "actor" and self.mode == COLLOCATED:  # offline: nothing generates
             self.rollout = Rollout(self.engine, self.config, initial, self.size)
         del initial
+        if self._host is not None:
+            self._offload()  # the actor's stages come first: this role waits on the host
         memory_window(self.device)  # the weight conversion's transients go back to the OS now
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
@@ -176,7 +207,16 @@ class ModelWorker(WeightSource):
     def _timing(self, start: float) -> dict[str, float]:
         return stage_report(start, self.dock, self.device)
 
+    def _offload(self) -> None:
+        """Park this role's weights, grads and optimizer state in pinned host memory and
+        give the device memory back for the other processes on the device."""
+        params = list(self.engine.named_parameters().values())
+        state = [*params, *grad_tensors(params), *self.engine.optimizer_state_tensors()]
+        self._host.swap_out(state)
+        self.device.empty_cache()
+
     # ---- scoring ----------------------------------------------------------------------------
+    @on_device
     def score(self, indexes: np.ndarray, field: str) -> dict[str, float]:
         """Put ``field`` (``old_logprob``, ``ref_logprob`` or ``values``) for ``indexes``."""
         start = time.perf_counter()
@@ -205,6 +245,7 @@ class ModelWorker(WeightSource):
         )
 
     # ---- training -----------------------------------------------------------------------------
+    @on_device
     def update(
         self,
         indexes: np.ndarray,
@@ -225,6 +266,7 @@ class ModelWorker(WeightSource):
         return {**metrics, **self._timing(start)}
 
     # ---- checkpoints ----------------------------------------------------------------------------
+    @on_device
     def save_checkpoint(
         self, root: str, data_position: dict, in_flight: list[DockSlice] | None = None
     ) -> str:
@@ -239,6 +281,7 @@ class ModelWorker(WeightSource):
         step_dir = self.engine.save_checkpoint(Path(root) / self.role, data_position, keep, extra)
         return str(step_dir)
 
+    @on_device
     def load_checkpoint(self, step_dir: str) -> dict:
         """Resume this role from one checked step folder (the driver picks it); rank 0
         puts the samples the checkpoint kept in flight back into the dock, at their

@@ -35,10 +35,24 @@ def test_dry_run_json_carries_layouts_memory_and_sample_flow():
     assert plan["memory"]["redundant_bytes"] / 1e9 == pytest.approx(8.19, abs=0.02)
 
 
-def test_a_ppo_plan_that_does_not_fit_names_the_roles_and_exits_3():
-    out = mindrl_train("--trainer", "ppo", "--config", "configs/qwen3_30b_a3b.yaml", "--dry-run")
+def test_a_ppo_plan_fits_once_its_reference_and_critic_wait_on_the_host():
+    args = ("--trainer", "ppo", "--config", "configs/qwen3_30b_a3b.yaml", "--dry-run")
+    out = mindrl_train(*args, "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    # Resident, the training stage would need 153.1 GB of the 127.8 GB device.
+    (kind,) = plan["device_processes"]
+    assert kind["offloaded"] == ["reference", "critic"]
+    assert round(plan["memory"]["training_stage_total"] / 1e9, 1) == 69.0
+
+
+def test_a_ppo_plan_that_does_not_fit_even_offloaded_names_the_stage_and_exits_3():
+    out = mindrl_train(
+        "--trainer", "ppo", "--config", "configs/qwen3_30b_a3b.yaml", "--dry-run",
+        "resources.device_memory_gib=30",
+    )  # fmt: skip
     assert out.returncode == 3, out.stderr
-    assert "training stage (actor + reference + critic) needs 153.1 GB" in out.stdout
+    assert "training stage (actor) needs 69.0 GB per device, 36.8 GB more" in out.stdout
 
 
 def test_a_swap_that_overflows_host_memory_is_a_fit_problem_with_exit_code_3():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mindrl.config import load_config
+from mindrl.run_plan import build_run_plan
 from trainers.driver.cli import DEFAULT_CONFIG
 from trainers.driver.setup import _updates_per_iteration
 from trainers.registry import get_algorithm
@@ -34,7 +35,7 @@ def test_a_local_ray_that_fails_to_start_ends_start_up_in_one_line(monkeypatch):
     monkeypatch.setattr(ray, "init", node_timed_out)
     config = load_config(DEFAULT_CONFIG, [], algorithm=get_algorithm("grpo"))
     with pytest.raises(setup.RunSetupError) as err:
-        setup._connect_ray(config, "cpu")
+        setup._connect_ray(config, "cpu", build_run_plan(get_algorithm("grpo"), config))
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("could not start a local Ray instance (The current node timed out")

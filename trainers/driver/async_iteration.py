@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from mindrl.config.layout import ROLLOUT_WORKER
 from mindrl.dock import DockSlice
 from mindrl.metrics import mean_by_key
 from mindrl.workers.generation import RESPONSE_FIELDS
@@ -44,7 +45,7 @@ from trainers.driver.iteration import (
     Ledger,
     Sampled,
 )
-from trainers.driver.rollout_placement import ROLLOUT, push_weights
+from trainers.driver.rollout_placement import push_weights
 from trainers.driver.state import RunState
 
 
@@ -70,7 +71,7 @@ class DisaggregatedRunner(IterationRunner):
 
     def __init__(self, run: RunState) -> None:
         super().__init__(run)
-        self.rollout = run.groups[ROLLOUT]
+        self.rollout = run.groups[ROLLOUT_WORKER]
         self.max_staleness = self.config.rollout.max_staleness
         self.weights_version = run.start_iteration  # what the rollout workers hold
         self.in_flight: InFlight | None = None

@@ -21,6 +21,7 @@ from mindrl.algorithm import Algorithm
 from mindrl.config import ConfigError, MindRLConfig, load_config
 from mindrl.metrics.sinks import missing_sink_packages
 from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
+from mindrl.planner.offload import plan_offload
 from mindrl.planner.report import build_plan
 from mindrl.run_plan import build_run_plan
 from trainers.registry import ALGORITHMS, get_algorithm
@@ -84,13 +85,9 @@ def dry_run(
     device_name = (
         requested_device if requested_device not in (None, "auto") else resolve_device(None)
     )
-    plan = build_plan(
-        config,
-        build_run_plan(algorithm, config),
-        device_name,
-        device_bytes(config, device_name),
-        host_bytes(config),
-    )
+    per_device, per_node = device_bytes(config, device_name), host_bytes(config)
+    run_plan = plan_offload(config, build_run_plan(algorithm, config), per_device, per_node)
+    plan = build_plan(config, run_plan, device_name, per_device, per_node)
     if as_json:
         print(json.dumps(plan, indent=2))
     else:

@@ -1,7 +1,8 @@
-"""Disaggregated placement (issue 15): starting the rollout workers and handing them weights.
+"""Disaggregated placement: starting the rollout workers and handing them weights.
 
 The model roles train on ``world - rollout.devices`` devices (trainers/driver/setup.py);
-the rollout workers (mindrl/workers/rollout_worker.py) take the other ``rollout.devices``.
+the rollout workers (mindrl/workers/rollout_worker.py) take the other ``rollout.devices``,
+one bundle each of the run's device placement group.
 Actor rank 0 hosts a transfer group with them; :func:`push_weights` runs the hand-over:
 every actor rank gathers the generation tensors, rank 0 broadcasts them, every rollout
 worker loads them and from then on stamps its samples with their version.
@@ -11,27 +12,18 @@ from __future__ import annotations
 
 import ray
 
-from backends.device import get_device
-from mindrl.workers.group import WorkerGroup, wait_all
+from mindrl.config.layout import ROLLOUT_WORKER
+from mindrl.workers.group import wait_all
+from mindrl.workers.placement import DevicePlacement
 from mindrl.workers.rollout_worker import RolloutWorker
 from trainers.driver.state import RunState
 
-ROLLOUT = "rollout"  # the rollout workers' group in RunState.groups
 
-
-def place_rollout_workers(run: RunState, device_name: str) -> None:
-    """Start the plan's rollout workers, one device each."""
-    config = run.config
-    group = WorkerGroup(
-        ROLLOUT,
-        ray.remote(RolloutWorker),
-        run.plan.layout.rollout_devices,
-        get_device(device_name),
-        args=(config, device_name),
-        cpus_per_worker=config.resources.cpus_per_worker,
-    )
-    run.groups[ROLLOUT] = group
-    (run.worker_nodes[ROLLOUT],) = group.call(
+def place_rollout_workers(run: RunState, device_name: str, placement: DevicePlacement) -> None:
+    """Start the plan's rollout workers, each on a device of its own."""
+    group = placement.start(ROLLOUT_WORKER, ray.remote(RolloutWorker), (run.config, device_name))
+    run.groups[ROLLOUT_WORKER] = group
+    (run.worker_nodes[ROLLOUT_WORKER],) = group.call(
         "node_id", stage="start-up", timeout_s=run.plan.stage_deadline_s, ranks=[0]
     )
 
@@ -40,7 +32,7 @@ def connect_rollout_workers(run: RunState) -> None:
     """The transfer group (actor rank 0 + every rollout worker) and the first weights:
     version ``run.start_iteration``, the updates the actor's weights already include."""
     timeout = run.plan.stage_deadline_s
-    actor, rollout = run.groups["actor"], run.groups[ROLLOUT]
+    actor, rollout = run.groups["actor"], run.groups[ROLLOUT_WORKER]
     receivers = rollout.size
     (port,) = actor.call(
         "open_weight_transfer", receivers, stage="start-up", timeout_s=timeout, ranks=[0]
@@ -57,7 +49,7 @@ def connect_rollout_workers(run: RunState) -> None:
 def push_weights(run: RunState, version: int) -> dict[str, float]:
     """Hand the actor's current weights (``version`` updates) to every rollout worker."""
     timeout = run.plan.stage_deadline_s
-    actor, rollout = run.groups["actor"], run.groups[ROLLOUT]
+    actor, rollout = run.groups["actor"], run.groups[ROLLOUT_WORKER]
     sends = [w.send_weights.remote() for w in actor.workers]
     receives = [w.receive_weights.remote(version) for w in rollout.workers]
     names = [*actor.names(), *rollout.names()]

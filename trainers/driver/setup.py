@@ -1,9 +1,12 @@
 """Starting and stopping a run: Ray, the dock, the worker groups, resume.
 
-Placement (paper, "all-colocated"): the actor, reference and critic groups each span
-every device of the cluster, one rank per device, and the rollout shares the actor's
-processes; reward workers are CPU processes; the dock puts one warehouse on every node
-and each stage's controller on the node of the first worker that serves the stage.
+Placement (paper, "all-colocated"; the run plan's ``RunLayout.device_processes``): the
+run's devices are one Ray placement group of one bundle per device
+(mindrl/workers/placement.py); rank ``r`` of the actor, reference and critic share device
+``r``, each process holding its share of it, and the rollout runs in the actor's
+processes (disaggregated: rollout workers on devices of their own, one bundle each);
+reward workers are CPU processes; the dock puts one warehouse on every node and each
+stage's controller on the node of the first worker that serves the stage.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +31,12 @@ from mindrl.data.pairs import pair_dataset
 from mindrl.data.run_prompts import prompt_dataset
 from mindrl.dock import DockClient, FieldSpec, create_dock, shutdown_dock
 from mindrl.dock.schema import RUN_FIELDS
+from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
+from mindrl.planner.offload import plan_offload
 from mindrl.rewards.registry import get_verifier
 from mindrl.run_plan import RunPlan, build_run_plan
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
+from mindrl.workers.placement import DevicePlacement
 from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
 from mindrl.workers.rollout import engine_name
@@ -104,8 +111,9 @@ def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
     def phase(text: str) -> None:
         print(f"start-up [{time.perf_counter() - started:5.1f} s] {text}", file=sys.stderr)
 
+    run.plan = _offload_if_needed(run, device_name, phase)
     phase(f"connecting to Ray ({_ray_address(run.config) or 'local'})")
-    run.ray_started_here = _connect_ray(run.config, device_name)
+    run.ray_started_here = _connect_ray(run.config, device_name, run.plan)
     plan = run.plan
     reward = "" if plan.offline else ", reward"
     rollout = f", rollout x {plan.layout.rollout_devices}" if plan.mode == DISAGGREGATED else ""
@@ -124,6 +132,21 @@ def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
         connect_rollout_workers(run)
     phase("ready")
     _announce(run, device_name)
+
+
+def _offload_if_needed(run: RunState, device_name: str, say: Callable[[str], None]) -> RunPlan:
+    """The plan with the roles the planner's fit check offloads (mindrl/planner/offload.py)
+    on this device; all resident where the device's memory cannot be learned here."""
+    try:
+        per_device = device_bytes(run.config, device_name)
+    except CapacityError as exc:
+        say(f"every role stays resident on its device: {exc}")
+        return run.plan
+    plan = plan_offload(run.config, run.plan, per_device, host_bytes(run.config))
+    if plan.offloaded_roles:
+        roles = " and ".join(plan.offloaded_roles)
+        say(f"{roles} wait on the host between their stages (the plan does not fit resident)")
+    return plan
 
 
 def _preflight(config: MindRLConfig) -> None:
@@ -183,7 +206,7 @@ def _ray_address(config: MindRLConfig) -> str | None:
     return config.resources.ray_address or os.environ.get("RAY_ADDRESS")
 
 
-def _connect_ray(config: MindRLConfig, device_name: str) -> bool:
+def _connect_ray(config: MindRLConfig, device_name: str, plan: RunPlan) -> bool:
     """Join the configured cluster or start a local one; True when started here."""
     if ray.is_initialized():
         return False
@@ -207,9 +230,9 @@ def _connect_ray(config: MindRLConfig, device_name: str) -> bool:
     # they yield to any other process and a `nice mindrl-train` reaches the driver only.
     os.environ.setdefault("RAY_worker_niceness", "0")
     if get_device(device_name).ray_resource == "CPU":
-        # On a CPU a worker's "device" is a Ray CPU slot: the roles' ranks need that many
-        # slots even where there are fewer cores (stages take turns on them).
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, _cpu_slots(config))
+        # On a CPU a worker's "device" is a Ray CPU slot: the plan's devices need that many
+        # slots even where there are fewer cores (the roles on one take turns on it).
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, cpu_slots(config, plan))
     try:
         ray.init(**kwargs)
     except Exception as exc:  # Ray raises a bare Exception when its node does not start
@@ -221,9 +244,10 @@ def _connect_ray(config: MindRLConfig, device_name: str) -> bool:
     return True
 
 
-def _cpu_slots(config: MindRLConfig) -> int:
-    roles = 3  # actor, reference, critic at most
-    return config.world_size * roles + config.reward.workers
+def cpu_slots(config: MindRLConfig, plan: RunPlan) -> int:
+    """Ray CPU slots a run on the CPU reserves: one per device of the plan (every process
+    on a device holds a share of its slot) and one per reward worker."""
+    return plan.layout.devices + config.reward.workers
 
 
 def _controller_nodes(run: RunState) -> dict[str, str]:
@@ -250,25 +274,22 @@ def _place_workers(run: RunState, device_name: str) -> None:
     """Start every worker group (placement groups, processes); engines come later."""
     config, plan, device = run.config, run.plan, get_device(device_name)
     timeout = plan.stage_deadline_s
+    run.placement = DevicePlacement(
+        device, plan.layout, config.resources.cpus_per_worker, strategy=_model_placement(config)
+    )
     for role in plan.model_roles:
         specs = engine_specs(
             getattr(config, role), plan.layout.training[role], _steps(config, role)
         )
-        group = WorkerGroup(
-            role,
-            ray.remote(ModelWorker),
-            plan.layout.train_devices,
-            device,
-            args=(role, config, device_name, specs, plan.mode),
-            cpus_per_worker=config.resources.cpus_per_worker,
-            strategy=_model_placement(config),
-        )
+        offloaded = role in plan.offloaded_roles
+        args = (role, config, device_name, specs, plan.mode, offloaded)
+        group = run.placement.start(role, ray.remote(ModelWorker), args)
         run.groups[role] = group
         (rendezvous,) = group.call("rendezvous", stage="start-up", timeout_s=timeout, ranks=[0])
         run.rendezvous[role] = rendezvous[:2]
         run.worker_nodes[role] = rendezvous[2]
     if plan.mode == DISAGGREGATED:
-        place_rollout_workers(run, device_name)
+        place_rollout_workers(run, device_name, run.placement)
     if plan.offline:
         return  # stored pairs carry their preference: no reward workers
     reward = WorkerGroup(
@@ -284,9 +305,9 @@ def _place_workers(run: RunState, device_name: str) -> None:
 
 
 def _model_placement(config: MindRLConfig) -> str:
-    """A model role's placement strategy: one device per node spreads its ranks over the
-    nodes. PACK does that on accelerators (a node has one device), but on a CPU a device
-    is a CPU slot, and a node with a reward worker's slot too would take two ranks."""
+    """The device placement group's strategy: one device per node spreads the devices over
+    the nodes. PACK does that on accelerators (a node has one device), but on a CPU a
+    device is a CPU slot, and a node with a reward worker's slot too would take two."""
     resources = config.resources
     return "SPREAD" if resources.nodes > 1 and resources.devices_per_node == 1 else "PACK"
 
@@ -378,6 +399,8 @@ def stop_run(run: RunState) -> None:
     """Kill the workers and the dock; shut Ray down only if this run started it."""
     for group in run.groups.values():
         group.shutdown()
+    if run.placement is not None:
+        run.placement.remove()
     if run.dock_handle is not None:
         shutdown_dock(run.dock_handle)
     if run.ray_started_here:

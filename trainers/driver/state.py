@@ -16,6 +16,7 @@ from mindrl.data import PromptDataset
 from mindrl.dock import DockClient
 from mindrl.run_plan import RunPlan
 from mindrl.workers.group import WorkerGroup
+from mindrl.workers.placement import DevicePlacement
 
 T = TypeVar("T")
 
@@ -34,6 +35,8 @@ class RunState:
     checkpoint_dir: Path
     dataset: PromptDataset
     groups: dict[str, WorkerGroup] = field(default_factory=dict)
+    #: The run's devices as one placement group (one bundle per device).
+    placement: DevicePlacement | None = None
     dp_ranks: dict[str, list[int]] = field(default_factory=dict)
     rendezvous: dict[str, tuple[str, int]] = field(default_factory=dict)
     worker_nodes: dict[str, str] = field(default_factory=dict)

@@ -35,6 +35,7 @@ from mindrl.workers.group import (
     WorkerDiedError,
     WorkerOutOfMemoryError,
 )
+from mindrl.workers.placement import PlacementError
 from trainers.driver.iteration import IterationRunner
 from trainers.driver.runners import make_runner
 from trainers.driver.setup import RunSetupError, launch_run, prepare_run, stop_run
@@ -44,7 +45,14 @@ from trainers.export import export_checkpoint, write_tokenizer
 
 #: Failures of the run itself (exit 1), as opposed to user mistakes (exit 2).
 RUN_FAILURES = (WorkerDiedError, StageTimeoutError, StageFailedError, DockError)
-USER_MISTAKES = (RunSetupError, ModelSetupError, PromptSourceError, LayoutError, SinkError)
+USER_MISTAKES = (
+    RunSetupError,
+    ModelSetupError,
+    PromptSourceError,
+    LayoutError,
+    SinkError,
+    PlacementError,
+)
 #: How long a Ctrl-C checkpoint may take before the run gives up on it.
 INTERRUPT_SAVE_TIMEOUT_S = 120.0
 HF_DIR = "hf"  # RUN_DIR/hf: the trained policy, loadable by transformers and vLLM

@@ -1,0 +1,155 @@
+"""Collocated roles share their devices: one placement group of one bundle per device.
+
+PPO with a reference (actor, reference, critic, reward) is placed for the cuda and the
+npu device layers on a node with FAKE accelerators: the test session's one Ray cluster
+(tests/conftest.py) gains, for this module only, a node whose Ray resources say 4 GPUs
+and 4 NPUs (``Cluster.add_node(num_gpus=4, resources={"NPU": 4})``); it has neither, so
+no engine is built there. The workers are stand-ins started through the very code path
+start-up uses (``DevicePlacement.start``), each reporting what Ray gave it: its bundle's
+accelerator ids, its resource shares and the visible-devices variable Ray set.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from backends.device.cuda import CudaDevice
+from mindrl.config import load_config
+from mindrl.run_plan import build_run_plan
+from mindrl.workers.group import WorkerGroup
+from mindrl.workers.placement import DevicePlacement, PlacementError
+from trainers.registry import get_algorithm
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
+
+DEVICES = 4
+#: PPO with a KL penalty on 4 devices at TP1: actor, reference and critic on every device.
+PPO_WITH_REFERENCE = [
+    f"resources.devices_per_node={DEVICES}",
+    "resources.cpus_per_worker=0.5",
+    "algorithm.kl_coef=0.001",
+    *(f"{role}.parallel.tp=1" for role in ("actor", "reference", "critic")),
+]
+
+
+def stand_in_class():
+    """A worker in a model role's place that reports where Ray put it (defined here, so
+    Ray ships it by value: the tests package is not importable in a worker)."""
+
+    class StandIn:
+        def __init__(self, rank: int, size: int, role: str, env: str | None) -> None:
+            self.rank, self.size, self.role, self.env = rank, size, role, env
+
+        def report(self) -> dict:
+            import ray
+
+            context = ray.get_runtime_context()
+            return {
+                "role": self.role,
+                "rank": self.rank,
+                "node": context.get_node_id(),
+                "accelerators": context.get_accelerator_ids(),
+                "resources": context.get_assigned_resources(),
+                "visible": os.environ.get(self.env) if self.env else None,
+            }
+
+    return StandIn
+
+
+@pytest.fixture(scope="module")
+def fake_accelerator_node(ray_cluster):
+    """A node of the session's cluster with 4 FAKE GPUs and 4 FAKE NPUs, for this module."""
+    node = ray_cluster.add_node(
+        num_cpus=8, num_gpus=DEVICES, resources={"NPU": DEVICES}, object_store_memory=80 * 2**20
+    )
+    ray_cluster.wait_for_nodes()
+    yield node
+    ray_cluster.remove_node(node)
+
+
+def npu_device(monkeypatch):
+    """The npu device layer on a machine without torch_npu: its constructor's import of
+    torch_npu is FAKED (placement reads only its Ray resource and options)."""
+    from backends.device import npu
+
+    monkeypatch.setattr(npu, "_import_torch_npu", lambda: None)
+    return npu.NpuDevice()
+
+
+def place_ppo_with_reference(device, overrides: list[str] = ()) -> tuple[list[dict], object]:
+    """Every model role of PPO + reference through start-up's placement, and a reward
+    worker beside them; what each worker reports, and the placement."""
+    import ray
+
+    algorithm = get_algorithm("ppo")
+    config = load_config("configs/tiny.yaml", [*PPO_WITH_REFERENCE, *overrides], algorithm)
+    plan = build_run_plan(algorithm, config)
+    placement = DevicePlacement(device, plan.layout, config.resources.cpus_per_worker, 60)
+    stand_in = ray.remote(stand_in_class())
+    groups = [
+        placement.start(role, stand_in, (role, device.visible_devices_env))
+        for role in plan.model_roles
+    ]
+    groups.append(WorkerGroup("reward", stand_in, 1, None, args=("reward", None)))
+    try:
+        reports = [r for g in groups for r in g.call("report", stage="probe", timeout_s=60)]
+    finally:
+        for group in groups:
+            group.shutdown()
+        placement.remove()
+    return reports, plan
+
+
+def by_rank(reports: list[dict]) -> dict[int, list[dict]]:
+    ranks: dict[int, list[dict]] = {}
+    for report in reports:
+        if report["role"] != "reward":
+            ranks.setdefault(report["rank"], []).append(report)
+    return ranks
+
+
+@pytest.mark.parametrize("layer", ["cuda", "npu"])
+def test_ppo_with_a_reference_shares_world_size_devices_one_bundle_per_device(
+    fake_accelerator_node, monkeypatch, layer
+):
+    device = CudaDevice() if layer == "cuda" else npu_device(monkeypatch)
+    resource = device.ray_resource
+    reports, plan = place_ppo_with_reference(device)
+    assert plan.model_roles == ("actor", "reference", "critic")
+    ranks = by_rank(reports)
+    assert sorted(ranks) == list(range(DEVICES))
+    devices_used = set()
+    for rank, roles in ranks.items():
+        assert sorted(r["role"] for r in roles) == ["actor", "critic", "reference"]
+        # The roles of rank r share one accelerator: the same id, the same visible device.
+        ids = {tuple(r["accelerators"][resource]) for r in roles}
+        assert len(ids) == 1, (rank, ids)
+        (device_ids,) = ids
+        assert len(device_ids) == 1
+        devices_used.add(device_ids[0])
+        assert {r["visible"] for r in roles} == {device_ids[0]}
+        # Each holds a third of it (Ray's resource unit, rounded down) beside its CPUs.
+        for role in roles:
+            assert role["resources"][resource] == pytest.approx(0.3333)
+            assert role["resources"]["CPU"] == pytest.approx(0.5)
+            assert role["node"] == fake_accelerator_node.node_id
+    assert len(devices_used) == DEVICES  # exactly world-size devices, one per rank
+    (reward,) = [r for r in reports if r["role"] == "reward"]
+    assert resource not in reward["resources"]  # the reward worker holds no device
+
+
+def test_a_plan_needing_more_devices_than_the_cluster_has_is_refused_at_once(
+    fake_accelerator_node,
+):
+    start = time.monotonic()
+    with pytest.raises(PlacementError) as err:
+        place_ppo_with_reference(CudaDevice(), ["resources.devices_per_node=8"])
+    assert time.monotonic() - start < 10  # refused, not waited on
+    assert str(err.value) == (
+        "the plan needs 8 cuda devices (8 training; resources.nodes x "
+        "resources.devices_per_node), the Ray cluster has 4 (GPU); lower "
+        "resources.devices_per_node or resources.nodes, or add devices to the cluster"
+    )
