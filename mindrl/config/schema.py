@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mindrl.config.fields import option, section
-from mindrl.metrics.sinks import SINKS
+from mindrl.metrics.sinks import SINKS, SinkSettings
 
 
 @dataclass
@@ -443,6 +443,10 @@ class LoggingConfig:
     progress_bar: bool = option(
         True, "Show a progress bar during generation (only when stderr is a terminal)."
     )
+
+    def sink_settings(self) -> SinkSettings:
+        """What the W&B and MLflow sinks read of this section (mindrl/metrics/sinks.py)."""
+        return SinkSettings(self.project, self.wandb_mode, self.mlflow_uri)
 
 
 @dataclass

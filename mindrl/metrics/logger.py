@@ -13,12 +13,9 @@ import math
 import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mindrl.metrics.sinks import SinkSettings, open_sinks
-
-if TYPE_CHECKING:
-    from mindrl.config.schema import LoggingConfig
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -81,14 +78,6 @@ class MetricsLogger:
         self._file = self.jsonl_path.open("w", encoding="utf-8")
         for record in kept:
             self._file.write(json.dumps(record) + "\n")
-
-    @classmethod
-    def for_run(
-        cls, run_dir: str | Path, logging: LoggingConfig, resume_at: int | None = None
-    ) -> MetricsLogger:
-        """The logger a run's ``logging`` section asks for."""
-        settings = SinkSettings(logging.project, logging.wandb_mode, logging.mlflow_uri)
-        return cls(run_dir, logging.backends, resume_at, settings)
 
     def _records_before(self, resume_at: int | None) -> list[dict[str, Any]]:
         if resume_at is None or not self.jsonl_path.exists():

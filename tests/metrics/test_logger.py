@@ -191,3 +191,10 @@ def test_a_sink_that_cannot_start_is_one_line_and_touches_no_metrics(tmp_path):
     assert str(err.value).startswith("logging.backends: mlflow could not start: ")
     assert "\n" not in str(err.value)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"iteration": 0}\n'
+
+
+def test_the_logging_section_hands_the_sinks_their_settings():
+    from mindrl.config.schema import LoggingConfig
+
+    section = LoggingConfig(project="p", wandb_mode="online", mlflow_uri="sqlite:///m.db")
+    assert section.sink_settings() == SinkSettings("p", "online", "sqlite:///m.db")

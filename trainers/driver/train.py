@@ -96,7 +96,8 @@ def train(
 def _loop(run: RunState, runner: IterationRunner, validator: Validator) -> int:
     config = run.config
     resume_at = run.start_iteration if run.resumed else None
-    with MetricsLogger.for_run(run.run_dir, config.logging, resume_at) as log:
+    sinks, settings = config.logging.backends, config.logging.sink_settings()
+    with MetricsLogger(run.run_dir, sinks, resume_at, settings) as log:
         for iteration in range(run.start_iteration, config.iterations):
             run.iterating = True
             metrics = runner.run_iteration(iteration)
