@@ -24,6 +24,7 @@ from backends.generation.base import (
     SamplingParams,
 )
 from backends.generation.hf_experts import fused_expert_view
+from backends.generation_memory import kv_bytes_per_token, prompts_per_call, sequence_bytes
 
 #: Left-padding id; any valid id works since padded positions are masked out.
 _PAD_ID = 0
@@ -172,15 +173,16 @@ class HFGenerationEngine(GenerationEngine):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         elem = torch.finfo(self.config.dtype).bits // 8
-        kv_per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
-        logits_per_step = self.vocab_size * 4  # output_logits keeps every sampled step (fp32)
+        kv_per_token = kv_bytes_per_token(cfg.num_hidden_layers, kv_heads, head_dim, elem)
         steps = min(params.max_tokens, self.config.max_model_len)
-        per_sequence = self.config.max_model_len * kv_per_token + steps * logits_per_step
+        per_sequence = sequence_bytes(
+            self.config.max_model_len, steps, kv_per_token, self.vocab_size
+        )
         budget = self.config.kv_cache_bytes
         if budget is None:
             weights = sum(p.numel() * p.element_size() for _, p in self._unique_params())
             budget = self.config.memory_fraction * self.device.total_memory() - weights
-        return max(1, int(budget // per_sequence) // params.n)
+        return prompts_per_call(budget, per_sequence, params.n)
 
     def _generate_batch(
         self, prompts: list[list[int]], batch: list[int], params: SamplingParams
@@ -196,9 +198,7 @@ class HFGenerationEngine(GenerationEngine):
             generation_config=self._generation_config(params, min(params.max_tokens, room)),
         )
         response_ids = out.sequences[:, input_ids.shape[1] :]  # (B*n, T)
-        logits = torch.stack(out.logits, dim=1).float()  # (B*n, T, V), raw model logits
-        logprobs = torch.log_softmax(logits, dim=-1)
-        logprobs = logprobs.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)  # (B*n, T)
+        logprobs = _sampled_logprobs(out.logits, response_ids)  # (B*n, T)
         results = []
         for row in range(response_ids.shape[0]):
             prompt_index = batch[row // params.n]
@@ -297,3 +297,22 @@ class HFGenerationEngine(GenerationEngine):
             end = cap
             reason = "length" if cap == params.max_tokens else "context_limit"
         return GenerationResult(prompt_index, sample_index, token_ids[:end], logprobs[:end], reason)
+
+
+def _sampled_logprobs(step_logits: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:
+    """``log softmax(raw logits)[token]`` per row and step, ``(B, T)`` float32.
+
+    One step at a time: stacking the ``T`` steps' ``(B, V)`` logits and taking their
+    log-softmax would hold two more copies of every logit the engine already keeps (a
+    third and a fifth of the rollout's memory with a 150K vocabulary), for the same
+    numbers.
+    """
+    columns = [
+        torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, t : t + 1])
+        for t, logits in enumerate(step_logits)
+    ]
+    return (
+        torch.cat(columns, dim=1)
+        if columns
+        else tokens.new_zeros(tokens.shape, dtype=torch.float32)
+    )

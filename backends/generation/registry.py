@@ -46,6 +46,13 @@ def available_engines() -> list[str]:
     ]
 
 
+def engine_name(requested: str) -> str:
+    """``auto`` -> vllm where it is installed, else the transformers engine."""
+    if requested != "auto":
+        return requested
+    return "vllm" if "vllm" in available_engines() else "hf"
+
+
 def get_engine_class(name: str) -> type[GenerationEngine]:
     """The engine class registered as ``name``.
 

@@ -1,10 +1,10 @@
 """Generation into the dock, the one loop the collocated actor (mindrl/workers/roles.py)
 and the disaggregated rollout workers (mindrl/workers/rollout_worker.py) share.
 
-A rank generates its indexes in chunks of about :data:`GENERATION_CHUNK` samples, so the
-dock (and the progress bar, and streaming stages) see results early; each chunk is put as
-soon as it is sampled, ``response_ids`` with ``rollout_logprob`` (the raw log-prob of each
-token under the weights that sampled it).
+A rank generates its indexes in chunks of about ``GENERATION_CHUNK`` samples
+(``mindrl/workers/chunks.py``), so the dock (and the progress bar, and streaming stages)
+see results early; each chunk is put as soon as it is sampled, ``response_ids`` with
+``rollout_logprob`` (the raw log-prob of each token under the weights that sampled it).
 
 Partial rollout (``rollout.partial_rollout_budget``, issue 15): a response gets at most
 ``budget`` new tokens per call. One still unfinished is *paused*: its tokens so far and
@@ -28,11 +28,8 @@ import torch
 
 from backends.generation import GenerationResult, SamplingParams
 from mindrl.dock import DockClient
+from mindrl.workers.chunks import chunk_samples
 from mindrl.workers.sequences import unpadded
-
-#: About this many samples per engine call, so the dock (and the progress bar) see results
-#: early; rounded to whole groups, so the engine prefills each group's prompt once.
-GENERATION_CHUNK = 64
 
 Generate = Callable[[list[list[int]], SamplingParams], list[GenerationResult]]
 
@@ -93,7 +90,7 @@ def generate_into_dock(
         ``response_tokens`` (tokens generated in this call) and, with ``partial``,
         ``paused``: the indexes left unfinished.
     """
-    chunk_size = max(1, GENERATION_CHUNK // group_size) * group_size
+    chunk_size = chunk_samples(group_size)
     if partial is not None and len(partial.resumed):
         # One engine call for the round: paused responses continue in the same batch as
         # the fresh prompts (chunks serve the stream pipeline, which partial rollout does

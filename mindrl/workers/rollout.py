@@ -24,7 +24,7 @@ from backends.generation import (
     SamplingParams,
     get_engine_class,
 )
-from backends.generation.registry import available_engines
+from backends.generation.registry import engine_name
 from backends.megatron import GPTSpec, MegatronEngine
 from backends.megatron.families import get_family
 from mindrl.config.schema import MindRLConfig
@@ -37,13 +37,6 @@ from mindrl.reshard import (
     grad_tensors,
 )
 from mindrl.workers.model_setup import InitialModel, pretrained_config
-
-
-def engine_name(requested: str) -> str:
-    """``auto`` -> vllm where it is installed, else the transformers engine."""
-    if requested != "auto":
-        return requested
-    return "vllm" if "vllm" in available_engines() else "hf"
 
 
 def generation_shard_spec(spec: GPTSpec, tp: int) -> GPTSpec:
