@@ -45,6 +45,11 @@ class MemoryLedger:
             self._peak = max(self._peak, total)
             return total
 
+    def live_tensors(self) -> list[torch.Tensor]:
+        """The tracked tensors still alive."""
+        with self._lock:
+            return [t for t in (r() for r in self._tensors) if t is not None]
+
     def peak(self) -> int:
         self.allocated()
         return self._peak

@@ -215,6 +215,12 @@ class GenerationEngine(ABC):
     def wake_up(self) -> None:
         """Take the device memory back after :meth:`sleep`."""
 
+    def wake_weights(self) -> None:
+        """Take back the weights' memory only, so :meth:`load_weights` can fill them while
+        the KV cache still waits; :meth:`wake_up` then takes the rest. An engine whose KV
+        cache is allocated per call (transformers) wakes whole."""
+        self.wake_up()
+
     def validate_prompts(self, prompts: list[list[int]]) -> None:
         """Refuse prompts this engine cannot serve; never truncate them silently.
 

@@ -293,6 +293,7 @@ class VLLMGenerationEngine(GenerationEngine):
         )
         self._vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self._asleep = False
+        self._weights_awake = False  # wake_weights ran since the last sleep
 
     def _model_dir(self, config: EngineConfig) -> tuple[str, str]:
         """(directory vLLM loads, load format): a config becomes a dummy-weight model."""
@@ -338,16 +339,24 @@ class VLLMGenerationEngine(GenerationEngine):
         else:
             self.llm.reset_prefix_cache()
             self.llm.collective_rpc(_resize_kv_cache_on_worker, args=(True,))
-        self._asleep = True
+        self._asleep, self._weights_awake = True, False
+
+    def wake_weights(self) -> None:
+        # vLLM's documented two-step wake-up: the weights now, the KV cache in wake_up.
+        if not self._asleep or self._weights_awake:
+            return
+        if self.native_sleep:  # else the weights never left the device
+            self.llm.wake_up(tags=["weights"])
+        self._weights_awake = True
 
     def wake_up(self) -> None:
         if not self._asleep:
             return
         if self.native_sleep:
-            self.llm.wake_up()
+            self.llm.wake_up(tags=["kv_cache"] if self._weights_awake else None)
         else:
             self.llm.collective_rpc(_resize_kv_cache_on_worker, args=(False,))
-        self._asleep = False
+        self._asleep = self._weights_awake = False
 
     def kv_cache_bytes(self) -> int:
         """Bytes of KV cache storage held right now, summed over workers."""

@@ -17,12 +17,14 @@ gradients, activations, the engine's weights or the KV cache that the planner si
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED
-from mindrl.planner.memory import MemoryPlan
+from mindrl.planner.memory import MemoryPlan, gather_bucket_bytes, rollout_device_memory
 from mindrl.planner.report import plan_run_memory
 from mindrl.run_plan import RunPlan
 
@@ -35,6 +37,10 @@ MIB = 2**20
 #: and a first HF ``generate``, forward, backward and AdamW step on a 1.3 MB model (the
 #: kernels' and thread pool's first-use memory); docs/memory.md.
 CPU_WORKER_BASELINE_BYTES = 439 * MIB
+#: How far a stage's measured device peak may be from the plan and still match it.
+DEVICE_TOLERANCE = 0.15
+#: The end-of-run check's figures in a run's folder (:func:`write_memory_check`).
+MEMORY_CHECK_FILE = "memory_check.json"
 
 
 @dataclass(frozen=True)
@@ -50,27 +56,27 @@ class StageCheck:
     def ratio(self) -> float | None:
         return self.measured / self.planned if self.measured and self.planned else None
 
-
-def planned_kv_bytes(memory: MemoryPlan, config: MindRLConfig) -> int:
-    """The KV cache one engine holds: ``rollout.kv_cache_mib``, else what the memory
-    fraction leaves of the device."""
-    if config.rollout.kv_cache_mib is not None:
-        return int(config.rollout.kv_cache_mib * MIB)
-    generation = memory.generation_swap if config.rollout.swap else memory.generation_naive
-    return max(generation.kv_cache_budget, 0)
+    @property
+    def within_tolerance(self) -> bool | None:
+        """Device bytes within :data:`DEVICE_TOLERANCE` of the plan (None: host RSS, whose
+        comparison is looser, or nothing measured)."""
+        if self.ratio is None or self.measured_as != "device":
+            return None
+        return abs(self.ratio - 1) <= DEVICE_TOLERANCE
 
 
 def planned_actor_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) -> dict[str, int]:
     """The actor worker's own device bytes per stage; the other roles live in their own
     workers (collocated on the device, but each measures only itself). A run that
-    generates nothing plans the update alone."""
-    update = {"update": memory.training.total}
+    generates nothing plans the update alone; disaggregated, the rollout stage is a
+    rollout worker's: its engine's weights and working memory."""
+    update = {"update": memory.update_stage}
     if not plan.generates:
         return update
-    generation = memory.generation_swap if config.rollout.swap else memory.generation_naive
-    others = sum(memory.other_roles.values())
-    kv = planned_kv_bytes(memory, config)
-    return {"rollout": generation.total_without_kv - others + kv, **update}
+    if plan.mode == DISAGGREGATED:
+        rollout = rollout_device_memory(config, memory.device_bytes)
+        return {"rollout": rollout.shard + rollout.working, **update}
+    return {"rollout": memory.rollout.peak, **update}
 
 
 def cpu_worker_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) -> dict[str, int]:
@@ -89,36 +95,27 @@ def cpu_worker_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) ->
       of what they swap;
     * while resharding, the resharder's generation buffers (one shard) live until the
       engine has copied them, beside the bucket being all-gathered
-      (:func:`gather_bucket_bytes`); the KV cache comes after they are freed, so the
-      rollout peak holds the larger of the two.
+      (:func:`gather_bucket_bytes`); the engine's working memory comes after they are
+      freed, so the rollout peak holds the larger of the two.
 
     Disaggregated, the actor's workers train only (no engine, nothing swapped) and the
-    rollout stage is the rollout workers': an engine's weights and its KV cache.
+    rollout stage is the rollout workers': an engine's weights and its working memory.
     """
     training, baseline = memory.training, CPU_WORKER_BASELINE_BYTES
     if not plan.generates:
         return {"update": baseline + training.total}
-    kv = planned_kv_bytes(memory, config)
     shard = memory.generation_naive.shard
     if plan.mode == DISAGGREGATED:
-        return {"rollout": baseline + shard + kv, "update": baseline + training.total}
-    swap_buffers = 0
-    if config.rollout.swap:
-        swap_buffers = training.weights + (training.optimizer if config.actor.swap_optimizer else 0)
+        working = rollout_device_memory(config, memory.device_bytes).working
+        return {"rollout": baseline + shard + working, "update": baseline + training.total}
+    working = memory.generation_naive.working
+    swap_buffers = memory.swap_bytes if config.rollout.swap else 0
     held = baseline + shard + swap_buffers  # both stages, besides the training state
-    resharding = shard + gather_bucket_bytes(memory, config)
+    resharding = shard + gather_bucket_bytes(config, training)
     return {
-        "rollout": held + training.weights + training.optimizer + max(resharding, kv),
+        "rollout": held + training.resident + max(resharding, working),
         "update": held + training.total,
     }
-
-
-def gather_bucket_bytes(memory: MemoryPlan, config: MindRLConfig) -> int:
-    """The all-gather buffer of one resharding bucket: ``rollout.reshard_bucket_mib`` at
-    most, and no more than the TP-gathered weights of a smaller model (the resharder
-    gathers bucket by bucket and frees each before the next, mindrl/reshard)."""
-    whole = memory.training.weights * config.actor.parallel.tp
-    return min(int(config.rollout.reshard_bucket_mib * MIB), whole)
 
 
 def check_memory(
@@ -147,10 +144,27 @@ def check_memory(
     return checks
 
 
+def write_memory_check(checks: list[StageCheck], path: Path) -> None:
+    """The checks as JSON: per stage planned and measured bytes, what was measured, the
+    ratio and, for device bytes, whether it is within :data:`DEVICE_TOLERANCE`."""
+    rows = [
+        {
+            "stage": check.stage,
+            "planned_bytes": check.planned,
+            "measured_bytes": check.measured,
+            "measured_as": check.measured_as,
+            "ratio": None if check.ratio is None else round(check.ratio, 4),
+            "within_tolerance": check.within_tolerance,
+        }
+        for check in checks
+    ]
+    path.write_text(json.dumps({"tolerance": DEVICE_TOLERANCE, "stages": rows}, indent=2) + "\n")
+
+
 def format_memory_check(checks: list[StageCheck]) -> str:
-    """``memory planned / measured per device ...: rollout 2.69G / 3.10G device (1.15x),
-    ...`` (on a CPU: ``per worker`` and ``host RSS``); empty when no planned stage was
-    measured."""
+    """``memory planned / measured per device ...: rollout 2.69G / 3.10G device (1.15x,
+    within +-15%), ...`` (on a CPU: ``per worker`` and ``host RSS``, the ratio alone);
+    empty when no planned stage was measured."""
     parts = []
     for check in checks:
         if check.measured is None:
@@ -160,7 +174,11 @@ def format_memory_check(checks: list[StageCheck]) -> str:
             f"{check.measured / 2**30:.2f}G {check.measured_as}"
         )
         if check.ratio is not None:
-            text += f" ({check.ratio:.2f}x)"
+            verdict = ""
+            if check.within_tolerance is not None:
+                where = "within" if check.within_tolerance else "outside"
+                verdict = f", {where} +-{DEVICE_TOLERANCE:.0%}"
+            text += f" ({check.ratio:.2f}x{verdict})"
         parts.append(text)
     if not parts:
         return ""

@@ -114,10 +114,16 @@ def training_rows(mem: dict) -> list[tuple[str, int]]:
     train = mem["training"]
     return [
         ("train: weights", train["weights"]),
-        ("train: grads (fp32)", train["grads"]),
+        ("train: grads", train["grads"]),
         ("train: optimizer state", train["optimizer"]),
-        ("train: activations (est.)", train["activations"]),
-        ("train: actor total", train["total"]),
+        ("train: activations (one micro-batch)", train["activations"]),
+        ("train: optimizer step temporaries", train["step_temporaries"]),
+        ("train: actor total (update peak)", train["total"]),
+        *(
+            (("train: engine kept awake (no swap)", mem["engine_in_update"]),)
+            if mem.get("engine_in_update")
+            else ()
+        ),
         *((f"{role}: resident (all stages)", size) for role, size in mem["other_roles"].items()),
         ("train: stage total", mem["training_stage_total"]),
     ]
@@ -146,6 +152,7 @@ def memory_table(plan: dict) -> Table:
         ("gen: weight shard", naive["shard"], swap["shard"]),
         ("gen: resident model state", naive["resident_training"], swap["resident_training"]),
         ("gen: KV-cache budget", naive["kv_cache_budget"], swap["kv_cache_budget"]),
+        ("gen: engine working memory", naive["working"], swap["working"]),
     ]
     rows += [(name, size, size) for name, size in offloaded_rows(mem)]
     for name, a, b in rows:
@@ -155,6 +162,22 @@ def memory_table(plan: dict) -> Table:
         swap["kv_cache_budget"] // swap["kv_bytes_per_token"],
     )
     table.add_row("gen: KV-cache tokens", f"{max(tokens[0], 0):,}", f"{max(tokens[1], 0):,}")
+    if mem.get("rollout"):  # the configured resharding only (swap or not)
+        steps = mem["rollout"]
+        on = plan["allgather_swap"]
+        for step in ("reshard", "load", "generate", "swap_in"):
+            value = gb(steps[step])
+            table.add_row(
+                f"rollout stage (actor): {step}", "-" if on else value, value if on else "-"
+            )
+        table.add_row(
+            "rollout stage total (+ resident roles)",
+            *(
+                (gb(mem["rollout_stage_total"]), "-")
+                if not on
+                else ("-", gb(mem["rollout_stage_total"]))
+            ),
+        )
     table.add_row("redundant weight bytes (Eq. 3)", gb(mem["redundant_bytes"]), gb(0))
     table.add_row("swapped to host per iteration", "-", gb(mem["swap_bytes"]))
     table.add_row(

@@ -229,7 +229,25 @@ def generation_problems(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan)
             f"generation stage leaves no KV cache: weights and resident training state "
             f"exceed rollout.memory_fraction of the device by {over:.1f} GB"
         )
+    if memory.rollout is not None and memory.rollout_stage_total > memory.device_bytes:
+        steps = asdict(memory.rollout)
+        step = max(steps, key=steps.get)
+        over = (memory.rollout_stage_total - memory.device_bytes) / GB
+        problems.append(
+            f"rollout stage needs {memory.rollout_stage_total / GB:.1f} GB per device at its "
+            f"{step} step (the actor + resident roles), {over:.1f} GB more than the "
+            f"{memory.device_bytes / GB:.1f} GB available; {ROLLOUT_STEP_FIX[step]}"
+        )
     return problems
+
+
+#: What shrinks each rollout step (mindrl/planner/memory.py, rollout_steps).
+ROLLOUT_STEP_FIX = {
+    "reshard": "lower rollout.reshard_bucket_mib, or raise actor.parallel.tp",
+    "load": "lower rollout.kv_cache_mib or rollout.memory_fraction, or raise rollout.tp / ep",
+    "generate": "lower rollout.kv_cache_mib or rollout.memory_fraction, or raise rollout.tp / ep",
+    "swap_in": "raise actor.parallel.tp or turn on the distributed optimizer",
+}
 
 
 def build_plan(

@@ -136,6 +136,18 @@ class ModelWorker(WeightSource):
             else join_store(master_addr, master_port, self.size, timeout)
         )
         self.device.init_process_group(self.rank, self.size, timeout_s=timeout, store=store)
+        self.build_engines()
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "dp_rank": self.engine.data_parallel_rank(),
+            "dp_size": self.engine.data_parallel_size(),
+            "gen_dp_rank": self.rank // self.config.rollout.tp,
+        }
+
+    def build_engines(self) -> None:
+        """This rank's training engine (the actor also its rollout) with the initial
+        weights, once its process group is up (``setup``; the stage-memory harness in
+        benchmarks/harness builds a rank this way without Ray)."""
         initial = initial_model(self.config.model)
         self.spec = initial.spec
         self.engine = MegatronEngine(
@@ -156,12 +168,6 @@ class ModelWorker(WeightSource):
         if self._host is not None:
             self._offload()  # the actor's stages come first: this role waits on the host
         memory_window(self.device)  # the weight conversion's transients go back to the OS now
-        return {
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "dp_rank": self.engine.data_parallel_rank(),
-            "dp_size": self.engine.data_parallel_size(),
-            "gen_dp_rank": self.rank // self.config.rollout.tp,
-        }
 
     # ---- generation (actor) --------------------------------------------------------------
     def generate(

@@ -133,18 +133,26 @@ class Rollout:
         generation round of the same iteration under partial rollout: no update ran
         since), so only the training state leaves the device. The engine slept at level 1
         in between, which keeps its weights.
+
+        The engine wakes once the training state has left, its weights first and its KV
+        cache (vLLM's, allocated up front) once the generation buffers are freed: woken
+        whole before the reshard, it was on the device beside the training state, the
+        buffers and a gathered bucket, the stage's peak (mindrl/planner, rollout_steps).
         """
         start = time.perf_counter()
-        self.generator.wake_up()
         if reshard:
             buffers = self.resharder.reshard()
+            self.generator.wake_weights()
             self.generator.load_weights(self.family.iter_hf(buffers, self.shard_spec))
             # The engine copied every tensor into its own weights. Kept, the generation
             # buffers would be one more copy of the model held through generation and
             # training (docs/memory.md); re-made next time, they cost one allocation.
             del buffers
-        elif self.swap:
-            self.resharder.swap_out()
+            self.generator.wake_up()
+        else:
+            if self.swap:
+                self.resharder.swap_out()
+            self.generator.wake_up()
         self.seconds = {"reshard": time.perf_counter() - start}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:

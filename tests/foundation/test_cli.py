@@ -40,10 +40,11 @@ def test_a_ppo_plan_fits_once_its_reference_and_critic_wait_on_the_host():
     out = mindrl_train(*args, "--json")
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
-    # Resident, the training stage would need 153.1 GB of the 127.8 GB device.
+    # Resident, the training stage would need 129.9 GB of the 127.8 GB device; the
+    # reference's 15.3 GB of weights waiting on the host are enough.
     (kind,) = plan["device_processes"]
-    assert kind["offloaded"] == ["reference", "critic"]
-    assert round(plan["memory"]["training_stage_total"] / 1e9, 1) == 69.0
+    assert kind["offloaded"] == ["reference"]
+    assert round(plan["memory"]["training_stage_total"] / 1e9, 1) == 114.6
 
 
 def test_a_ppo_plan_that_does_not_fit_even_offloaded_names_the_stage_and_exits_3():
@@ -52,7 +53,7 @@ def test_a_ppo_plan_that_does_not_fit_even_offloaded_names_the_stage_and_exits_3
         "resources.device_memory_gib=30",
     )  # fmt: skip
     assert out.returncode == 3, out.stderr
-    assert "training stage (actor) needs 69.0 GB per device, 36.8 GB more" in out.stdout
+    assert "training stage (actor) needs 76.4 GB per device, 44.2 GB more" in out.stdout
 
 
 def test_a_swap_that_overflows_host_memory_is_a_fit_problem_with_exit_code_3():
@@ -65,7 +66,8 @@ def test_a_swap_that_overflows_host_memory_is_a_fit_problem_with_exit_code_3():
     assert memory["host_swap_bytes"] == 8 * memory["swap_bytes"]
     assert memory["host_bytes"] == 100 * 2**30
     (problem,) = json.loads(out.stdout)["fit_problems"]
-    assert problem.startswith("allgather-swap pins 393.2 GB of host memory per node")
+    # 8 devices x (weights + optimizer state): gradients are released before the swap
+    assert problem.startswith("allgather-swap pins 262.1 GB of host memory per node")
 
 
 def test_a_malformed_config_gets_one_line_and_exit_code_2(tmp_path):

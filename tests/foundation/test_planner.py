@@ -50,9 +50,10 @@ def test_a_ppo_plan_keeps_the_reference_and_critic_resident_in_both_stages():
     ppo = plan_memory(config, 128 * 10**9, ("actor", "rollout", "reference", "critic"))
     weights = ppo.training.weights  # the reference: bf16 weights at the actor's TP8
     assert ppo.other_roles["reference"] == weights == grpo.other_roles["reference"]
-    # The critic has the actor's layout and optimizer: the actor's state minus activations.
-    critic = ppo.training.total - ppo.training.activations
-    assert ppo.other_roles["critic"] == pytest.approx(critic, rel=1e-3)
+    # The critic has the actor's layout and optimizer: between its updates it keeps the
+    # actor's weights and optimizer state (gradients are released after each update).
+    assert ppo.other_roles["critic"] == pytest.approx(ppo.training.resident, rel=1e-3)
+    assert ppo.training.resident == ppo.training.weights + ppo.training.optimizer
     assert ppo.training_stage_total == ppo.training.total + weights + ppo.other_roles["critic"]
     # With allgather-swap the actor leaves nothing resident; the others still do.
     assert ppo.generation_swap.resident_training == weights + ppo.other_roles["critic"]

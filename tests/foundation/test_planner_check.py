@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from mindrl.config import load_config
 from mindrl.planner.check import (
@@ -10,9 +13,16 @@ from mindrl.planner.check import (
     check_memory,
     cpu_worker_bytes,
     format_memory_check,
-    gather_bucket_bytes,
+    write_memory_check,
 )
-from mindrl.planner.memory import GenerationMemory, MemoryPlan, TrainingMemory, plan_memory
+from mindrl.planner.memory import (
+    GenerationMemory,
+    MemoryPlan,
+    TrainingMemory,
+    gather_bucket_bytes,
+    plan_memory,
+    rollout_device_memory,
+)
 from mindrl.planner.report import planned_roles
 from mindrl.run_plan import build_run_plan
 from trainers.registry import get_algorithm
@@ -26,27 +36,65 @@ def smollm2_plan(*overrides: str):
     return config, build_run_plan(get_algorithm("grpo"), config)
 
 
-def round_plan() -> MemoryPlan:
-    """Weights 100 MiB, grads 100, optimizer 200, activations 50, a 100 MiB generation
-    shard: figures whose sums can be checked by hand."""
-    training = TrainingMemory(100 * MIB, 100 * MIB, 200 * MIB, 50 * MIB)
-    generation = GenerationMemory(100 * MIB, 400 * MIB, 0, 1)
-    return MemoryPlan(24 * GIB, training, generation, generation, 0, 100 * MIB)
+def round_plan(swap: bool = False) -> MemoryPlan:
+    """Weights 100 MiB, grads 100, optimizer 200, activations 50, optimizer step 100, a
+    100 MiB generation shard generating with 64 MiB: figures checkable by hand."""
+    training = TrainingMemory(100 * MIB, 100 * MIB, 200 * MIB, 50 * MIB, 100 * MIB)
+    generation = GenerationMemory(100 * MIB, 400 * MIB, 0, 1, 64 * MIB)
+    swapped = 300 * MIB if swap else 0
+    return MemoryPlan(24 * GIB, training, generation, generation, 0, swapped)
 
 
-def test_the_update_is_planned_as_the_actors_weights_grads_optimizer_and_activations():
-    config, plan = smollm2_plan()
+def test_the_update_peaks_at_the_larger_of_a_micro_batch_and_the_optimizer_step():
+    training = round_plan().training
+    assert training.resident == 300 * MIB  # weights + optimizer state: grads are released
+    # backward: grads 100 + activations 50 < the step: grads 100 + its temporaries 100
+    assert training.total == (300 + 200) * MIB
+    bigger_micro_batch = TrainingMemory(100 * MIB, 100 * MIB, 200 * MIB, 150 * MIB, 100 * MIB)
+    assert bigger_micro_batch.total == (300 + 250) * MIB
+    # one micro-batch per step: no gradients exist while its activations do
+    one = TrainingMemory(100 * MIB, 100 * MIB, 200 * MIB, 150 * MIB, 10 * MIB, False)
+    assert one.total == (300 + 150) * MIB
+
+
+def test_the_update_is_planned_as_the_actors_update_stage():
+    config, plan = smollm2_plan()  # swap off: the engine stays awake through the update
     memory = plan_memory(config, 24 * GIB, planned_roles(plan))
     checks = {c.stage: c for c in check_memory(config, plan, 24 * GIB, {}, on_cpu=False)}
-    assert checks["update"].planned == memory.training.total
+    assert checks["update"].planned == memory.update_stage
+    assert memory.update_stage == memory.training.total + memory.generation_naive.shard
     assert checks["update"].measured is None  # nothing measured yet
+    config, plan = smollm2_plan("rollout.swap=true")  # asleep on the host
+    assert plan_memory(config, 24 * GIB, planned_roles(plan)).engine_in_update == 0
 
 
-def test_generation_is_planned_with_the_configured_kv_cache_not_the_free_remainder():
-    config, plan = smollm2_plan()  # rollout.kv_cache_mib: 256, swap off
+def test_the_rollout_is_planned_as_the_largest_of_its_four_steps():
+    config, plan = smollm2_plan("rollout.swap=true")
     memory = plan_memory(config, 24 * GIB, planned_roles(plan))
     checks = {c.stage: c for c in check_memory(config, plan, 24 * GIB, {}, on_cpu=False)}
-    assert checks["rollout"].planned == memory.generation_naive.total_without_kv + 256 * MIB
+    steps, training = memory.rollout, memory.training
+    shard, working = memory.generation_swap.shard, memory.generation_swap.working
+    bucket = 512 * MIB  # rollout.reshard_bucket_mib, below SmolLM2's 513 MiB of weights
+    assert steps.reshard == training.resident + shard + bucket  # + the generation buffers
+    assert steps.load == shard + shard  # the engine's weights woken beside the buffers
+    assert steps.generate == shard + working  # weights and moments on the host
+    assert steps.swap_in == training.resident  # the engine asleep on the host
+    assert checks["rollout"].planned == steps.peak == steps.reshard
+
+
+def test_the_hf_engine_plans_the_kv_cache_and_logits_of_the_rows_it_batches():
+    config, plan = smollm2_plan()  # rollout.kv_cache_mib: 256, 64-sample chunks
+    memory = plan_memory(config, 24 * GIB, planned_roles(plan))
+    rollout, model, data = config.rollout, config.model, config.data
+    context = rollout.max_prompt_length + rollout.max_response_length
+    kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 4
+    per_row = context * kv_per_token + rollout.max_response_length * model.vocab_size * 4
+    per_rank = data.global_batch_size * data.n_samples_per_prompt // 2  # 2 generation ranks
+    rows = min(64, per_rank, 256 * MIB // per_row)  # the engine's own batch rule
+    kv = rows * (context - 1) * kv_per_token
+    logits = rows * rollout.max_response_length * model.vocab_size * 4
+    assert memory.generation_naive.working >= kv + logits
+    assert memory.generation_naive.working <= (kv + logits) * 1.1  # + one step's extras
 
 
 def test_a_cpu_run_is_measured_by_resident_size_and_an_accelerator_by_the_allocator():
@@ -65,7 +113,8 @@ def test_on_a_cpu_the_planned_side_is_the_workers_resident_size_not_the_device_p
     on_cpu = {c.stage: c.planned for c in check_memory(config, plan, 24 * GIB, {}, on_cpu=True)}
     assert on_cpu == cpu_worker_bytes(memory, config, plan)
     # SmolLM2 (fp32, TP1, no swap): 513 MiB of weights, 1026 of AdamW moments, 513 of
-    # grads, a 513 MiB engine copy; generation buffers (513) above the 256 MiB KV cache.
+    # grads, a 513 MiB engine copy; generation buffers (513) above the engine's working
+    # memory.
     training, shard = memory.training, memory.generation_naive.shard
     assert [round(b / MIB) for b in (training.weights, training.optimizer, shard)] == [
         513,
@@ -74,50 +123,40 @@ def test_on_a_cpu_the_planned_side_is_the_workers_resident_size_not_the_device_p
     ]
     base = CPU_WORKER_BASELINE_BYTES
     bucket = 512 * MIB  # rollout.reshard_bucket_mib, below the 513 MiB of weights
-    assert gather_bucket_bytes(memory, config) == bucket
-    resharding = shard + bucket  # generation buffers + the bucket being gathered > KV 256
-    state = training.weights + training.optimizer
-    assert on_cpu["rollout"] == base + shard + state + resharding
+    assert gather_bucket_bytes(config, training) == bucket
+    resharding = shard + bucket  # generation buffers + the bucket being gathered
+    assert resharding > memory.generation_naive.working
+    assert on_cpu["rollout"] == base + shard + training.resident + resharding
     assert on_cpu["update"] == base + shard + training.total
 
 
 def test_a_cpu_worker_holds_the_baseline_the_engines_copy_and_no_grads_while_generating():
-    config, plan = smollm2_plan()  # swap off, rollout.kv_cache_mib: 256
+    config, plan = smollm2_plan()  # swap off
     base = CPU_WORKER_BASELINE_BYTES
-    # engine 100 + weights 100 + optimizer 200 + max(buffers 100, KV 256)
+    # engine 100 + weights 100 + optimizer 200 + max(buffers 100 + bucket 100, working 64)
     assert cpu_worker_bytes(round_plan(), config, plan) == {
-        "rollout": base + 656 * MIB,
-        "update": base + 100 * MIB + 450 * MIB,  # engine + the whole training stage
+        "rollout": base + 600 * MIB,
+        "update": base + 100 * MIB + 500 * MIB,  # engine + the whole update
     }
-
-
-def test_on_a_cpu_the_resharders_buffers_set_the_generation_peak_above_a_small_kv_cache():
-    config, plan = smollm2_plan("rollout.kv_cache_mib=64")
-    rollout = cpu_worker_bytes(round_plan(), config, plan)["rollout"]
-    # engine 100 + state 300 + (generation buffers 100 + the whole 100 MiB in one bucket)
-    assert rollout == CPU_WORKER_BASELINE_BYTES + (100 + 300 + 200) * MIB
 
 
 def test_the_gathered_bucket_is_the_configured_cap_or_the_tp_gathered_weights_if_smaller():
     config, _ = smollm2_plan()
-    assert gather_bucket_bytes(round_plan(), config) == 100 * MIB  # weights < 512 MiB
+    training = round_plan().training
+    assert gather_bucket_bytes(config, training) == 100 * MIB  # weights < 512 MiB
     config, _ = smollm2_plan("rollout.reshard_bucket_mib=64")
-    assert gather_bucket_bytes(round_plan(), config) == 64 * MIB
+    assert gather_bucket_bytes(config, training) == 64 * MIB
     tp2 = load_config(CONFIGS / "tiny.yaml", ["rollout.reshard_bucket_mib=1000"])
-    assert gather_bucket_bytes(round_plan(), tp2) == 200 * MIB  # 2 TP shards of 100 MiB
+    # 2 TP shards of 100 MiB gathered, and this rank's 100 MiB packed to send
+    assert gather_bucket_bytes(tp2, training) == 300 * MIB
 
 
 def test_on_a_cpu_the_swaps_host_buffers_are_one_more_copy_in_both_stages():
     base = CPU_WORKER_BASELINE_BYTES
     config, plan = smollm2_plan("rollout.swap=true")  # swap_optimizer on: weights + moments
-    assert cpu_worker_bytes(round_plan(), config, plan) == {
-        "rollout": base + 956 * MIB,
-        "update": base + 850 * MIB,
-    }
-    config, plan = smollm2_plan("rollout.swap=true", "actor.swap_optimizer=false")
-    assert cpu_worker_bytes(round_plan(), config, plan) == {
-        "rollout": base + 756 * MIB,
-        "update": base + 650 * MIB,
+    assert cpu_worker_bytes(round_plan(swap=True), config, plan) == {
+        "rollout": base + 900 * MIB,
+        "update": base + 900 * MIB,
     }
 
 
@@ -132,18 +171,44 @@ def test_the_line_names_each_measured_stage_with_its_ratio_and_skips_unmeasured_
     assert "rollout" not in line
 
 
-def test_an_accelerators_line_compares_device_bytes_per_device():
+def test_an_accelerators_line_compares_device_bytes_and_says_if_within_15_percent():
     config, plan = smollm2_plan()
-    peaks = {"update": {"device_peak_mib": 2048.0}, "rollout": {"device_peak_mib": 3072.0}}
-    checks = check_memory(config, plan, 24 * GIB, peaks, on_cpu=False)
     memory = plan_memory(config, 24 * GIB, planned_roles(plan))
-    update = memory.training.total
-    rollout = memory.generation_naive.total_without_kv + 256 * MIB
+    update, rollout = memory.update_stage, memory.rollout.peak
+    peaks = {
+        "update": {"device_peak_mib": update * 1.10 / MIB},
+        "rollout": {"device_peak_mib": rollout * 1.30 / MIB},
+    }
+    checks = check_memory(config, plan, 24 * GIB, peaks, on_cpu=False)
+    assert [c.within_tolerance for c in checks] == [False, True]  # rollout, update
+    measured = [c.measured for c in checks]
     assert format_memory_check(checks) == (
         "memory planned / measured per device (actor, peak of the run): "
-        f"rollout {rollout / GIB:.2f}G / 3.00G device ({3 * GIB / rollout:.2f}x), "
-        f"update {update / GIB:.2f}G / 2.00G device ({2 * GIB / update:.2f}x)"
+        f"rollout {rollout / GIB:.2f}G / {measured[0] / GIB:.2f}G device (1.30x, outside "
+        f"+-15%), update {update / GIB:.2f}G / {measured[1] / GIB:.2f}G device (1.10x, "
+        "within +-15%)"
     )
+
+
+def test_the_check_is_written_as_json_for_the_accelerator_checks(tmp_path):
+    config, plan = smollm2_plan()
+    peaks = {"update": {"device_peak_mib": 2048.0}}
+    checks = check_memory(config, plan, 24 * GIB, peaks, on_cpu=False)
+    write_memory_check(checks, tmp_path / "memory_check.json")
+    written = json.loads((tmp_path / "memory_check.json").read_text())
+    assert written["tolerance"] == 0.15
+    rollout, update = written["stages"]
+    assert (rollout["stage"], rollout["measured_bytes"], rollout["within_tolerance"]) == (
+        "rollout",
+        None,
+        None,
+    )
+    assert (update["stage"], update["measured_bytes"], update["measured_as"]) == (
+        "update",
+        2 * GIB,
+        "device",
+    )
+    assert update["ratio"] == pytest.approx(2 * GIB / checks[1].planned, abs=1e-4)
 
 
 def test_nothing_is_printed_when_no_planned_stage_was_measured():
@@ -172,9 +237,11 @@ def test_disaggregated_on_a_cpu_the_actor_trains_only_and_the_rollout_worker_gen
     config = load_config(CONFIGS / "tiny.yaml", overrides, grpo)  # swap on, KV 64 MiB
     plan = build_run_plan(grpo, config)
     memory = round_plan()
+    working = rollout_device_memory(config, memory.device_bytes).working
     # no engine, swap buffers or resharding in the actor; the rollout worker holds an
-    # engine's weights and its KV cache
+    # engine's weights and its working memory (well inside its 64 MiB budget)
+    assert 0 < working < 64 * MIB
     assert cpu_worker_bytes(memory, config, plan) == {
-        "rollout": CPU_WORKER_BASELINE_BYTES + (100 + 64) * MIB,
-        "update": CPU_WORKER_BASELINE_BYTES + 450 * MIB,
+        "rollout": CPU_WORKER_BASELINE_BYTES + 100 * MIB + working,
+        "update": CPU_WORKER_BASELINE_BYTES + 500 * MIB,
     }

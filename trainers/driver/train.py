@@ -27,7 +27,12 @@ from mindrl.metrics import MetricsLogger, format_progress_line, print_progress_l
 from mindrl.metrics.memory import peaks_by_role
 from mindrl.metrics.sinks import SinkError
 from mindrl.planner.capacity import device_bytes
-from mindrl.planner.check import check_memory, format_memory_check
+from mindrl.planner.check import (
+    MEMORY_CHECK_FILE,
+    check_memory,
+    format_memory_check,
+    write_memory_check,
+)
 from mindrl.reshard import LayoutError
 from mindrl.workers.group import (
     StageFailedError,
@@ -120,7 +125,8 @@ def _loop(run: RunState, runner: IterationRunner, validator: Validator) -> int:
 def _print_memory_check(run: RunState, runner: IterationRunner, device_name: str) -> None:
     """The planner's memory beside the run's measured peaks: per device, or per worker's
     resident size where the device is the host (never fatal: a config the planner cannot
-    size still trained)."""
+    size still trained). Also written to ``RUN_DIR/memory_check.json``, the figures
+    scripts/accelerator_checks.py reports."""
     try:
         bytes_per_device = device_bytes(run.config, device_name)
         checks = check_memory(
@@ -133,6 +139,7 @@ def _print_memory_check(run: RunState, runner: IterationRunner, device_name: str
     except (ValueError, KeyError) as exc:  # CapacityError included
         _error(f"no planned-vs-measured memory: {exc}")
         return
+    write_memory_check(checks, run.run_dir / MEMORY_CHECK_FILE)
     line = format_memory_check(checks)
     if line:
         print(f"mindrl-train: {line}")
