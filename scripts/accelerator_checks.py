@@ -1,18 +1,25 @@
 """Every accelerator check in one run, summed up in one JSON file.
 
-Run it through ``scripts/accelerator_checks.sh``. On a machine with a GPU or NPU it runs
-the tests marked ``cuda`` / ``npu`` / ``multi_device`` and the accelerator benchmarks:
-the training step's MFU on a ~1B dense model (``benchmarks/train_step.py``), the swap
-bandwidth against a pinned copy (``benchmarks/reshard.py --measure``), the generation
-engines' weight hand-over (``benchmarks/rollout.py``) and, where Ray is installed, a
-short GRPO run on the accelerator. A check whose Python packages are missing is skipped
-with their names; nothing is installed. Without an accelerator every check is skipped
-and the exit status is 0. Exit status 1: a check failed; 2: torch does not import.
+Run it through ``scripts/accelerator_checks.sh``. On a machine with a GPU or NPU it runs,
+in this order: four short training runs on one device (:data:`RUNS`: the 0.18B llama's
+planned vs measured memory per stage, GRPO tiny with a reference, PPO tiny,
+tiny_deepseek at TP1 EP1), the training step's MFU on a ~1B dense model against the
+issue's goal (``benchmarks/train_step.py``), the tests marked ``cuda`` / ``npu`` /
+``multi_device`` (one pytest per module, judged by its JUnit counts), the swap bandwidth
+against a pinned copy (``benchmarks/reshard.py --measure``) and the generation engines'
+weight hand-over (``benchmarks/rollout.py``). Each check has a time limit, all of them
+``--budget`` seconds (a 10-minute device call with time to spare); a check past its limit
+is killed with its process group (a run's Ray processes too). ``--device cpu`` runs the
+training runs alone on the CPU, shortened, to show their figures. A check whose Python
+packages are missing is skipped with their names; nothing is installed. Without an
+accelerator every check is skipped and the exit status is 0. Exit status 1: a check
+failed; 2: torch does not import.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -20,6 +27,8 @@ import platform
 import re
 import shlex
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +55,12 @@ PEAK_TFLOPS = (
     ("L40S", 362.0),
 )
 TAIL_CHARS = 3000
+#: dense-1b bf16 train_step at sequence 2048 on one device (issue 30 item 6).
+MFU_GOAL, MFU_GOAL_WITH_TE = 0.35, 0.45
+#: Seconds the whole script may take: a 10-minute device call with time to spare.
+BUDGET_S = 540.0
+#: A check is not started with less time than this left in the budget.
+MIN_CHECK_S = 30.0
 OWN_PACKAGES = frozenset({"mindrl", "backends", "trainers", "tests", "benchmarks"})
 
 
@@ -73,6 +88,8 @@ class Check:
     result: dict = field(default_factory=dict)
     #: A pytest module's JUnit XML: its counts, not its output, say how it went.
     junit: Path | None = None
+    #: Seconds it may take on the device (the whole run has ``--budget`` seconds).
+    timeout_s: float = 150.0
 
 
 # ---- the machine ---------------------------------------------------------------------------
@@ -85,7 +102,8 @@ def has_module(name: str) -> bool:
 
 def detect(requested: str | None) -> Machine:
     """The accelerator the device layer finds (npu, then cuda), or why there is none."""
-    modules = {m: has_module(m) for m in ("pytest", "megatron.core", "transformers", "ray", "vllm")}
+    packages = ("pytest", "megatron.core", "transformers", "ray", "vllm", "transformer_engine")
+    modules = {m: has_module(m) for m in packages}
     try:
         import torch
     except Exception as exc:  # any import failure: no usable torch here
@@ -172,11 +190,56 @@ def rollout_figures(report: dict) -> dict:
 
 
 def run_figures(run_dir: Path) -> dict:
-    """The last iteration's record of a training run."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    last = json.loads(lines[-1])
-    keys = ("reward_mean", "tps", "iteration_time_s", "rollout_logprob_diff")
-    return {"iterations": len(lines)} | {k: last.get(k) for k in keys}
+    """A training run's figures: iterations, the median iteration time after the first
+    (which compiles and allocates), the reward of the first and last iterations, the
+    generation / training log-prob gap (last and largest), and the end-of-run memory
+    check per stage (planned vs measured, ``memory_check.json``)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    times = [r["iteration_time_s"] for r in records[1:]] or [records[0]["iteration_time_s"]]
+    diffs = [r["rollout_logprob_diff"] for r in records if "rollout_logprob_diff" in r]
+    figures = {
+        "iterations": len(records),
+        "first_iteration_s": round(records[0]["iteration_time_s"], 3),
+        "iteration_time_s": round(statistics.median(times), 3),
+        "reward_mean_first": records[0].get("reward_mean"),
+        "reward_mean_last": records[-1].get("reward_mean"),
+        "rollout_logprob_diff": diffs[-1] if diffs else None,
+        "rollout_logprob_diff_max": max(diffs) if diffs else None,
+        "tps": records[-1].get("tps"),
+    }
+    return figures | {"memory": memory_figures(run_dir / "memory_check.json")}
+
+
+def memory_figures(path: Path) -> dict | None:
+    """Per stage: planned and measured GiB, measured / planned, what was measured and, for
+    device bytes, whether it is within the planner's tolerance; None without the file
+    (the run ended before its memory check)."""
+    if not path.exists():
+        return None
+    check = json.loads(path.read_text())
+    gib = 2**30
+    return {
+        row["stage"]: {
+            "planned_gib": round(row["planned_bytes"] / gib, 3),
+            "measured_gib": None
+            if row["measured_bytes"] is None
+            else round(row["measured_bytes"] / gib, 3),
+            "ratio": row["ratio"],
+            "measured_as": row["measured_as"],
+            "within_tolerance": row["within_tolerance"],
+        }
+        for row in check["stages"]
+    } | {"tolerance": check["tolerance"]}
+
+
+def train_step_figures(output: str, goal: float) -> dict:
+    """train_step's JSON and, per row, whether its MFU reaches ``goal`` (issue 30: 35 %
+    without TransformerEngine, 45 % with it)."""
+    report = last_json_document(output)
+    for row in report.get("results", []):
+        row["mfu_goal"] = goal
+        row["meets_goal"] = None if row.get("mfu") is None else row["mfu"] >= goal
+    return report
 
 
 # ---- the checks -------------------------------------------------------------------------------
@@ -208,7 +271,7 @@ def test_checks(python: str, work: Path) -> list[Check]:
         def parse(_out: str, _work: Path, xml: Path = xml) -> dict:
             return junit_counts(xml)
 
-        checks.append(Check(f"tests {rel}", command, ("pytest",), parse, junit=xml))
+        checks.append(Check(f"tests {rel}", command, ("pytest",), parse, junit=xml, timeout_s=150))
     return checks
 
 
@@ -222,7 +285,9 @@ def benchmark_checks(python: str, machine: Machine, work: Path) -> list[Check]:
         "--micro-batch 2 --micro-batches 4 --steps 5 --warmup 2 --json"
     )]  # fmt: skip
     peak = peak_tflops(machine)
-    notes = []
+    with_te = machine.modules.get("transformer_engine", False)
+    goal = MFU_GOAL_WITH_TE if with_te else MFU_GOAL
+    notes = [f"TransformerEngine {'installed' if with_te else 'absent'}: MFU goal {goal:.0%}"]
     if peak is None:
         notes.append("MFU not computed: unknown peak TFLOPS (set MINDRL_PEAK_TFLOPS)")
     else:
@@ -244,14 +309,16 @@ def benchmark_checks(python: str, machine: Machine, work: Path) -> list[Check]:
             "train_step dense-1b MFU",
             train,
             ("megatron.core",),
-            lambda out, _w: last_json_document(out),
+            lambda out, _w: train_step_figures(out, goal),
             notes,
+            timeout_s=180,
         ),
         Check(
             "reshard --measure swap bandwidth",
             reshard,
             (),
             lambda _o, _w: reshard_figures(json.loads(reshard_json.read_text())),
+            timeout_s=120,
         ),
         Check(
             "rollout weight hand-over",
@@ -259,29 +326,101 @@ def benchmark_checks(python: str, machine: Machine, work: Path) -> list[Check]:
             ("transformers",),
             lambda _o, _w: rollout_figures(json.loads(rollout_json.read_text())),
             rollout_notes,
+            timeout_s=120,
         ),
     ]
 
 
-def run_check(python: str, machine: Machine, work: Path) -> Check:
-    """A short GRPO run of configs/tiny.yaml on the accelerator (Ray places the workers)."""
-    devices = min(max(machine.count, 1), 2)
-    device = machine.device or "auto"
-    run_dir = work / "grpo-tiny"
-    command = [python, *shlex.split(
-        f"-m trainers.driver.cli --trainer grpo --config configs/tiny.yaml --device {device} "
-        f"iterations=5 resources.devices_per_node={devices} actor.parallel.tp={devices} "
-        f"reference.parallel.tp={devices} critic.parallel.tp={devices} logging.dir={run_dir}"
-    )]  # fmt: skip
-    needs = ("ray", "megatron.core", "transformers")
-    return Check("grpo tiny run", command, needs, lambda _o, _w: run_figures(run_dir))
+@dataclass(frozen=True)
+class RunSpec:
+    """A short training run on one device: its trainer, config and overrides."""
+
+    name: str
+    trainer: str
+    config: str
+    overrides: tuple[str, ...]
+    iterations: int
+    timeout_s: float
+    cpu_overrides: tuple[str, ...] = ()  # what makes it short enough on a CPU
+
+
+#: Every model role on one device (TP 1): the roles share it (issue 30 item 1).
+ONE_DEVICE = (
+    "resources.devices_per_node=1",
+    *(f"{role}.parallel.tp=1" for role in ("actor", "reference", "critic")),
+    *(f"{role}.parallel.ep=1" for role in ("actor", "reference", "critic")),
+)
+#: The first GPU run's 0.18B llama: tiny.yaml at 12 layers, hidden 1024, bf16, GQA 16/4
+#: heads, ffn 4096 (182.5M parameters), GRPO over 64 prompts x 8 responses.
+SHAPE_018B = (
+    "model.dtype=bfloat16",
+    "model.num_layers=12",
+    "model.hidden_size=1024",
+    "model.num_attention_heads=16",
+    "model.num_kv_heads=4",
+    "model.ffn_hidden_size=4096",
+    "data.global_batch_size=64",
+    "data.n_samples_per_prompt=8",
+)
+RUNS = (
+    RunSpec(
+        "run 0.18b grpo planned vs measured", "grpo", "configs/tiny.yaml",
+        (*ONE_DEVICE, *SHAPE_018B), 4, 240,
+        cpu_overrides=("model.num_layers=2", "data.global_batch_size=8"),
+    ),
+    RunSpec(
+        "run grpo tiny kl 0.001", "grpo", "configs/tiny.yaml",
+        (*ONE_DEVICE, "algorithm.kl_coef=0.001"), 5, 150,
+    ),
+    RunSpec("run ppo tiny", "ppo", "configs/tiny.yaml", ONE_DEVICE, 5, 150),
+    RunSpec("run tiny_deepseek tp1 ep1", "grpo", "configs/tiny_deepseek.yaml", ONE_DEVICE, 5, 150),
+)  # fmt: skip
+
+
+RUN_NAMES = frozenset(spec.name for spec in RUNS)
+
+
+def run_checks(python: str, machine: Machine, work: Path) -> list[Check]:
+    """Each of :data:`RUNS` as ``mindrl-train`` on this machine's device (two iterations,
+    and the CPU overrides, with ``--device cpu``); figures from its run folder."""
+    checks = []
+    on_cpu = machine.device == "cpu"
+    for spec in RUNS:
+        run_dir = work / spec.name.replace(" ", "-")
+        iterations = 2 if on_cpu else spec.iterations
+        overrides = [
+            *spec.overrides,
+            *(spec.cpu_overrides if on_cpu else ()),
+            f"iterations={iterations}",
+            f"logging.dir={run_dir}",
+            "logging.progress_bar=false",
+            "checkpoint.every=0",
+        ]
+        command = [
+            python, "-m", "trainers.driver.cli", "--trainer", spec.trainer,
+            "--config", spec.config, "--device", machine.device or "auto", *overrides,
+        ]  # fmt: skip
+        notes = []
+        if on_cpu and spec.cpu_overrides:
+            notes.append("scaled for the CPU: " + " ".join(spec.cpu_overrides))
+
+        def parse(_out: str, _work: Path, run_dir: Path = run_dir) -> dict:
+            return run_figures(run_dir)
+
+        needs = ("ray", "megatron.core", "transformers")
+        checks.append(Check(spec.name, command, needs, parse, notes, timeout_s=spec.timeout_s))
+    return checks
 
 
 def all_checks(python: str, machine: Machine, work: Path) -> list[Check]:
+    """In the order they run: the runs, the training step's MFU, the test modules, the
+    other benchmarks (a spent time budget skips the last ones)."""
+    benchmarks = benchmark_checks(python, machine, work)
     return [
+        *run_checks(python, machine, work),
+        benchmarks[0],
         *test_checks(python, work),
-        *benchmark_checks(python, machine, work),
-        run_check(python, machine, work),
+        *benchmarks[1:],
     ]
 
 
@@ -306,20 +445,10 @@ def execute(check: Check, machine: Machine, timeout_s: float) -> None:
     path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(path)}
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            check.command,
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-        rc, stdout, output = proc.returncode, proc.stdout, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        rc, stdout, output = None, partial, f"timed out after {timeout_s:.0f} s\n{partial}"
+    rc, stdout, stderr = run_bounded(check.command, env, timeout_s)
+    output = stdout + stderr
+    if rc is None:
+        output = f"timed out after {timeout_s:.0f} s\n{output}"
     result: dict = {"rc": rc, "seconds": round(time.perf_counter() - start, 1)}
     if check.junit is not None and rc is not None and check.junit.exists():
         result |= test_module_result(check.junit)
@@ -328,6 +457,34 @@ def execute(check: Check, machine: Machine, timeout_s: float) -> None:
     if result["status"] != "passed":
         result["output_tail"] = output[-TAIL_CHARS:]
     check.result = result
+
+
+def run_bounded(command: list[str], env: dict, timeout_s: float) -> tuple[int | None, str, str]:
+    """Run ``command`` in its own session; past ``timeout_s`` the whole process group goes
+    (a training run's Ray processes with it, which would otherwise keep the device): TERM,
+    then KILL. Returns (exit status or None when timed out, stdout, stderr)."""
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        return proc.returncode, stdout, stderr
+    except subprocess.TimeoutExpired:
+        for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                stdout, stderr = proc.communicate(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                stdout, stderr = "", ""
+        return None, stdout or "", stderr or ""
 
 
 def command_result(check: Check, rc: int | None, stdout: str, output: str) -> dict:
@@ -402,12 +559,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--device",
-        choices=("cuda", "npu"),
+        choices=("cuda", "npu", "cpu"),
         default=None,
-        help="the accelerator to check (default: detect, npu then cuda)",
+        help="the accelerator to check (default: detect, npu then cuda); cpu runs the "
+        "training runs on the CPU, shortened, to show their figures (nothing else)",
     )
     parser.add_argument("--only", default=None, help="run only checks whose name has this")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per check")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds per check (default: its own)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=BUDGET_S,
+        help=f"seconds for all checks; the ones left when it is spent are skipped "
+        f"(default {BUDGET_S:.0f}: a 10-minute device call)",
+    )
     return parser.parse_args(argv)
 
 
@@ -435,8 +602,15 @@ def main(argv: list[str] | None = None) -> int:
             absent = [m for m, ok in machine.modules.items() if not ok]
             if absent:
                 print(f"not installed: {', '.join(absent)} (the checks needing them are skipped)")
+            deadline = time.monotonic() + args.budget
             for check in checks:
-                execute(check, machine, args.timeout)
+                left = deadline - time.monotonic()
+                if machine.device == "cpu" and check.name not in RUN_NAMES:
+                    skip(check, "--device cpu: runs on an accelerator")
+                elif left < MIN_CHECK_S:
+                    skip(check, f"time budget of {args.budget:.0f} s spent")
+                else:
+                    execute(check, machine, min(args.timeout or check.timeout_s, left))
                 extra = f" ({'; '.join(check.notes)})" if check.notes else ""
                 print(
                     f"  {check.result['status']:<10} {check.result['seconds']:7.1f} s  "

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Every accelerator check in one command: the tests marked cuda / npu / multi_device and the
-# accelerator benchmarks (train_step MFU of a ~1B dense model, reshard --measure swap
-# bandwidth against a pinned copy, rollout weight hand-over, a short GRPO run when Ray is
-# installed), summed up in one JSON file.
+# Every accelerator check in one command, within a 10-minute budget: four short training
+# runs on one device (0.18B planned vs measured memory, GRPO with a reference, PPO,
+# tiny_deepseek), train_step MFU of a ~1B dense model, the tests marked cuda / npu /
+# multi_device, reshard --measure swap bandwidth, rollout weight hand-over; one JSON file.
 #
-#   bash scripts/accelerator_checks.sh [--out accelerator_checks.json] [--only NAME] [--device cuda|npu]
+#   bash scripts/accelerator_checks.sh [--out accelerator_checks.json] [--only NAME]
+#       [--device cuda|npu|cpu] [--budget 540]
 #
 # Python: $PYTHON, else .venv/bin/python, else python3. It must already have torch for this
 # machine's accelerator: this script installs nothing. Checks whose packages (ray, vllm,

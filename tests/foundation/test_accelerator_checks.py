@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def test_without_an_accelerator_every_check_is_skipped_in_one_line_and_json(tmp_
         n.removeprefix("tests ") for n in names if n.startswith("tests ")
     } >= ACCELERATOR_MODULES
     assert {"train_step dense-1b MFU", "reshard --measure swap bandwidth"} <= set(names)
-    assert {"rollout weight hand-over", "grpo tiny run"} <= set(names)
+    assert {"rollout weight hand-over", *checks.RUN_NAMES} <= set(names)
     for check in summary["checks"]:
         assert (check["status"], check["rc"], check["seconds"]) == (
             "skipped: no accelerator",
@@ -140,7 +141,7 @@ def test_on_a_gpu_box_without_ray_and_vllm_the_run_is_skipped_and_rollout_says_h
         modules={"ray": False, "vllm": False},
     )
     by_name = {c.name: c for c in checks.all_checks(sys.executable, machine, tmp_path)}
-    run = by_name["grpo tiny run"]
+    run = by_name["run grpo tiny kl 0.001"]
     checks.execute(run, machine, timeout_s=60)
     assert run.result["status"] == "skipped: needs ray (not installed)"
     assert by_name["rollout weight hand-over"].notes == ["vllm not installed: hf engine only"]
@@ -199,3 +200,97 @@ def test_a_test_module_whose_tests_all_skip_or_pass_says_so_from_its_junit_count
     assert run(skipped=3, tests=3) == "skipped: all 3 tests skipped (see skip_reasons)"
     assert run(skipped=0, tests=0) == "skipped: no test selected"
     assert run(skipped=1, tests=3) == "passed"
+
+
+def test_the_runs_are_the_issues_four_on_one_device_each_bounded_in_time(tmp_path):
+    machine = checks.Machine("cuda", 1, torch="2.11", modules={"ray": True})
+    runs = {c.name: c for c in checks.run_checks(sys.executable, machine, tmp_path)}
+    assert list(runs) == [
+        "run 0.18b grpo planned vs measured",
+        "run grpo tiny kl 0.001",
+        "run ppo tiny",
+        "run tiny_deepseek tp1 ep1",
+    ]
+    for check in runs.values():
+        command = " ".join(check.command)
+        assert "--device cuda" in command and "resources.devices_per_node=1" in command
+        assert "actor.parallel.tp=1" in command and "actor.parallel.ep=1" in command
+        assert 0 < check.timeout_s <= 240
+    assert "--trainer ppo" in " ".join(runs["run ppo tiny"].command)
+    assert "algorithm.kl_coef=0.001" in runs["run grpo tiny kl 0.001"].command
+    big = runs["run 0.18b grpo planned vs measured"].command
+    assert {"model.num_layers=12", "model.hidden_size=1024", "model.dtype=bfloat16"} <= set(big)
+    assert {"data.global_batch_size=64", "data.n_samples_per_prompt=8"} <= set(big)
+    # The whole list, run one after the other, leaves time in a 10-minute device call.
+    every = checks.all_checks(sys.executable, machine, tmp_path)
+    assert checks.BUDGET_S <= 540 and min(c.timeout_s for c in every) > checks.MIN_CHECK_S
+
+
+def test_on_the_cpu_only_the_runs_are_shortened_and_run_the_rest_skips(tmp_path):
+    machine = checks.Machine("cpu", 1, torch="any", modules={"ray": True})
+    runs = checks.run_checks(sys.executable, machine, tmp_path)
+    big = runs[0].command
+    assert "iterations=2" in big and "model.num_layers=2" in big and "--device" in big
+    assert big[big.index("--device") + 1] == "cpu"
+    assert runs[0].notes == ["scaled for the CPU: model.num_layers=2 data.global_batch_size=8"]
+
+
+def test_a_check_past_its_time_is_killed_with_its_children_and_failed(tmp_path):
+    marker = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(marker)!r}, 'w').write(str(child.pid)); time.sleep(60)"
+    )
+    check = checks.Check("slow", [sys.executable, "-c", code])
+    checks.execute(check, machine_with(), timeout_s=3)
+    assert check.result["status"] == "failed: timed out" and check.result["rc"] is None
+    assert check.result["seconds"] < 30
+    child = int(marker.read_text())
+    with pytest.raises(ProcessLookupError):  # the grandchild went with its group
+        for _ in range(50):
+            os.kill(child, 0)
+            time.sleep(0.1)
+
+
+def test_the_mfu_rows_say_whether_they_reach_the_goal():
+    out = json.dumps(
+        {"results": [{"model": "dense-1b", "tp": 1, "mfu": 0.36}, {"tp": 2, "mfu": 0.2}]},
+        indent=2,
+    )
+    figures = checks.train_step_figures("building\n" + out, checks.MFU_GOAL)
+    assert [(r["mfu_goal"], r["meets_goal"]) for r in figures["results"]] == [
+        (0.35, True),
+        (0.35, False),
+    ]
+
+
+def test_a_runs_memory_figures_come_from_its_memory_check_file(tmp_path):
+    (tmp_path / "memory_check.json").write_text(
+        json.dumps(
+            {
+                "tolerance": 0.15,
+                "stages": [
+                    {
+                        "stage": "rollout",
+                        "planned_bytes": 2 * 2**30,
+                        "measured_bytes": 2**31 + 2**27,
+                        "measured_as": "device",
+                        "ratio": 1.0625,
+                        "within_tolerance": True,
+                    }
+                ],
+            }
+        )
+    )
+    assert checks.memory_figures(tmp_path / "memory_check.json") == {
+        "rollout": {
+            "planned_gib": 2.0,
+            "measured_gib": 2.125,
+            "ratio": 1.0625,
+            "measured_as": "device",
+            "within_tolerance": True,
+        },
+        "tolerance": 0.15,
+    }
+    assert checks.memory_figures(tmp_path / "absent.json") is None

@@ -1,0 +1,52 @@
+"""scripts/accelerator_checks.py reads a training run's figures from its folder: here from a
+real CPU run of its GRPO check (every role on one device, kl_coef 0.001, two iterations)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from mindrl.config import load_config
+from trainers.driver.train import train
+from trainers.registry import get_algorithm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
+
+
+def accelerator_checks():
+    spec = importlib.util.spec_from_file_location(
+        "accelerator_checks", ROOT / "scripts" / "accelerator_checks.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_grpo_checks_figures_come_from_its_cpu_runs_folder(tmp_path):
+    checks = accelerator_checks()
+    spec = next(s for s in checks.RUNS if s.name == "run grpo tiny kl 0.001")
+    overrides = [*spec.overrides, "iterations=2", f"logging.dir={tmp_path}", "checkpoint.every=0"]
+    overrides.append("logging.progress_bar=false")
+    grpo = get_algorithm("grpo")
+    config = load_config(ROOT / spec.config, overrides, algorithm=grpo)
+    assert train(config, "grpo", device="cpu") == 0
+
+    figures = checks.run_figures(tmp_path)
+    assert figures["iterations"] == 2
+    assert figures["iteration_time_s"] > 0 and figures["first_iteration_s"] > 0
+    assert 0 <= figures["reward_mean_last"] <= 1
+    assert 0 <= figures["rollout_logprob_diff"] < 1e-3  # the engine got the trained weights
+    assert figures["rollout_logprob_diff_max"] >= figures["rollout_logprob_diff"]
+    memory = figures["memory"]
+    assert memory["tolerance"] == 0.15
+    for stage in ("rollout", "update"):
+        row = memory[stage]
+        assert row["measured_as"] == "host RSS" and row["within_tolerance"] is None
+        assert row["planned_gib"] > 0 and row["measured_gib"] > 0
+        assert row["ratio"] == pytest.approx(row["measured_gib"] / row["planned_gib"], rel=0.01)
