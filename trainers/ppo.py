@@ -12,7 +12,7 @@ response) neither cuts nor shifts the recursion; its reward is ignored (put rewa
 valid tokens) and its advantage and return are 0. ``returns = A + V`` (unwhitened);
 the advantages are then whitened over all valid tokens of the batch (unbiased variance).
 
-Why the defaults are what they are (issue 17): ``lam`` 1 (verl's default; GAE then is
+Why the defaults are what they are: ``lam`` 1 (verl's default; GAE then is
 the Monte-Carlo return minus the value) and an entropy bonus of 0.05, with batch
 whitening. With the textbook ``lam`` 0.95 and no bonus PPO ended near 0.75 on
 ``configs/tiny.yaml`` (seed 1234): its policy turned deterministic (entropy below 0.3

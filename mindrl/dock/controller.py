@@ -19,7 +19,7 @@ from mindrl.dock.errors import DockError
 
 class ControllerState:
     """Readiness and consumption bookkeeping of one stage over ``n_samples`` indexes,
-    and the weights version that generated each sample (-1: not told; issue 15).
+    and the weights version that generated each sample (-1: not told).
 
     Args:
         stage: the stage's name, used in every error.

@@ -1,4 +1,4 @@
-"""Samples a checkpoint keeps because a later iteration still needs them (issue 15).
+"""Samples a checkpoint keeps because a later iteration still needs them.
 
 Between iterations of partial rollout (paused responses, finished groups held for a
 later update) or of a disaggregated run with ``rollout.max_staleness >= 1`` (the next

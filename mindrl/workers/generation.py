@@ -6,7 +6,7 @@ A rank generates its indexes in chunks of about ``GENERATION_CHUNK`` samples
 see results early; each chunk is put as soon as it is sampled, ``response_ids`` with
 ``rollout_logprob`` (the raw log-prob of each token under the weights that sampled it).
 
-Partial rollout (``rollout.partial_rollout_budget``, issue 15): a response gets at most
+Partial rollout (``rollout.partial_rollout_budget``): a response gets at most
 ``budget`` new tokens per call. One still unfinished is *paused*: its tokens so far and
 their log-probs go into the dock as ``paused_ids`` / ``paused_logprob`` instead, so no
 stage claims it; the next iteration's call continues it from exactly that prefix (prompt

@@ -1,4 +1,4 @@
-"""Disaggregated placement (issue 15): a rollout worker, one Ray actor per generating
+"""Disaggregated placement: a rollout worker, one Ray actor per generating
 device, with a generation engine of its own and no training engine.
 
 It receives whole HF-named weights from actor rank 0 over the transfer group

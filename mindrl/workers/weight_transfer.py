@@ -1,4 +1,4 @@
-"""Disaggregated placement (issue 15): the trainer ranks' side of the weight hand-over.
+"""Disaggregated placement: the trainer ranks' side of the weight hand-over.
 
 After every update the actor's ranks all-gather their training shards into whole
 generation tensors (the resharder's gather, with no swap: nothing generates on these

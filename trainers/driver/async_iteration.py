@@ -1,4 +1,4 @@
-"""Iterations of a disaggregated run, with bounded off-policy asynchrony (issue 15).
+"""Iterations of a disaggregated run, with bounded off-policy asynchrony.
 
 The rollout workers generate on devices of their own (trainers/driver/rollout_placement.py).
 With ``rollout.max_staleness: 0`` an iteration is today's, on-policy: the new weights go to

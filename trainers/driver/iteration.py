@@ -105,7 +105,7 @@ VERSION_STAGE = "update"
 
 @dataclass
 class InFlightState:
-    """What a checkpoint keeps of the samples a later iteration trains on (issue 15):
+    """What a checkpoint keeps of the samples a later iteration trains on:
     the runner's small ``bookkeeping`` (plain data, in the driver's position) and the
     dock ``slices`` whose payloads actor rank 0 writes into its step folder."""
 

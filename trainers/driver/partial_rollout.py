@@ -1,4 +1,4 @@
-"""Iterations with partial rollout (issue 15, ``rollout.partial_rollout_budget``).
+"""Iterations with partial rollout (``rollout.partial_rollout_budget``).
 
 A generation *round* gives every response at most ``budget`` new tokens, so the longest
 responses no longer hold the batch. A response still unfinished when its budget runs out
