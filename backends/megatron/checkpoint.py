@@ -1,26 +1,36 @@
-"""Atomic, layout-free checkpoints that hold tensors and plain data only.
+"""Atomic, sharded, layout-free checkpoints that hold tensors and plain data only.
 
 Layout under ``root`` (one role's folder)::
 
     step_00000012/
-        meta.json                   step, layout, optimizer kind, data position, manifest
-        model.safetensors (+.json)  every parameter, full (unsharded), canonical names
-        optimizer.safetensors/.json AdamW: full moments and steps per canonical name,
-                                    param groups, LR schedule
-        optimizer/rank_00000.*      distributed optimizer: Megatron's DP-zero state per rank
+        meta.json                   step, layout, optimizer kind, data position, spec,
+                                    format, manifest (every file and its size)
+        shards/index.json           every tensor: full shape, dtype, where each box lies
+        shards/rank_00000.safetensors  the boxes rank 0 wrote (see sharded_state.py)
         rng/rank_00000.*            each rank's RNG streams
+        in_flight.*                 (actor) the dock's samples a later iteration trains
     latest                          text file naming the newest complete step folder
 
-Full tensors under canonical names make a checkpoint independent of its TP / PP / EP /
-DP layout: a resume slices them for its own layout (``sharding.shard_tensor``), as
-weights loaded from HF are. Nothing is pickled: tensors go to safetensors, the rest to
-JSON (:func:`encode`), so loading a tampered checkpoint cannot run code.
+The tensors are canonical full tensors (``model/<name>``, ``optim/...``) that each rank
+writes a part of, in parallel: what it holds and no replica writes too
+(``sharded_state.py``), planned by ``torch.distributed.checkpoint`` and stored as
+safetensors with a JSON index (``sharded_store.py``). A resume at another TP / PP / EP /
+DP layout, or with the other optimizer, reads the boxes it needs from whichever files
+hold them; no rank ever holds a full model or full optimizer state. Nothing is pickled:
+tensors go to safetensors, the rest to JSON (:func:`encode`), so loading a tampered
+checkpoint cannot run code.
 
-Saving: every rank writes into ``step_N.tmp``; after a barrier rank 0 writes
-``meta.json`` with the size of every file, renames the folder to ``step_N`` and replaces
-``latest`` through a temporary file and ``os.replace``. A crash at any point leaves
-``latest`` naming the previous complete checkpoint. Loading checks the manifest first and
-names a missing, truncated or unreadable file together with the previous complete step.
+Saving: rank 0 makes ``step_N.tmp``, every rank writes its trees and its shard file into
+it, then rank 0 writes ``meta.json`` with the size of every file, renames the folder to
+``step_N`` and replaces ``latest`` through a temporary file and ``os.replace``. A crash
+at any point leaves ``latest`` naming the previous complete checkpoint. In the
+background (:class:`PendingSave`) the tensors are first copied to host memory and a
+thread writes and publishes them while training goes on. Loading checks the manifest
+first and names a missing, truncated or unreadable file together with the previous
+complete step.
+
+Format 2 (full weights in ``model.safetensors``, written before sharded checkpoints) still
+loads: ``legacy_checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -29,18 +39,35 @@ import json
 import os
 import random
 import shutil
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from backends.megatron.sharded_state import MODEL
+from backends.megatron.sharded_store import (
+    FileTensors,
+    FullTensors,
+    LoadPiecesPlanner,
+    Pieces,
+    PiecesReader,
+    PiecesWriter,
+    SavePiecesPlanner,
+)
+
 LATEST = "latest"
 META = "meta.json"
-FORMAT = 2  # 1: the per-rank pickled .pt files of earlier versions
+SHARDS = "shards"
+FORMAT = 3  # 1: per-rank pickled .pt files; 2: full weights (legacy_checkpoint.py)
+LEGACY_FORMAT = 2
+READABLE_FORMATS = (LEGACY_FORMAT, FORMAT)
 
 
 class CheckpointError(ValueError):
@@ -143,49 +170,154 @@ def rank_stem(step_dir: Path, kind: str, rank: int) -> Path:
     return step_dir / kind / f"rank_{rank:05d}"
 
 
+class PendingSave:
+    """A checkpoint being written: :meth:`wait` returns once it is published (at once for a
+    synchronous save) and raises if writing it failed (``latest`` then still names the
+    previous complete step)."""
+
+    def __init__(self, step_dir: Path, thread: threading.Thread | None = None) -> None:
+        self.step_dir = step_dir
+        self.thread = thread
+        self.error: BaseException | None = None
+
+    def wait(self) -> Path:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise CheckpointError(
+                f"writing checkpoint {self.step_dir} failed ({_first_line(error)}); "
+                f"'{LATEST}' still names the previous complete step"
+            ) from error
+        return self.step_dir
+
+
 def save(
     root: str | Path,
     step: int,
+    tensors: dict[str, Pieces],
     shared: dict[str, Any],
     per_rank: dict[str, Any],
     meta: dict[str, Any],
     keep: int | None = None,
-) -> Path:
+    background: bool = False,
+) -> PendingSave:
     """Write a checkpoint for ``step`` and publish it as latest (collective).
 
     Args:
-        shared: name -> tree written once, by rank 0 (every rank holds the same).
+        tensors: this rank's boxes of the checkpoint's full tensors (``sharded_state.py``):
+            boxes no other rank offers, or offered identically by replicas (written once).
+        shared: name -> tree written by rank 0 (plain data and tensors).
         per_rank: name -> this rank's tree (``None`` values are skipped).
         meta: plain data for ``meta.json`` (step, layout, data position, ...).
         keep: delete older complete checkpoints beyond the newest ``keep``.
+        background: copy ``tensors`` to host memory, then write and publish them in a
+            thread; the caller goes on and calls :meth:`PendingSave.wait` before the next
+            save and before the process ends.
     """
     root = Path(root)
     final = root / f"step_{step:08d}"
     tmp = root / f"step_{step:08d}.tmp"
     rank = dist.get_rank()
+    group = _checkpoint_group()
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         for name, tree in shared.items():
             save_tree(tmp / name, tree)
-    dist.barrier()
+    dist.barrier(group=group)
     for kind, tree in per_rank.items():
         if tree is not None:
             save_tree(rank_stem(tmp, kind, rank), tree)
-    dist.barrier()
-    if rank == 0:
-        files = {
-            str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()
-        }
-        record = {"format": FORMAT, **meta, "files": files}
-        (tmp / META).write_text(json.dumps(encode(record, {}), indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        _write_latest(root, final.name)
-        if keep is not None:
-            prune(root, keep)
-    dist.barrier()
-    return final
+    if background:
+        tensors = {key: pieces.host_copy() for key, pieces in tensors.items()}
+    record = {"format": FORMAT, **meta}
+    pending = PendingSave(final)
+
+    def write() -> None:
+        try:
+            dcp.save(
+                tensors,
+                storage_writer=PiecesWriter(tmp / SHARDS),
+                planner=SavePiecesPlanner(),
+                process_group=group,
+            )
+            if rank == 0:
+                _publish(root, tmp, final, record, keep)
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            pending.error = exc
+
+    if background:
+        pending.thread = threading.Thread(target=write, name=f"checkpoint-{step}", daemon=True)
+        pending.thread.start()
+        return pending
+    write()
+    dist.barrier(group=group)  # every rank returns once the step is published
+    pending.wait()
+    return pending
+
+
+def _publish(root: Path, tmp: Path, final: Path, record: dict[str, Any], keep: int | None) -> None:
+    """Rank 0, once every rank's files are written: the manifest, the rename, ``latest``."""
+    files = {
+        str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()
+    }
+    (tmp / META).write_text(json.dumps(encode({**record, "files": files}, {}), indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    _write_latest(root, final.name)
+    if keep is not None:
+        prune(root, keep)
+
+
+_GROUPS: dict[int, Any] = {}
+
+
+def _checkpoint_group():
+    """A gloo group over the whole world for checkpoint coordination (collective on first
+    use). DCP exchanges its plans as objects, which gloo moves on the host whatever the
+    device; and a background save's thread must not share a group with training's
+    collectives, which run meanwhile."""
+    key = id(dist.distributed_c10d._get_default_group())
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.new_group(backend="gloo")
+    return _GROUPS[key]
+
+
+def load_tensors(step_dir: Path, tensors: dict[str, Pieces]) -> list[str]:
+    """Read into ``tensors`` (views of this rank's live tensors) the boxes they cover from a
+    format-3 step folder (collective); returns the names the checkpoint does not hold.
+
+    Raises:
+        CheckpointError: a tensor whose saved shape is not this model's.
+    """
+    planner = LoadPiecesPlanner()
+    try:
+        dcp.load(
+            tensors,
+            storage_reader=PiecesReader(step_dir / SHARDS),
+            planner=planner,
+            process_group=_checkpoint_group(),
+        )
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise CheckpointError(
+            f"checkpoint {step_dir} does not fit this model ({_first_line(exc)}); it was "
+            "written for another architecture: compare the spec in its meta.json with "
+            "the run's model settings"
+        ) from exc
+    return planner.missing
+
+
+def _first_line(exc: BaseException) -> str:
+    """The root message of ``exc`` (a DCP CheckpointException: its first rank's)."""
+    failures = getattr(exc, "failures", None)
+    if failures:
+        exc = next(iter(failures.values()))[0]
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def prune(root: Path, keep: int) -> None:
@@ -230,8 +362,11 @@ def problem_of(step_dir: Path) -> str | None:
         return f"{meta_file} is missing"
     except (OSError, ValueError) as exc:
         return f"{meta_file} is unreadable ({exc})"
-    if meta.get("format") != FORMAT:
-        return f"{meta_file}: format {meta.get('format')}, this version reads format {FORMAT}"
+    if meta.get("format") not in READABLE_FORMATS:
+        return (
+            f"{meta_file}: format {meta.get('format')}, this version reads formats "
+            f"{', '.join(map(str, READABLE_FORMATS))}"
+        )
     for name, size in meta["files"].items():
         file = step_dir / name
         if not file.is_file():
@@ -307,6 +442,17 @@ class Checkpoint:
     def __init__(self, step_dir: Path) -> None:
         self.dir = step_dir
         self.meta: dict[str, Any] = decode(json.loads((step_dir / META).read_text()), {})
+
+    @property
+    def format(self) -> int:
+        return self.meta["format"]
+
+    def weights(self, meta: bool = False) -> Mapping[str, torch.Tensor]:
+        """Every weight, full, by canonical name, each read when asked (``meta``: meta
+        tensors, no bytes read); one process, no process group."""
+        if self.format == LEGACY_FORMAT:
+            return FileTensors(self.dir / "model.safetensors", meta)
+        return FullTensors(self.dir / SHARDS, MODEL, meta)
 
     def load(self, name: str) -> Any:
         return load_tree(self.dir / name)

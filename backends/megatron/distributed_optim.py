@@ -21,9 +21,10 @@ What the wrapping changes, and what it does not:
   (sequence-parallel norms, q/k layernorms), tied embeddings across pipeline stages;
 * routed experts are reduced over expert-DP, as on the AdamW path (Megatron only marks
   them so when EP > 1);
-* checkpoints hold Megatron's parameter state gathered on each DP group's rank 0
-  (``get_parameter_state_dp_zero``): fp32 main weights and both moments, so a resume is
-  exact.
+* checkpoints hold each DP rank's range of the moments (and of the fp32 main weights
+  of 16-bit models) as boxes of the canonical full tensors (``sharded_state.py``), so a
+  resume is exact and any layout, or torch AdamW, reads them; format-2 checkpoints held
+  Megatron's DP-zero gather and still load (:meth:`DistributedOptimizer.load_state_dict`).
 
 On the CPU the optimizer runs inside ``megatron_compat(device)``
 (``backends/megatron/cpu_compat.py`` redirects its CUDA tensor factories).
@@ -135,21 +136,11 @@ class DistributedOptimizer:
     def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
         return [opt.optimizer for opt in self.optimizer.chained_optimizers]
 
-    def state_dict(self) -> dict[str, Any]:
-        """Param groups and steps, plus the parameter state gathered on DP rank 0.
-
-        Collective over each DP group; ranks other than DP rank 0 hold ``None`` entries.
-        """
-        return {
-            "groups": self.optimizer.state_dict(),
-            "param_state": [
-                opt.get_parameter_state_dp_zero() for opt in self.optimizer.chained_optimizers
-            ],
-        }
-
     @torch.no_grad()  # the fp32 main weights of fp32 models are views of leaf parameters
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict` (collective; call after loading the model)."""
+        """A format-2 checkpoint's state: param groups and steps, plus the parameter state
+        gathered on DP rank 0 by ``get_parameter_state_dp_zero`` (collective; call after
+        loading the model)."""
         self.optimizer.load_state_dict(state["groups"])
         for opt, param_state in zip(
             self.optimizer.chained_optimizers, state["param_state"], strict=True

@@ -27,19 +27,13 @@ import torch.distributed as dist
 
 from backends.device import get_device
 from backends.layout import ParamLayout
-from backends.megatron import checkpoint
+from backends.megatron import checkpoint, legacy_checkpoint
 from backends.megatron.batch import GlobalCounts, ResponseBatch
 from backends.megatron.builder import build_gpt, initialize_parallel, use_transformer_engine
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
-from backends.megatron.layouts import (
-    canonical_parameters,
-    layout_of,
-    param_layouts,
-    tp_rank_for,
-    tp_world_for,
-)
+from backends.megatron.layouts import canonical_parameters, param_layouts
 from backends.megatron.logprobs import (
     at_least_float32,
     vocab_parallel_entropy,
@@ -54,13 +48,17 @@ from backends.megatron.optim import (
     reduce_gradients,
 )
 from backends.megatron.pipeline import MicroBatch, megatron_schedule, run_micro_batches
-from backends.megatron.sharding import (
-    gather_full_state_dict,
-    gather_like,
-    load_full_state_dict,
-    merge_over_world,
-    shard_tensor,
+from backends.megatron.sharded_state import (
+    MODEL,
+    adam_pieces,
+    distributed_pieces,
+    distributed_states,
+    ensure_adam_state,
+    vocab_padding,
+    weight_pieces,
 )
+from backends.megatron.sharded_store import Pieces
+from backends.megatron.sharding import gather_full_state_dict, load_full_state_dict
 from backends.megatron.shared_prompt import pack_shared_prompts
 from backends.megatron.spec import GPTSpec, ParallelSpec
 
@@ -114,6 +112,7 @@ class MegatronEngine:
         elif optim is not None:
             self.optimizer, self.scheduler = make_optimizer(self.model, optim)
         self.step = 0
+        self._pending_save: checkpoint.PendingSave | None = None
 
     # ---- layout ----------------------------------------------------------------------
     def data_parallel_rank(self) -> int:
@@ -334,141 +333,146 @@ class MegatronEngine:
         data_position: Any = None,
         keep: int | None = None,
         extra: dict[str, Any] | None = None,
+        background: bool = False,
     ) -> Path:
         """Write model, optimizer, RNG and ``data_position`` atomically under ``root``
-        (keeping the newest ``keep`` checkpoints when given). Collective.
+        (keeping the newest ``keep`` checkpoints when given); returns the step folder.
+        Collective.
 
-        Weights and AdamW state are stored full under canonical names, so any layout
-        resumes them (see ``checkpoint.py``). ``extra``: more trees of plain data and
-        tensors, by name, that rank 0 writes into the same step folder (the caller's own
-        state; read back with ``checkpoint.load_tree(step_dir / name)``).
+        Each rank writes its part of the canonical full tensors, in parallel and once over
+        replicas (see ``checkpoint.py``), so any layout resumes it. ``extra``: more trees
+        of plain data and tensors, by name, that rank 0 writes into the same step folder
+        (the caller's own state; read back with ``checkpoint.load_tree(step_dir / name)``).
+        ``background``: return once the tensors are copied to host memory; they are
+        written and published while training goes on (:meth:`finish_checkpoint` waits).
         """
-        shared = {"model": self.full_state_dict(), **(extra or {})}
-        per_rank: dict[str, Any] = {"rng": checkpoint.capture_rng()}
-        if self.distributed is not None:
-            with megatron_compat(self.device):
-                per_rank["optimizer"] = self.distributed.state_dict()  # collective over DP
-        elif self.optimizer is not None:
-            shared["optimizer"] = self._full_optimizer_state()
+        self.finish_checkpoint()
         meta = {
             # The architecture rides along so a checkpoint alone can be exported to HF.
             "spec": dataclasses.asdict(self.spec),
             "value_head": self.value_head,
             "step": self.step,
-            "layout": self._layout(),
-            "optimizer": self._optimizer_kind(),
+            "layout": self.layout(),
+            "optimizer": self.optimizer_kind(),
             "data_position": data_position,
         }
-        return checkpoint.save(root, self.step, shared, per_rank, meta, keep)
+        with megatron_compat(self.device):
+            tensors = self._checkpoint_tensors(saving=True)
+        per_rank = {"rng": checkpoint.capture_rng()}
+        self._pending_save = checkpoint.save(
+            root, self.step, tensors, extra or {}, per_rank, meta, keep, background
+        )
+        return self._pending_save.step_dir
+
+    def finish_checkpoint(self) -> Path | None:
+        """Wait for a background save to be published; its step folder (``None``: none).
+
+        Raises:
+            CheckpointError: writing it failed (``latest`` names the step before it).
+        """
+        pending, self._pending_save = self._pending_save, None
+        return pending.wait() if pending is not None else None
 
     def load_checkpoint(self, path: str | Path) -> Any:
         """Resume from a checkpoint (a role's folder: its latest; or one step folder) saved
-        at any layout; returns the saved ``data_position``.
+        at any layout, with either optimizer; returns the saved ``data_position``.
 
-        At another layout than the saved one, the RNG streams are not restored (each rank
-        keeps the ones seeded at start-up: ranks do not map one to one), and a
-        distributed optimizer's state, sharded by Megatron's buffer layout, is refused.
+        Each rank reads only the boxes of its own shard. At another layout than the saved
+        one the RNG streams are not restored (each rank keeps the ones seeded at start-up:
+        ranks do not map one to one).
 
         Raises:
             CheckpointError: a missing or corrupt checkpoint, or one that cannot be
                 resumed here (naming why).
         """
+        self.finish_checkpoint()
         saved = checkpoint.open_checkpoint(path)
-        meta = saved.meta
-        if self.optimizer is not None and meta["optimizer"] != self._optimizer_kind():
-            raise checkpoint.CheckpointError(
-                f"the checkpoint {saved.dir} was written with distributed_optimizer="
-                f"{str(meta['optimizer'] == 'distributed').lower()} but this run has "
-                f"{str(self.distributed is not None).lower()}; resume with the same "
-                "optim.distributed_optimizer setting"
-            )
-        same_layout = meta["layout"] == self._layout()
-        if self.distributed is not None and not same_layout:
-            raise checkpoint.CheckpointError(
-                f"the checkpoint {saved.dir} holds a distributed optimizer's state at layout "
-                f"{meta['layout']}, which only that layout resumes (this run: "
-                f"{self._layout()}); resume at the saved layout, or save with "
-                "optim.distributed_optimizer=false for a layout-free optimizer state"
-            )
-        self.load_full_state_dict(saved.load("model"))
-        if self.distributed is not None:
-            with megatron_compat(self.device):  # collective over DP
-                self.distributed.load_state_dict(saved.load_rank("optimizer", dist.get_rank()))
-        elif self.optimizer is not None:
-            self._load_full_optimizer_state(saved.load("optimizer"))
-        if same_layout:
+        if saved.format == checkpoint.LEGACY_FORMAT:
+            return legacy_checkpoint.load(self, saved)
+        with megatron_compat(self.device):
+            self._fresh_optimizer_state()
+            states = self._distributed_states()
+            missing = checkpoint.load_tensors(saved.dir, self._checkpoint_tensors(False, states))
+            weights = [name for name in missing if name.startswith(MODEL)]
+            if weights and not self.value_head:  # a critic may start from a policy
+                raise checkpoint.CheckpointError(
+                    f"checkpoint {saved.dir} has no '{weights[0]}' ({len(weights)} weights "
+                    "missing): it was written for another model"
+                )
+            for rows in vocab_padding(self.model, self.spec.vocab_size):
+                rows.zero_()
+            self._settle_optimizer(missing)
+        if saved.meta["layout"] == self.layout():
             checkpoint.restore_rng(saved.load_rank("rng", dist.get_rank()))
-        self.step = meta["step"]
-        return meta["data_position"]
+        self.step = saved.meta["step"]
+        if self.scheduler is not None:
+            self._schedule_at(self.step)
+        return saved.meta["data_position"]
 
-    def _layout(self) -> dict[str, int | None]:
+    def _checkpoint_tensors(self, saving: bool, states: list | None = None) -> dict[str, Pieces]:
+        """This rank's boxes of the checkpoint's tensors: what it writes (``saving``) or
+        views of everything it reads into."""
+        vocab = self.spec.vocab_size
+        tensors = weight_pieces(self.model, vocab, saving)
+        if self.distributed is not None:
+            states = self._distributed_states() if states is None else states
+            tensors |= distributed_pieces(self.model, states, vocab, saving)
+        elif self.optimizer is not None:
+            tensors |= adam_pieces(self.model, self.optimizer, vocab, saving)
+        return tensors
+
+    def _distributed_states(self) -> list:
+        """The distributed optimizer's per-weight state on this rank (none before its first
+        step or :meth:`_fresh_optimizer_state`)."""
+        if self.distributed is None or not self._distributed_state_exists():
+            return []
+        return distributed_states(self.model, self.optimizer)
+
+    def _distributed_state_exists(self) -> bool:
+        return all(opt.optimizer.state for opt in self.optimizer.chained_optimizers)
+
+    def _fresh_optimizer_state(self) -> None:
+        """The optimizer state a first step starts from (step 0, zero moments), allocated,
+        for a checkpoint to be read into: what it does not hold stays fresh."""
+        if self.distributed is not None:
+            for opt in self.optimizer.chained_optimizers:
+                if not opt.optimizer.state:
+                    # Megatron's own way to allocate it: a step on zero grads (weights are
+                    # loaded after it).
+                    opt._init_optimizer_states_with_dummy_values()
+            for _, _, state in distributed_states(self.model, self.optimizer):
+                for key in ("exp_avg", "exp_avg_sq", "step"):
+                    state[key].zero_()
+        elif self.optimizer is not None:
+            self.optimizer.state.clear()
+            ensure_adam_state(self.optimizer)
+
+    def _settle_optimizer(self, missing: list[str]) -> None:
+        """After reading: fp32 main weights of a 16-bit model follow the loaded weights where
+        the checkpoint held none (one of torch AdamW); fp32 models' are the weights."""
+        main = [name for name in missing if name.startswith("optim/main/")]
+        if self.distributed is not None and (main or self.spec.dtype == "float32"):
+            self.distributed.reload_model_params()
+
+    def _schedule_at(self, step: int) -> None:
+        """The AdamW path's LR schedule as after ``step`` optimizer steps."""
+        factor = lr_factor(step, self.optim)
+        lrs = [base * factor for base in self.scheduler.base_lrs]
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        self.scheduler.load_state_dict(
+            {**self.scheduler.state_dict(), "last_epoch": step, "_last_lr": lrs}
+        )
+
+    def layout(self) -> dict[str, int | None]:
+        """World size and parallel sizes (what a checkpoint records of its layout)."""
         keys = ("tp", "pp", "cp", "ep", "etp", "first_stage_layers")
         return {"world": dist.get_world_size(), **{k: getattr(self.parallel, k) for k in keys}}
 
-    def _optimizer_kind(self) -> str | None:
+    def optimizer_kind(self) -> str | None:
         if self.optimizer is None:
             return None
         return "distributed" if self.distributed is not None else "adamw"
-
-    def _full_optimizer_state(self) -> dict[str, Any]:
-        """AdamW's state with every moment gathered full, keyed by canonical name (collective).
-
-        AdamW's state is replicated over DP, so any replica's copy is the state.
-        """
-        local: dict[str, dict[str, torch.Tensor]] = {}
-        for name, param in canonical_parameters(self.model).items():
-            state = self.optimizer.state.get(param) or {}
-            local[name] = {
-                key: gather_like(name, param, value) if value.shape == param.shape else value
-                for key, value in state.items()
-                if torch.is_tensor(value)
-            }
-        groups = [
-            {k: v for k, v in group.items() if k != "params"}
-            for group in self.optimizer.param_groups
-        ]
-        return {
-            "state": {k: v for k, v in merge_over_world(local).items() if v},
-            "param_groups": groups,
-            "scheduler": self.scheduler.state_dict(),
-        }
-
-    def _load_full_optimizer_state(self, saved: dict[str, Any]) -> None:
-        """Slice the saved full AdamW state for this rank's layout and load it."""
-        full = saved["state"]
-        order = {id(p): i for i, p in enumerate(self._optimizer_params())}
-        state = {}
-        for name, param in canonical_parameters(self.model).items():
-            # Tied embeddings with PP > 1: the last stage's output layer is a copy of the
-            # embedding (grads all-reduced), so its moments are the embedding's.
-            source = full.get(name) or full.get(_TIED.get(name, ""))
-            if not source:
-                continue
-            layout = layout_of(name, param)
-            state[order[id(param)]] = {
-                key: shard_tensor(value, layout, tp_rank_for(param), tp_world_for(param))
-                if tuple(value.shape) == layout.full_shape and value.dim() > 0
-                else value
-                for key, value in source.items()
-            }
-        groups = []
-        start = 0
-        for group, saved_group in zip(
-            self.optimizer.param_groups, saved["param_groups"], strict=True
-        ):
-            ids = list(range(start, start + len(group["params"])))
-            groups.append({**saved_group, "params": ids})
-            start += len(ids)
-        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
-        self.scheduler.load_state_dict(saved["scheduler"])
-        _own_optimizer_storage(self.optimizer)
-
-    def _optimizer_params(self) -> list[torch.nn.Parameter]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
-
-
-#: A parameter whose checkpointed state may be stored under another name (tied weights).
-_TIED = {"output_layer.weight": "embedding.word_embeddings.weight"}
 
 
 @dataclass(frozen=True)
@@ -497,15 +501,3 @@ class _Scored(MicroBatch):
     def per_row(self, per_position: torch.Tensor) -> torch.Tensor:
         """Outputs at :attr:`positions` -> ``[b, W, ...]`` in the batch's row order."""
         return per_position if self.shared is None else self.shared.unpack(per_position)
-
-
-def _own_optimizer_storage(optimizer: torch.optim.Optimizer) -> None:
-    """Give every optimizer state tensor its own resizable storage.
-
-    Tensors loaded from a checkpoint can sit on storages that refuse ``resize_`` (or share
-    one), and allgather-swap frees device memory exactly that way.
-    """
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                state[key] = value.clone()

@@ -21,9 +21,11 @@ def option(
     gt: float | None = None,
     le: float | None = None,
     choices: Sequence[Any] | None = None,
+    key: str | None = None,
 ) -> Any:
-    """Declare a config field with its doc string and validation bounds."""
-    metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "choices": choices}
+    """Declare a config field with its doc string and validation bounds; ``key``: its name
+    in YAML and overrides when that is no Python name (``checkpoint.async``)."""
+    metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "choices": choices, "key": key}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -32,3 +34,8 @@ def option(
 def section(cls: type) -> Any:
     """A nested config section defaulting to its dataclass defaults."""
     return dataclasses.field(default_factory=cls, metadata={"doc": (cls.__doc__ or "").strip()})
+
+
+def config_key(field: dataclasses.Field) -> str:
+    """A field's name in YAML and overrides."""
+    return field.metadata.get("key") or field.name

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from mindrl.config.fields import config_key
 from mindrl.config.schema import MindRLConfig, ModelConfig
 
 if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
@@ -153,28 +154,28 @@ def build(cls: type, raw: Any, prefix: str, problems: list[str], origin: str) ->
         )
         return cls()
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {config_key(f): f for f in dataclasses.fields(cls)}
     for key in raw:
         if key not in fields:
             problems.append(f"{origin}: {prefix}{key}: unknown key{did_you_mean(str(key), fields)}")
     values = {}
-    for name, field in fields.items():
-        if name not in raw:
+    for key, field in fields.items():
+        if key not in raw:
             continue
-        dotted = f"{prefix}{name}"
-        hint = hints[name]
+        dotted = f"{prefix}{key}"
+        hint = hints[field.name]
         if dataclasses.is_dataclass(hint):
-            values[name] = build(hint, raw[name], dotted + ".", problems, origin)
+            values[field.name] = build(hint, raw[key], dotted + ".", problems, origin)
             continue
-        value = coerce(raw[name], hint)
+        value = coerce(raw[key], hint)
         if value is _MISSING:
-            problems.append(f"{origin}: {dotted}: expected {type_name(hint)}, got {raw[name]!r}")
+            problems.append(f"{origin}: {dotted}: expected {type_name(hint)}, got {raw[key]!r}")
             continue
         bound = check_bounds(value, field.metadata)
         if bound:
             problems.append(f"{origin}: {dotted}: {bound}")
             continue
-        values[name] = value
+        values[field.name] = value
     return cls(**values)
 
 

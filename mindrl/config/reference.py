@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+from mindrl.config.fields import config_key
 from mindrl.config.schema import MindRLConfig
 
 
@@ -14,7 +15,7 @@ def config_reference(cls: type = MindRLConfig, prefix: str = "") -> list[tuple[s
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         hint = hints[field.name]
-        key = f"{prefix}{field.name}"
+        key = f"{prefix}{config_key(field)}"
         if dataclasses.is_dataclass(hint):
             rows += config_reference(hint, key + ".")
             continue

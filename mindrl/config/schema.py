@@ -456,6 +456,13 @@ class CheckpointConfig:
     dir: str | None = option(None, "Checkpoint folder; None: <logging.dir>/checkpoints.")
     every: int = option(0, "Save every k iterations (0: only at the end).", ge=0)
     keep: int = option(2, "Most recent checkpoints kept.", ge=1)
+    async_save: bool = option(
+        False,
+        "Write the every-k checkpoints in the background: training goes on while a host copy "
+        "of each rank's part is written (the end-of-run and Ctrl-C ones are written before "
+        "the run goes on).",
+        key="async",
+    )
 
 
 @dataclass

@@ -274,17 +274,25 @@ class ModelWorker(WeightSource):
     # ---- checkpoints ----------------------------------------------------------------------------
     @on_device
     def save_checkpoint(
-        self, root: str, data_position: dict, in_flight: list[DockSlice] | None = None
+        self,
+        root: str,
+        data_position: dict,
+        in_flight: list[DockSlice] | None = None,
+        background: bool = False,
     ) -> str:
         """Save this role under ``root``; ``in_flight``: samples still in the dock that a
         later iteration trains, which rank 0 fetches and writes into the same step folder
-        (published atomically with the weights: the driver never carries payloads)."""
+        (published atomically with the weights: the driver never carries payloads).
+        ``background``: return once this rank's part is copied to host memory; it is
+        written while training goes on (the next save, or a load, waits for it)."""
         keep = self.config.checkpoint.keep
         extra = None
         if in_flight and self.rank == 0:
             extra = {IN_FLIGHT: snapshot_samples(self.dock, in_flight)}
             self.dock.take_seconds()  # not the next stage's dock time
-        step_dir = self.engine.save_checkpoint(Path(root) / self.role, data_position, keep, extra)
+        step_dir = self.engine.save_checkpoint(
+            Path(root) / self.role, data_position, keep, extra, background
+        )
         return str(step_dir)
 
     @on_device

@@ -1,9 +1,13 @@
-"""Checkpoints hold full tensors and plain data: a run saved at one layout resumes at
-another, loading runs no code, and a corrupt checkpoint is named with the step before it."""
+"""Checkpoints are sharded and layout-free: each rank writes its part of the canonical
+full tensors once over replicas, and a run saved at one TP / PP / EP / DP layout, with
+either optimizer, resumes at another holding exactly the same tensors and training on as
+the uninterrupted run; format-2 checkpoints still resume; loading runs no code, and a
+corrupt checkpoint is named with the step before it."""
 
 from __future__ import annotations
 
 import json
+import math
 import pickle
 from pathlib import Path
 
@@ -11,45 +15,154 @@ import pytest
 import torch
 
 from backends.megatron import checkpoint
+from backends.megatron.sharded_store import FullTensors, read_index
 from tests.megatron import cases, checkpoint_cases
+from tests.megatron.checkpoint_cases import BACK_ON_TWO_RANKS, ON_TWO_RANKS
 from tests.support.spawn import run_ranks
+
+MOVES = sorted([*ON_TWO_RANKS, *BACK_ON_TWO_RANKS, "dp2_to_dp1"])
+SAME_LAYOUT = ("same_dp2", "same_tp2")
 
 
 @pytest.fixture(scope="module")
-def tp2_to_dp2(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt") / "actor"
-    return root, run_ranks(checkpoint_cases.tp2_then_dp2, 2, str(root))
+def moves(tmp_path_factory):
+    """Every move's results (rank 0's: the losses are global) and the checkpoints' root."""
+    root = tmp_path_factory.mktemp("moves")
+    two = run_ranks(checkpoint_cases.moves_on_two_ranks, 2, str(root))[0]
+    one = run_ranks(checkpoint_cases.one_rank, 1, str(root))[0]
+    back = run_ranks(checkpoint_cases.back_on_two_ranks, 2, str(root))
+    results = {**two, "dp2_to_dp1": {**one["dp2_to_dp1"], **_after(two["same_dp2"])}}
+    for name, move in BACK_ON_TWO_RANKS.items():
+        results[name] = {**back[0][name], "uninterrupted": one[f"one_{move.spec}"]}
+    return root, results, [rank["format2"] for rank in back]
 
 
-def test_a_run_saved_at_tp2_resumes_at_tp1_dp2_with_its_weights_and_adam_state(tp2_to_dp2):
-    _, ranks = tp2_to_dp2
-    for result in ranks:
-        assert result["same_weights"] and result["same_moments"]
-        assert result["moment_keys"] == ["exp_avg", "exp_avg_sq", "step"]
-        assert result["position"] == {"next_step": 2}
-        step, lr = result["step_and_lr"]
-        # the LR schedule goes on at step 2: cosine after 1 warm-up step, 1/3 of the way
-        assert step == 2 and lr == pytest.approx(0.01 * 0.75)
-        # Same weights, moments, step and LR: the next two steps are the uninterrupted
-        # run's, up to the summation order of another layout.
-        torch.testing.assert_close(
-            torch.tensor(result["resumed"]),
-            torch.tensor(result["uninterrupted"]),
-            **cases.SAME_DEVICE_TOL,
-        )
+def _after(written: dict) -> dict:
+    return {"uninterrupted": written["uninterrupted"]}
 
 
-def test_a_checkpoint_is_safetensors_and_json_with_no_pickle(tp2_to_dp2):
-    root, ranks = tp2_to_dp2
-    step_dir = Path(ranks[0]["saved_dir"])
-    assert (root / "latest").read_text().strip() == step_dir.name == "step_00000002"
+def _saved_dir(root: Path, move: str) -> Path:
+    written = move if move in ON_TWO_RANKS else "same_dp2" if move == "dp2_to_dp1" else None
+    if written is None:
+        written = f"one_{BACK_ON_TWO_RANKS[move].spec}"
+    return checkpoint.latest_dir(root / written / "saved")
+
+
+@pytest.mark.parametrize("move", MOVES)
+def test_a_checkpoint_resumed_at_another_layout_holds_exactly_the_saved_tensors(moves, move):
+    root, _, _ = moves
+    saved = FullTensors(_saved_dir(root, move) / checkpoint.SHARDS, "")
+    resaved = FullTensors(checkpoint.latest_dir(root / move / "resaved") / checkpoint.SHARDS, "")
+    assert sorted(resaved) == sorted(saved)
+    assert any(name.startswith("optim/exp_avg_sq/") for name in saved)
+    for name in saved:
+        assert torch.equal(resaved[name], saved[name]), name
+
+
+@pytest.mark.parametrize("move", MOVES)
+def test_a_resumed_run_trains_on_as_the_uninterrupted_run(moves, move):
+    _, results, _ = moves
+    result = results[move]
+    assert result["position"] == {"next_step": 2} and result["step"] == 2
+    # the LR schedule goes on at step 2: cosine after 1 warm-up step, 1/3 of the way
+    assert result["lr"] == pytest.approx(0.01 * 0.75)
+    if move in SAME_LAYOUT:
+        assert result["resumed"] == result["uninterrupted"]  # bit-exact on CPU
+        return
+    tolerance = {"rtol": 1e-2, "atol": 1e-2} if move.startswith("bf16") else cases.SAME_DEVICE_TOL
+    torch.testing.assert_close(
+        torch.tensor(result["resumed"]), torch.tensor(result["uninterrupted"]), **tolerance
+    )
+
+
+@pytest.mark.parametrize("move", ["same_dp2", "tp2_to_tp1", "ep2_to_ep1"])
+def test_every_rank_writes_its_part_once_and_no_replica_writes_it_again(moves, move):
+    root, _, _ = moves
+    shards = _saved_dir(root, move) / checkpoint.SHARDS
+    index = read_index(shards)
+    stored = {}
+    for name, entry in index.items():
+        volume = sum(math.prod(box["sizes"]) for box in entry["boxes"])
+        assert volume == math.prod(entry["shape"]), name  # the boxes tile it exactly once
+        for box in entry["boxes"]:
+            size = math.prod(box["sizes"]) * (2 if entry["dtype"] == "BF16" else 4)
+            stored[box["file"]] = stored.get(box["file"], 0) + size
+    assert sorted(stored) == ["rank_00000.safetensors", "rank_00001.safetensors"]
+    total = sum(stored.values())
+    assert all(0.3 * total < part < 0.7 * total for part in stored.values()), stored
+
+
+def test_a_bf16_model_keeps_its_fp32_main_weights(moves):
+    root, _, _ = moves
+    saved = FullTensors(_saved_dir(root, "bf16_dp2_to_tp2") / checkpoint.SHARDS, "")
+    main = saved["optim/main/decoder.layers.0.mlp.linear_fc1.weight"]
+    weight = saved["model/decoder.layers.0.mlp.linear_fc1.weight"]
+    assert main.dtype == torch.float32 and weight.dtype == torch.bfloat16
+    assert torch.equal(main.to(torch.bfloat16), weight) and not torch.equal(main, weight.float())
+
+
+def test_the_vocabulary_is_stored_without_the_rows_that_pad_it_for_tp(moves):
+    root, _, _ = moves
+    saved = FullTensors(_saved_dir(root, "tp2_to_tp1") / checkpoint.SHARDS, "", meta=True)
+    assert saved["model/embedding.word_embeddings.weight"].shape == (cases.DENSE.vocab_size, 64)
+
+
+def test_a_checkpoint_is_safetensors_and_json_with_no_pickle(moves):
+    root, _, _ = moves
+    step_dir = _saved_dir(root, "tp2_to_tp1")
+    assert (step_dir.parent / "latest").read_text().strip() == step_dir.name == "step_00000002"
     files = sorted(str(p.relative_to(step_dir)) for p in step_dir.rglob("*") if p.is_file())
     assert all(f.endswith((".safetensors", ".json")) for f in files), files
-    assert "rng/rank_00001.safetensors" in files and "model.safetensors" in files
+    assert {"rng/rank_00001.safetensors", "shards/index.json"} <= set(files)
     meta = json.loads((step_dir / "meta.json").read_text())
     assert meta["layout"]["tp"] == 2 and meta["optimizer"] == "adamw" and meta["step"] == 2
+    assert meta["format"] == checkpoint.FORMAT and set(meta["files"]) == set(files) - {"meta.json"}
     for file in step_dir.rglob("*"):
         assert b"\x80\x04\x95" not in file.read_bytes() if file.is_file() else True  # pickle
+
+
+def test_format_2_checkpoints_still_resume(moves):
+    _, _, format2 = moves
+    fixtures = Path(checkpoint_cases.__file__).parent / "format2"
+    adamw = json.loads((fixtures / "adamw_tp2" / "expected.json").read_text())["next_losses"]
+    distributed = json.loads((fixtures / "distributed_dp2" / "expected.json").read_text())
+    for rank in format2:  # AdamW written at TP2, resumed at TP1 x DP2
+        torch.testing.assert_close(
+            torch.tensor(rank["adamw_tp2_at_dp2"]), torch.tensor(adamw), **cases.SAME_DEVICE_TOL
+        )
+        assert rank["distributed_dp2"] == pytest.approx(distributed["next_losses"], rel=1e-6)
+        refusal = rank["distributed_dp2_at_tp2"]
+        assert "format-2 checkpoint" in refusal and "resume at the saved layout" in refusal
+        assert "\n" not in refusal
+
+
+@pytest.fixture(scope="module")
+def background(tmp_path_factory):
+    root = tmp_path_factory.mktemp("background")
+    return root, run_ranks(checkpoint_cases.background_saves, 2, str(root))
+
+
+def test_a_background_save_returns_at_once_and_holds_its_steps_state_while_training_goes_on(
+    background,
+):
+    root, ranks = background
+    assert all(not rank["published_at_return"] for rank in ranks)
+    assert ranks[0]["published"] == root / "background" / "step_00000002"
+    sync = FullTensors(root / "sync" / "step_00000002" / checkpoint.SHARDS, "")
+    written = FullTensors(root / "background" / "step_00000002" / checkpoint.SHARDS, "")
+    assert sorted(written) == sorted(sync)
+    assert all(torch.equal(written[name], sync[name]) for name in sync)
+
+
+def test_a_background_save_that_fails_leaves_latest_on_the_step_before_and_says_so(background):
+    root, ranks = background
+    assert checkpoint.latest_dir(root / "background") == root / "background" / "step_00000002"
+    assert checkpoint.resolve(root / "background").name == "step_00000002"
+    for rank in ranks:  # every rank hears of it, in one line
+        error = rank["error"]
+        assert error.startswith(f"writing checkpoint {root / 'background' / 'step_00000004'}")
+        assert "No space left on device" in error and "\n" not in error
+        assert error.endswith("'latest' still names the previous complete step")
 
 
 def _fake_step(root: Path, step: int) -> Path:

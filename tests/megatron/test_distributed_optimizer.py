@@ -6,7 +6,7 @@ and an expert optimizer) start from the shared per-name weights and train 3 step
 (warm-up + cosine lr, weight decay, a grad clip active in some steps) on the same global
 batches as one rank running torch AdamW: same loss, grad norm and lr at every step and
 the same weights after every step. A checkpoint resume reproduces the next two losses
-and the weights bit for bit.
+and the weights bit for bit, and torch AdamW resumes the same checkpoint.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def test_resuming_with_the_distributed_optimizer_continues_exactly_like_an_unint
         assert resume["resumed"] == resume["uninterrupted"][2:]  # bit-exact on CPU
         assert resume["same_weights"]
         assert len(set(resume["uninterrupted"])) == 4
-        assert "same optim.distributed_optimizer setting" in resume["refusal"]
+        # The checkpoint's moments are canonical tensors: torch AdamW steps on from them.
+        assert resume["with_adamw"] == pytest.approx(resume["uninterrupted"][2:], rel=1e-5)
 
 
 def test_bf16_main_weights_follow_the_loaded_weights(runs):

@@ -87,7 +87,10 @@ def test_tiny_grpo_reward_rises_end_to_end(tmp_path):
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     whole = tmp_path / "whole"
-    config = tiny_config(whole, "grpo", "iterations=6", "checkpoint.every=3")
+    # checkpoint.async: the step-3 checkpoint is written while iterations 3-5 train.
+    config = tiny_config(
+        whole, "grpo", "iterations=6", "checkpoint.every=3", "checkpoint.async=true"
+    )
     assert train(config, "grpo", device="cpu") == 0
     # Point the checkpoint back at the end of iteration 2 and continue from there.
     checkpoints = whole / "run" / "checkpoints"

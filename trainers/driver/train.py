@@ -113,9 +113,9 @@ def _loop(run: RunState, runner: IterationRunner, validator: Validator) -> int:
             print_progress_line(format_progress_line(iteration, metrics))
             every = config.checkpoint.every
             if every and (iteration + 1) % every == 0 and iteration + 1 < config.iterations:
-                save_checkpoint(run, runner)
+                save_checkpoint(run, runner, background=config.checkpoint.async_save)
         if run.finished_iteration >= run.start_iteration:
-            save_checkpoint(run, runner)
+            save_checkpoint(run, runner)  # waits for a background one first
             _write_hf(run)
     _plot(run.run_dir)
     print(f"mindrl-train: done; metrics in {run.run_dir}, checkpoints in {run.checkpoint_dir}")
@@ -154,12 +154,18 @@ def _write_hf(run: RunState) -> None:
 
 
 def save_checkpoint(
-    run: RunState, runner: IterationRunner | None = None, timeout_s: float | None = None
+    run: RunState,
+    runner: IterationRunner | None = None,
+    timeout_s: float | None = None,
+    background: bool = False,
 ) -> None:
     """Every trained role saves; the driver's position (next iteration, data, KL) rides
     along. Between iterations the ``runner``'s samples in flight (partial rollout, an
     asynchronous run's next batch) are kept too: its bookkeeping in the position, their
-    payloads written by actor rank 0 into its step folder."""
+    payloads written by actor rank 0 into its step folder. ``background``
+    (``checkpoint.async``): the workers return once their parts are copied to host memory
+    and write them while the run goes on; each save waits for the one before, so a run
+    that ends waits for it, and one that fails leaves ``latest`` on a complete step."""
     in_flight = runner.in_flight_state() if runner is not None and not run.iterating else None
     position = run.position(in_flight.bookkeeping if in_flight is not None else None)
     timeout = timeout_s or run.plan.stage_deadline_s
@@ -169,10 +175,13 @@ def save_checkpoint(
         args = [root, position]
         if in_flight is not None and group.name == "actor":
             args.append(in_flight.slices)
-        group.call("save_checkpoint", *args, stage="checkpoint", timeout_s=timeout)
+        kwargs = {"background": True} if background else {}
+        group.call("save_checkpoint", *args, stage="checkpoint", timeout_s=timeout, **kwargs)
     seconds = time.perf_counter() - start
+    writing = "; writing in the background" if background else ""
     print_progress_line(
-        f"checkpoint: iteration {run.finished_iteration} -> {run.checkpoint_dir} ({seconds:.1f}s)"
+        f"checkpoint: iteration {run.finished_iteration} -> {run.checkpoint_dir} "
+        f"({seconds:.1f}s{writing})"
     )
 
 
