@@ -12,9 +12,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+
+from backends.megatron.sharded_store import write_safetensors
+
+#: transformers' ``save_pretrained`` default shard size ("5GB").
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+HF_INDEX = "model.safetensors.index.json"
 
 
 def find_gguf(package: str) -> Path:
@@ -71,3 +79,58 @@ def save_hf_folder(state: dict[str, torch.Tensor], config: dict, folder: str | P
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items()}, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+
+
+def write_hf_folder(
+    entries: list[tuple[str, tuple[int, ...], torch.dtype]],
+    tensors: Iterable[torch.Tensor],
+    config: dict,
+    folder: str | Path,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> list[Path]:
+    """An HF folder written tensor by tensor: ``config.json``, safetensors shards of at most
+    ``max_shard_bytes`` (a larger tensor gets a shard of its own) and
+    ``model.safetensors.index.json`` naming each tensor's shard; returns the shards.
+
+    ``entries`` (name, shape, dtype) lay the shards out before any byte is written;
+    ``tensors`` then yields each entry's tensor in order, and each goes to disk as it
+    comes, so memory holds one tensor (a generator reading a checkpoint keeps it so).
+    One shard is named ``model.safetensors``, several ``model-00001-of-0000N.safetensors``,
+    as transformers names them.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in [*folder.glob("model*.safetensors"), folder / HF_INDEX]:
+        stale.unlink(missing_ok=True)  # a previous export's shards would shadow the index
+    shards: list[list] = [[]]
+    size = 0
+    for entry in entries:
+        nbytes = _nbytes(entry)
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(entry)
+        size += nbytes
+    count = len(shards)
+    names = (
+        ["model.safetensors"]
+        if count == 1
+        else [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+    )
+    stream = iter(tensors)
+    for name, shard in zip(names, shards, strict=True):
+        write_safetensors(folder / name, shard, (next(stream) for _ in shard), {"format": "pt"})
+    if next(stream, None) is not None:
+        raise ValueError("more tensors than entries")
+    weight_map = {
+        entry[0]: name for name, shard in zip(names, shards, strict=True) for entry in shard
+    }
+    index = {"metadata": {"total_size": sum(map(_nbytes, entries))}, "weight_map": weight_map}
+    (folder / HF_INDEX).write_text(json.dumps(index, indent=2))
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    return [folder / name for name in names]
+
+
+def _nbytes(entry: tuple[str, tuple[int, ...], torch.dtype]) -> int:
+    _, shape, dtype = entry
+    return math.prod(shape) * dtype.itemsize

@@ -1,45 +1,125 @@
-"""``mindrl-export``: a checkpoint becomes an HF folder transformers loads, with the
-engine's weights and the engine's log-probs (a critic: its values), and the run's
-tokenizer files when it came from an HF folder or a GGUF file (built here in code)."""
+"""``mindrl-export``: a checkpoint, written sharded by two TP ranks, becomes an HF folder
+of safetensors shards and their index, in this one process (no Ray, no process group),
+one tensor at a time; transformers loads it with the engine's weights and the engine's
+log-probs (a critic: its values), and the run's tokenizer files are added when it came
+from an HF folder or a GGUF file (built here in code)."""
 
 from __future__ import annotations
 
 import json
+import weakref
 
 import pytest
 import torch
 
+from backends.megatron import sharded_store
 from mindrl.data import build_tiny_tokenizer, load_tokenizer
 from tests.megatron import checkpoint_cases
 from tests.support.spawn import run_ranks
 from trainers.export import main as export_main
-from trainers.export import write_tokenizer
+from trainers.export import parse_size, write_tokenizer
+
+MAX_SHARD = 40_000  # bytes: the tiny model's 320 KB of weights in several shards
+
+
+class ReadsWatcher:
+    """Records, at each checkpoint tensor read, how many tensors read before are alive."""
+
+    def __init__(self) -> None:
+        self.reads, self.alive, self.most_alive = 0, 0, 0
+
+    def __call__(self, original):
+        def read(tensors, name):
+            tensor = original(tensors, name)
+            if tensor.device.type != "meta":
+                self.reads += 1
+                self.most_alive = max(self.most_alive, self.alive)
+                self.alive += 1
+                weakref.finalize(tensor, self._dropped)
+            return tensor
+
+        return read
+
+    def _dropped(self) -> None:
+        self.alive -= 1
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("run") / "checkpoints" / "actor"
-    (engine,) = run_ranks(checkpoint_cases.trained_and_saved, 1, str(root))
+    engine = run_ranks(checkpoint_cases.trained_and_saved, 2, str(root))[0]  # TP2
     out = root.parent.parent / "hf"
-    assert export_main([str(root.parent), str(out)]) == 0  # a run's checkpoints folder
-    return engine, out
+    watcher = ReadsWatcher()
+    patch = pytest.MonkeyPatch()
+    patch.setattr(
+        sharded_store.FullTensors,
+        "__getitem__",
+        watcher(sharded_store.FullTensors.__getitem__),
+    )
+    try:  # a run's checkpoints folder
+        code = export_main([str(root.parent), str(out), "--max-shard-size", str(MAX_SHARD)])
+    finally:
+        patch.undo()
+    assert code == 0
+    return engine, out, watcher
+
+
+def test_the_export_is_safetensors_shards_with_an_index_naming_each_tensors_shard(exported):
+    from safetensors import safe_open
+
+    engine, out, _ = exported
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) > 3 and sorted(set(index["weight_map"].values())) == shards
+    assert sorted(index["weight_map"]) == sorted(engine["hf"])
+    for shard in shards:
+        with safe_open(str(out / shard), framework="pt") as handle:
+            names = list(handle.keys())
+            assert all(index["weight_map"][name] == shard for name in names)
+            sizes = [handle.get_tensor(n).numel() * 4 for n in names]
+        assert sum(sizes) <= MAX_SHARD or len(names) == 1  # a bigger tensor: a shard alone
+    assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in engine["hf"].values())
 
 
 def test_the_exported_tensors_equal_the_engines_hf_state_dict(exported):
     from safetensors.torch import load_file
 
-    engine, out = exported
-    tensors = load_file(out / "model.safetensors")
+    engine, out, _ = exported
+    tensors = {}
+    for shard in out.glob("model-*.safetensors"):
+        tensors |= load_file(shard)
     assert sorted(tensors) == sorted(engine["hf"])
     assert all(torch.equal(tensors[name], value) for name, value in engine["hf"].items())
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForCausalLM"] and config["num_hidden_layers"] == 2
 
 
+def test_the_export_reads_each_checkpoint_tensor_once_and_holds_few_at_a_time(exported):
+    _, _, watcher = exported
+    # 2 layers x 8 weights (qkv weight and bias, proj, fc1, fc2, 2 norms, ...) + embedding
+    # + final norm: each read once; a read holds at most one earlier tensor (the fused
+    # qkv or fc1 whose pieces are still being written).
+    assert watcher.reads == 2 * 7 + 2
+    assert watcher.most_alive <= 1
+
+
+def test_sizes_are_read_as_transformers_spells_them():
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("500MiB") == 500 * 2**20
+    assert parse_size("1000") == 1000
+    with pytest.raises(ValueError, match="is not a size"):
+        parse_size("big")
+
+
+def test_a_bad_shard_size_is_one_line_and_exit_code_2(tmp_path, capsys):
+    assert export_main([str(tmp_path), str(tmp_path / "hf"), "--max-shard-size", "0GB"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-shard-size '0GB' is not a size" in err and err.count("\n") == 1
+
+
 def test_transformers_log_probs_of_the_export_equal_the_engines(exported):
     from transformers import AutoModelForCausalLM
 
-    engine, out = exported
+    engine, out, _ = exported
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ids = engine["input_ids"]
     with torch.no_grad():
@@ -141,7 +221,7 @@ def test_a_tokenizer_from_an_hf_folder_is_written_beside_the_model(exported, tmp
     from transformers import PreTrainedTokenizerFast
 
     build_tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
-    _, model_dir = exported
+    _, model_dir, _ = exported
     out = tmp_path / "hf"
     spec = str(tmp_path / "tokenizer")
     assert export_main([str(model_dir.parent / "checkpoints"), str(out), "--tokenizer", spec]) == 0
@@ -171,7 +251,7 @@ def test_the_built_in_tokenizer_is_made_in_code_and_writes_no_files(tmp_path):
 
 
 def test_a_missing_tokenizer_folder_is_one_line_and_exit_code_2(exported, tmp_path, capsys):
-    _, model_dir = exported
+    _, model_dir, _ = exported
     missing = str(tmp_path / "nothing")
     args = [str(model_dir.parent / "checkpoints"), str(tmp_path / "hf"), "--tokenizer", missing]
     assert export_main(args) == 2

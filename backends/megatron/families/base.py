@@ -16,11 +16,11 @@ A family subclass only says how its HF names look; the tensor maths lives here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
-from backends.megatron.layouts import local_spec_state_dict
+from backends.megatron.layouts import is_extra_state, local_spec_name, local_spec_state_dict
 from backends.megatron.spec import GPTSpec
 
 Tensors = dict[str, torch.Tensor]
@@ -123,12 +123,17 @@ class LlamaLikeFamily:
         """Full canonical Megatron state dict -> HF state dict (what generation engines load)."""
         return dict(self.iter_hf(full, spec))
 
-    def iter_hf(self, full: Tensors, spec: GPTSpec) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_hf(
+        self, full: Mapping[str, torch.Tensor], spec: GPTSpec
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(hf_name, tensor)`` pairs for every HF parameter (a streaming variant).
 
         ``full`` may also use the TE layer spec's names and hold ``_extra_state`` entries.
+        It may be a mapping that reads each tensor when asked (a checkpoint's): only the
+        names are looked at up front, and each tensor is read once, when its turn comes.
         """
-        full = local_spec_state_dict(full)
+        if any(is_extra_state(n) or local_spec_name(n) != n for n in full):
+            full = local_spec_state_dict(full)
         vocab = spec.vocab_size
         yield "model.embed_tokens.weight", full["embedding.word_embeddings.weight"][:vocab]
         for layer in range(spec.num_layers):
