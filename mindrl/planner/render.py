@@ -29,6 +29,8 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
     console.print(flow_table(plan))
     if plan["nodes"] > 1:
         console.print(link_table(plan))
+    if plan["checkpoint"]["roles"]:
+        console.print(checkpoint_table(plan))
     for problem in plan["fit_problems"]:
         console.print(f"[bold red]does not fit:[/bold red] {problem}")
     if not plan["fit_problems"]:
@@ -255,3 +257,34 @@ def link_table(plan: dict) -> Table:
         "rest Ray's framing of each call (mindrl.planner.sample_flow.CALL_BYTES)"
     )
     return table
+
+
+def checkpoint_table(plan: dict) -> Table:
+    """What a checkpoint writes, per trained role and per rank, how long a node's disk takes,
+    and the HF export's size and memory."""
+    ckpt = plan["checkpoint"]
+    disk = ckpt["disk_bytes_per_s"] / GB
+    how = "in the background after a host copy" if ckpt["background"] else "synchronously"
+    table = Table(
+        title=f"checkpoint: each rank writes its part, all at once, {how}",
+        caption=f"write time at {disk:,.0f} GB/s per node; the HF export is written by one "
+        f"process holding one tensor at a time ({size(ckpt['hf_largest_tensor'])} at most)",
+    )
+    for col in ("what", "weights", "Adam moments", "fp32 main", "whole", "per rank", "per node"):
+        table.add_column(col, justify="left" if col == "what" else "right")
+    table.add_column("write time", justify="right")
+    for role in ckpt["roles"]:
+        sizes = ("weights", "moments", "main_weights", "total", "per_rank")
+        table.add_row(role["role"], *(size(role[k]) for k in sizes), "", "")
+    table.add_row("all trained roles", "", "", "", "", "", size(ckpt["per_node"]), seconds(ckpt))
+    table.add_row("HF export (actor)", size(ckpt["hf_bytes"]), "", "", "", "", "", "")
+    return table
+
+
+def size(value: float) -> str:
+    """Bytes as GB, or MB below 1 GB."""
+    return gb(value) if value >= GB else f"{value / 1e6:,.1f} MB"
+
+
+def seconds(ckpt: dict) -> str:
+    return f"{ckpt['write_seconds']:,.1f} s"

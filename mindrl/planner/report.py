@@ -10,6 +10,7 @@ from dataclasses import asdict
 from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED, GenerationLayout, TrainingLayout
 from mindrl.dock.schema import RL_FIELDS, RUN_FIELDS
+from mindrl.planner.checkpoint import checkpoint_plan
 from mindrl.planner.memory import MemoryPlan, plan_memory, resident_bytes, rollout_device_memory
 from mindrl.planner.params import model_params
 from mindrl.planner.sample_flow import (
@@ -307,6 +308,7 @@ def build_plan(
         },
         "sample_flow": flow.as_dict(),
         "link_flow": layout_link_flow(config, plan).as_dict(),
+        "checkpoint": checkpoint_plan(config, plan),
         "allgather_swap": config.rollout.swap and plan.generates,
         "fit_problems": fit_problems(memory, config, plan, host_bytes),
     }

@@ -200,3 +200,36 @@ def test_a_four_node_tiny_layout_puts_the_centralized_stages_on_node_0s_link():
     one_config = load_config(CONFIGS / "tiny.yaml")
     one_node = layout_link_flow(one_config, build_run_plan(get_algorithm("grpo"), one_config))
     assert one_node.up == [0.0] and one_node.calls == 0
+
+
+def grpo_dry_run(recipe: str) -> dict:
+    grpo = get_algorithm("grpo")
+    config = load_config(CONFIGS / f"{recipe}.yaml", algorithm=grpo)
+    return build_plan(config, build_run_plan(grpo, config), "cpu", 80 * GIB, 1024 * GIB)
+
+
+def test_the_671b_checkpoint_is_9_4_tb_of_which_each_rank_writes_25_gb_in_parallel():
+    report = grpo_dry_run("deepseek671b")
+    ckpt = report["checkpoint"]
+    (actor,) = ckpt["roles"]
+    # bf16 weights, fp32 moments and fp32 main weights of 671B parameters
+    assert actor["weights"] / 1e12 == pytest.approx(1.342, rel=1e-3)
+    assert actor["moments"] == 4 * actor["weights"]
+    assert actor["main_weights"] == 2 * actor["weights"]
+    # A rank writes its stage's share: the busiest of 6 stages over its 64 ranks.
+    assert actor["per_rank"] / 1e9 == pytest.approx(25.4, abs=0.1)
+    assert actor["per_rank"] < actor["total"] / 300
+    assert ckpt["per_node"] == 8 * actor["per_rank"]
+    assert ckpt["write_seconds"] == pytest.approx(ckpt["per_node"] / 2e9)
+    # The export holds one tensor: the embedding, 129280 x 7168 in bf16.
+    assert ckpt["hf_largest_tensor"] == 129280 * 7168 * 2
+    text = printed(report)
+    assert "checkpoint: each rank writes its part, all at once" in text
+    assert "9,394.37 GB" in text and "25.37 GB" in text and "101.5 s" in text
+
+
+def test_smollm2s_two_dp_ranks_each_write_half_of_its_checkpoint_and_the_reference_none():
+    ckpt = grpo_dry_run("smollm2_135m")["checkpoint"]
+    (actor,) = ckpt["roles"]  # the reference is not trained: it is never saved
+    assert actor["role"] == "actor" and actor["main_weights"] == 0  # fp32, AdamW
+    assert actor["per_rank"] == actor["total"] // 2
