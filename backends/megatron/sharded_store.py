@@ -32,6 +32,7 @@ a rank's extra memory while saving is one tensor's bytes at most, not its whole 
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import math
@@ -122,17 +123,24 @@ def write_safetensors(
                     f"{path}: '{name}' is {tuple(tensor.shape)} {tensor.dtype}, "
                     f"the header says {tuple(shape)} {dtype}"
                 )
-            written += out.write(_raw_bytes(tensor))
+            written += _write_tensor(out, tensor)
     if written != offset:
         raise OSError(f"{path}: wrote {written} tensor bytes of {offset}")
     os.replace(tmp, path)
     return 8 + len(raw) + offset
 
 
-def _raw_bytes(tensor: torch.Tensor) -> memoryview:
-    """The tensor's bytes, without a copy where it is contiguous on the host."""
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+def _write_tensor(out, tensor: torch.Tensor) -> int:
+    """Write the tensor's bytes, without a copy where it is contiguous on the host.
+
+    Through ctypes, not numpy: a storage once handed to numpy can no longer be resized,
+    and allgather-swap frees the training tensors it writes from with ``resize_(0)``.
+    """
+    flat = tensor.detach().cpu().contiguous()
+    nbytes = flat.numel() * flat.element_size()
+    if nbytes == 0:
+        return 0
+    return out.write(memoryview((ctypes.c_char * nbytes).from_address(flat.data_ptr())))
 
 
 def box(offsets, sizes) -> tuple[slice, ...]:

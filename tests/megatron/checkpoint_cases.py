@@ -243,6 +243,8 @@ def background_saves(rank: int, world: int, root: str) -> dict:
     engine = _engine(ParallelSpec(tp=2), seed=1)
     _losses(engine, 0, 2)
     engine.save_checkpoint(f"{root}/sync", data_position={"next_step": 2})
+    tensors = [*engine.model.parameters(), *engine.optimizer_state_tensors()]
+    resizable = all(t.untyped_storage().resizable() for t in tensors)
     sharded_store.PiecesWriter.write_data = slow
     engine.save_checkpoint(f"{root}/background", data_position={"next_step": 2}, background=True)
     published_at_return = checkpoint.latest_dir(f"{root}/background") is not None
@@ -257,4 +259,9 @@ def background_saves(rank: int, world: int, root: str) -> dict:
         error = str(exc)
     sharded_store.PiecesWriter.write_data = original
     _finish()
-    return {"published_at_return": published_at_return, "published": published, "error": error}
+    return {
+        "resizable_after_save": resizable,
+        "published_at_return": published_at_return,
+        "published": published,
+        "error": error,
+    }

@@ -154,6 +154,12 @@ def test_a_background_save_returns_at_once_and_holds_its_steps_state_while_train
     assert all(torch.equal(written[name], sync[name]) for name in sync)
 
 
+def test_a_save_leaves_every_storage_resizable_for_allgather_swap(background):
+    # Allgather-swap frees the training state with resize_(0) right after a save.
+    _, ranks = background
+    assert all(rank["resizable_after_save"] for rank in ranks)
+
+
 def test_a_background_save_that_fails_leaves_latest_on_the_step_before_and_says_so(background):
     root, ranks = background
     assert checkpoint.latest_dir(root / "background") == root / "background" / "step_00000002"
