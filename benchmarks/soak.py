@@ -14,14 +14,22 @@ handful of iterations is not a leak; the same slope over 200 iterations is).
     python benchmarks/soak.py --config configs/smollm2_135m.yaml --iterations 200 --warmup 10
     python benchmarks/soak.py --iterations 30 model.hidden_size=384   # tiny config
     python benchmarks/soak.py --from-run runs/smollm2-grpo            # an existing run
+
+A run it starts is also sampled from outside, every ``--sample-s`` seconds: the resident
+size of every process of the run (this driver and its descendants: Ray's processes and
+the workers) and the machine's used memory (total less available). It prints the peak of
+each over the measured iterations and over the end-of-run checkpoint and HF export, and
+how far the latter goes above the former: what the end of a run costs in memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +142,105 @@ def report(
     return 1 if bad else 0
 
 
-def run_config(config_path: str | None, trainer: str, iterations: int, overrides: list[str]):
-    """Train ``config_path`` for ``iterations``; returns the run folder."""
+@dataclass
+class RunMemory:
+    """Samples of the run's memory, each tagged with the phase the driver was in."""
+
+    interval_s: float
+    phase: str = "start-up"
+    samples: list[tuple[str, int, int]] = field(default_factory=list)  # phase, run, machine
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        run = 0
+        for process in [me, *me.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):  # a process that just ended
+                run += process.memory_info().rss
+        machine = psutil.virtual_memory()
+        self.samples.append((self.phase, run, machine.total - machine.available))
+
+    def loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[RunMemory]:
+        thread = threading.Thread(target=self.loop, name="run-memory", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join()
+
+    def peaks(self, phases: Sequence[str]) -> tuple[int, int] | None:
+        """The run's and the machine's peak over the samples of ``phases``."""
+        chosen = [(run, machine) for phase, run, machine in self.samples if phase in phases]
+        if not chosen:
+            return None
+        return max(r for r, _ in chosen), max(m for _, m in chosen)
+
+
+def phased(memory: RunMemory, warmup: int) -> dict[tuple[Any, str], Any]:
+    """Wrappers of the driver's pieces that tell each sample its phase: an iteration (those
+    from ``warmup`` on are measured) begins when the one before is logged; then the
+    end-of-run checkpoint and the HF export."""
+    import trainers.driver.train as driver
+
+    log = driver.MetricsLogger.log
+    save, write_hf = driver.save_checkpoint, driver._write_hf
+    memory.phase = "iterations" if warmup == 0 else "warm-up"
+
+    def logged(logger, iteration, *args, **kwargs):
+        result = log(logger, iteration, *args, **kwargs)
+        memory.phase = "iterations" if iteration + 1 >= warmup else "warm-up"
+        return result
+
+    def in_phase(name, function):
+        def call(*args, **kwargs):
+            before, memory.phase = memory.phase, name
+            try:
+                return function(*args, **kwargs)
+            finally:
+                memory.phase = "after" if name == "export" else before
+
+        return call
+
+    return {
+        (driver.MetricsLogger, "log"): logged,
+        (driver, "save_checkpoint"): in_phase("checkpoint", save),
+        (driver, "_write_hf"): in_phase("export", write_hf),
+    }
+
+
+def report_end_of_run(memory: RunMemory) -> None:
+    """The end-of-run checkpoint + export peak against the measured iterations' peak."""
+    training, end = memory.peaks(["iterations"]), memory.peaks(["checkpoint", "export"])
+    if training is None or end is None:
+        print("run memory: too few samples to compare the end of the run with its iterations")
+        return
+    gib = 2**30
+    print(
+        f"run memory (every process of the run, RSS): iterations' peak {training[0] / gib:.2f} "
+        f"GiB, end-of-run checkpoint + HF export {end[0] / gib:.2f} GiB "
+        f"({(end[0] - training[0]) / gib:+.2f} GiB); the machine's used memory "
+        f"{training[1] / gib:.2f} -> {end[1] / gib:.2f} GiB ({(end[1] - training[1]) / gib:+.2f})"
+    )
+
+
+def run_config(
+    config_path: str | None,
+    trainer: str,
+    iterations: int,
+    overrides: list[str],
+    memory: RunMemory | None = None,
+    warmup: int = 0,
+):
+    """Train ``config_path`` for ``iterations``; returns the run folder. With ``memory``, the
+    run's memory is sampled meanwhile, by phase."""
     from mindrl.config import load_config
     from trainers.driver.cli import DEFAULT_CONFIG
     from trainers.driver.train import train
@@ -146,10 +251,27 @@ def run_config(config_path: str | None, trainer: str, iterations: int, overrides
         [f"iterations={iterations}", "checkpoint.every=0", *overrides],
         algorithm=get_algorithm(trainer),
     )
-    code = train(config, trainer)
+    with contextlib.ExitStack() as stack:
+        if memory is not None:
+            # Instrumentation only: each wrapper calls the real function, tagging the phase.
+            stack.enter_context(_patched(phased(memory, warmup)))
+            stack.enter_context(memory.running())
+        code = train(config, trainer)
     if code != 0:
         raise SystemExit(code)
     return Path(config.logging.dir.format(trainer=trainer))
+
+
+@contextlib.contextmanager
+def _patched(wrappers: Mapping[tuple[Any, str], Any]) -> Iterator[None]:
+    saved = {key: getattr(*key) for key in wrappers}
+    for (owner, name), wrapper in wrappers.items():
+        setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        for (owner, name), original in saved.items():
+            setattr(owner, name, original)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,14 +290,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-growth", type=float, default=0.02,
                         help="...when it also adds up to more than this fraction")  # fmt: skip
     parser.add_argument("--from-run", help="analyse this run folder's metrics instead")
+    parser.add_argument("--sample-s", type=float, default=0.25,
+                        help="seconds between samples of the run's memory")  # fmt: skip
     args = parser.parse_args(argv)
+    memory = None if args.from_run else RunMemory(args.sample_s)
     run_dir = (
         Path(args.from_run)
         if args.from_run
-        else run_config(args.config, args.trainer, args.iterations, args.overrides)
+        else run_config(
+            args.config, args.trainer, args.iterations, args.overrides, memory, args.warmup
+        )
     )
     records = read_metrics(run_dir / "metrics.jsonl")
-    return report(records, args.warmup, args.max_slope_mib, args.max_growth)
+    code = report(records, args.warmup, args.max_slope_mib, args.max_growth)
+    if memory is not None:
+        report_end_of_run(memory)
+    return code
 
 
 if __name__ == "__main__":
