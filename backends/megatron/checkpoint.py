@@ -30,7 +30,8 @@ first and names a missing, truncated or unreadable file together with the previo
 complete step.
 
 Format 2 (full weights in ``model.safetensors``, written before sharded checkpoints) still
-loads: ``legacy_checkpoint.py``.
+loads: ``legacy_checkpoint.py``. The design, and why the storage is not DCP's own:
+docs/architecture.md §10.
 """
 
 from __future__ import annotations
