@@ -159,7 +159,8 @@ class MegatronEngine:
                 self.distributed.reload_model_params()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every canonical parameter as a full CPU tensor, on every rank."""
+        """Every canonical parameter as a full CPU tensor, on every rank (tests, conversion;
+        checkpoints never gather)."""
         return gather_full_state_dict(self.model)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -407,6 +408,8 @@ class MegatronEngine:
         self.step = saved.meta["step"]
         if self.scheduler is not None:
             self._schedule_at(self.step)
+        if self.distributed is not None:
+            self._group_steps_at(self.step)
         return saved.meta["data_position"]
 
     def _checkpoint_tensors(self, saving: bool, states: list | None = None) -> dict[str, Pieces]:
@@ -442,7 +445,8 @@ class MegatronEngine:
                     opt._init_optimizer_states_with_dummy_values()
             for _, _, state in distributed_states(self.model, self.optimizer):
                 for key in ("exp_avg", "exp_avg_sq", "step"):
-                    state[key].zero_()
+                    if key in state:  # fused Adams keep the step per group, not per weight
+                        state[key].zero_()
         elif self.optimizer is not None:
             self.optimizer.state.clear()
             ensure_adam_state(self.optimizer)
@@ -453,6 +457,15 @@ class MegatronEngine:
         main = [name for name in missing if name.startswith("optim/main/")]
         if self.distributed is not None and (main or self.spec.dtype == "float32"):
             self.distributed.reload_model_params()
+
+    def _group_steps_at(self, step: int) -> None:
+        """An inner optimizer that counts its steps per param group (TransformerEngine's and
+        Apex's fused Adam; torch AdamW counts per weight, restored from the checkpoint's
+        ``optim/step``) has taken one per engine step."""
+        for opt in self.optimizer.chained_optimizers:
+            for group in opt.optimizer.param_groups:
+                if "step" in group:
+                    group["step"] = step
 
     def _schedule_at(self, step: int) -> None:
         """The AdamW path's LR schedule as after ``step`` optimizer steps."""

@@ -103,7 +103,8 @@ def gather_full_state_dict(model: nn.Module, grads: bool = False) -> dict[str, t
 
     Collective. Gathers over TP inside each stage, then exchanges stages and expert ranks
     with one object all-gather over the world. Meant for conversion and tests, not the
-    hot path (the resharder moves shards itself).
+    hot path (the resharder moves shards itself) and not checkpoints (sharded: each rank
+    writes its own part, ``checkpoint.py``).
     """
     local = {
         name: gather_tp(name, param, grad=grads).cpu()
