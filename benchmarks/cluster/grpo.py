@@ -15,7 +15,11 @@ at the config's maximum lengths and at the lengths the run measured.
         --iterations 30 --out runs/cluster-grpo --json cluster_grpo.json
 
 ``--single-host`` also runs the same command on this host without namespaces (a local Ray
-instance with 4 CPU slots), and compares the two runs' metrics in every non-timing field.
+instance with 4 CPU slots), and compares the two runs' metrics in every non-timing field
+(scripts/compare_metrics.py) and their reward curves. With ``dock.local_claims=false``
+each rank gets the samples it gets on one host and the runs are identical; by default
+each rank takes its own node's samples, so the sample stream (and the curve) differs as
+another seed's would.
 """
 
 from __future__ import annotations
@@ -219,6 +223,13 @@ def reward_curves(cluster_dir: Path, single_dir: Path) -> dict:
     return out
 
 
+def same_metrics(single: Path, cluster: Path) -> str:
+    """scripts/compare_metrics.py's verdict on the two runs (every non-timing field)."""
+    done = subprocess.run([str(PYTHON), str(ROOT / "scripts" / "compare_metrics.py"),
+                           str(single), str(cluster)], capture_output=True, text=True)  # fmt: skip
+    return (done.stdout.strip() or done.stderr.strip()).split(": ", 1)[-1]
+
+
 def plot_rewards(curves: dict, path: Path) -> None:
     import matplotlib
 
@@ -284,12 +295,16 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "measured.json").write_text(json.dumps(report, indent=2))
     report["flow"] = predicted_vs_measured(args, cluster, report["mean"])
     if args.single_host:
-        curves = reward_curves(Path(cluster["run_dir"]), run_single_host(args))
+        single = run_single_host(args)
+        curves = reward_curves(Path(cluster["run_dir"]), single)
         report["rewards"] = curves
+        report["same_metrics"] = same_metrics(single, Path(cluster["run_dir"]))
         if args.plot:
             plot_rewards(curves, args.plot)
     (args.json or args.out / "report.json").write_text(json.dumps(report, indent=2))
     render(report["flow"])
+    if "same_metrics" in report:
+        print(f"every non-timing metric, one host vs the cluster: {report['same_metrics']}")
     for name, curve in report.get("rewards", {}).items():
         print(f"{name}: reward first holds 0.9 (10-iteration mean) at iteration "
               f"{curve['first_mean_0.9']}, last 10 mean {curve['last_10_mean']:.3f}")  # fmt: skip

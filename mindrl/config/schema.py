@@ -418,6 +418,11 @@ class DockConfig:
         "puts them, overlapping generation; same samples as sync.",
         choices=("sync", "stream"),
     )
+    local_claims: bool = option(
+        True,
+        "Split each stage's claim so every data-parallel part takes what the warehouse on "
+        "its own node stores first; false: by length alone, as on one node.",
+    )
 
 
 @dataclass

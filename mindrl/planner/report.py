@@ -117,6 +117,7 @@ def layout_link_flow(
         nodes=nodes,
         warehouse_nodes=tuple(range(min(config.dock.warehouses or nodes, nodes))),
         controller_nodes=dict.fromkeys(plan.stage_names, 0),
+        local_claims=config.dock.local_claims,
     )
     samples = config.data.global_batch_size * plan.group_size
     return link_flow(stage_workers(config, plan), prompt_fields, samples, layout, stored, fetched)

@@ -111,12 +111,14 @@ class DockLayout:
     """Where the dock's pieces and the run's processes sit: a warehouse on each of
     ``warehouse_nodes`` (contiguous, equal shares of the samples), each stage's controller
     on ``controller_nodes[stage]``, the driver (which puts the prompt fields and claims
-    every stage) on ``driver_node``."""
+    every stage) on ``driver_node``; ``local_claims``: claims split beside each part's
+    warehouse (``dock.local_claims``), else by length alone."""
 
     nodes: int
     warehouse_nodes: tuple[int, ...]
     controller_nodes: dict[str, int]
     driver_node: int = 0
+    local_claims: bool = True
 
 
 @dataclass
@@ -141,19 +143,25 @@ class LinkFlow:
 
 
 def part_composition(
-    part_nodes: list[int], shares: list[float], warehouse_nodes: tuple[int, ...]
+    part_nodes: list[int],
+    shares: list[float],
+    warehouse_nodes: tuple[int, ...],
+    local_claims: bool = True,
 ) -> list[list[float]]:
     """Expected samples of each part from each warehouse when a claim is split with each
     part's warehouse preferred (mindrl.dock.controller.balance_by_length): a warehouse's
     samples fill the parts beside it first, and what is left spreads over the parts with
-    room. With every part beside one warehouse (or none), the plain split: each part takes
-    every warehouse's share in proportion."""
+    room. With every part beside one warehouse (or none), or without ``local_claims``, the
+    plain split: each part takes every warehouse's share in proportion."""
     total = sum(shares)
     room = [total / len(part_nodes)] * len(part_nodes)
     out = [[0.0] * len(shares) for _ in part_nodes]
     left = list(shares)
     beside = [[p for p, n in enumerate(part_nodes) if n == node] for node in warehouse_nodes]
-    if len({warehouse_nodes.index(n) if n in warehouse_nodes else -1 for n in part_nodes}) > 1:
+    beside_warehouses = {
+        warehouse_nodes.index(n) if n in warehouse_nodes else -1 for n in part_nodes
+    }
+    if local_claims and len(beside_warehouses) > 1:
         for w, parts in enumerate(beside):
             for p in parts:
                 take = min(room[p], left[w] / len(parts))
@@ -220,7 +228,9 @@ def link_flow(
         controller = layout.controller_nodes[stage.name]
         call("claim", layout.driver_node, controller, 0.0, INDEX_BYTES * samples)
         part_nodes = [stage.nodes[stage.parts.index(p)] for p in sorted(set(stage.parts))]
-        composition = part_composition(part_nodes, shares, layout.warehouse_nodes)
+        composition = part_composition(
+            part_nodes, shares, layout.warehouse_nodes, layout.local_claims
+        )
         for node, part, writes in zip(stage.nodes, stage.parts, stage.writers, strict=True):
             for w, k in enumerate(composition[part]):
                 if k <= 0:

@@ -233,3 +233,13 @@ def test_smollm2s_two_dp_ranks_each_write_half_of_its_checkpoint_and_the_referen
     (actor,) = ckpt["roles"]  # the reference is not trained: it is never saved
     assert actor["role"] == "actor" and actor["main_weights"] == 0  # fp32, AdamW
     assert actor["per_rank"] == actor["total"] // 2
+
+
+def test_without_local_claims_each_rank_reads_three_quarters_of_its_share_remotely():
+    from mindrl.planner.sample_flow import part_composition
+
+    shares, nodes = [32.0] * 4, (0, 1, 2, 3)
+    local = part_composition([0, 1, 2, 3], shares, nodes)
+    blind = part_composition([0, 1, 2, 3], shares, nodes, local_claims=False)
+    assert local[1] == [0.0, 32.0, 0.0, 0.0]  # rank 1 takes warehouse 1's share
+    assert blind[1] == [8.0, 8.0, 8.0, 8.0]  # a quarter of every share, 24 of 32 remote

@@ -91,7 +91,8 @@ def test_each_data_parallel_part_is_claimed_beside_its_first_ranks_warehouse():
     shares = [(0, 8), (8, 16), (16, 24)]
     handle = DockHandle(RL_FIELDS, 24, 4, [WarehouseInfo(None, f"node{i}", a, b)
                                            for i, (a, b) in enumerate(shares)])  # fmt: skip
-    run = RunState(*[None] * 9)  # the driver state itself plays no part here
+    config = SimpleNamespace(dock=SimpleNamespace(local_claims=True))
+    run = RunState(config, *[None] * 8)  # the rest of the driver state plays no part here
     run.dock = DockClient(handle)
     # TP 2 x DP 2 over nodes 2, 2, 0, 0: part 0 is ranks 0-1 (node 2), part 1 ranks 2-3.
     run.rank_nodes["actor"] = ["node2", "node2", "node0", "node0"]
@@ -102,6 +103,8 @@ def test_each_data_parallel_part_is_claimed_beside_its_first_ranks_warehouse():
     run.rank_nodes["reward"] = ["node9"]
     assert run.part_warehouses("reward", range(1)) == [None]
     assert run.part_warehouses("critic") is None  # no such role in this run
+    config.dock.local_claims = False  # split by length alone, as on one node
+    assert run.part_warehouses("actor") is None
 
     resources = SimpleNamespace(nodes=4, devices_per_node=1)
     assert _model_placement(SimpleNamespace(resources=resources)) == "SPREAD"

@@ -71,7 +71,7 @@ class RunState:
         node), so a claim hands each part what its node stores; ``part_of_rank``: the part
         each rank takes (default the role's DP ranks; generation: ``gen_dp_ranks``)."""
         nodes = self.rank_nodes.get(role)
-        if self.dock is None or not nodes:
+        if self.dock is None or not nodes or not self.config.dock.local_claims:
             return None
         ranks = self.dp_ranks.get(role, range(len(nodes))) if part_of_rank is None else part_of_rank
         first: dict[int, int] = {}
