@@ -121,7 +121,9 @@ def summarize(measured: dict[int, dict], mb_per_s: float) -> dict:
                 "bound": bound,
                 "link_bytes_up": up,
                 "link_bytes_down": down,
-                "busiest_link_share": max(per_link) / crossed if crossed else 0.0,
+                # A byte between two nodes leaves one uplink and enters one downlink:
+                # the share of them the busiest link carries (one node: no such bytes).
+                "busiest_link_share": max(per_link) / crossed if nodes > 1 else 0.0,
             }
     for system in systems:
         base = report[system].get("1", {}).get("throughput_per_node")
@@ -165,6 +167,11 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
+#: The paper's linearity at 192 NPUs (24 nodes of 8), for the plot's reference lines.
+PAPER_LINEARITY = {"td": 0.811, "central": 0.619}
+STYLES = {"td": "o-", "central": "s-", "td_local": "^--"}
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -173,21 +180,25 @@ def plot(report: dict, path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for system in (s for s in SYSTEMS if s in report):
-        nodes = [int(n) for n in report[system]]
-        left.plot(nodes, [e["linearity"] for e in report[system].values()], "o-",
-                  label=LABELS[system])  # fmt: skip
-        busiest = [
-            max(map(sum, zip(e["link_bytes_up"], e["link_bytes_down"], strict=True))) / 2**20
-            for e in report[system].values()
-        ]
-        right.plot(nodes, busiest, "o-", label=LABELS[system])
-    left.axhline(0.9, color="grey", ls=":", lw=1)
-    left.set(xlabel="nodes", ylabel="linearity", ylim=(0, 1.1), xscale="log", xticks=nodes,
-             xticklabels=[str(n) for n in nodes],
-             title=f"linearity, links {report['link_mb_per_s']:g} MB/s")  # fmt: skip
-    right.set(xlabel="nodes", ylabel="MiB per iteration", xscale="log", xticks=nodes,
-              xticklabels=[str(n) for n in nodes], title="busiest link (up + down)")  # fmt: skip
-    left.legend()
+        entries = report[system]
+        nodes = [int(n) for n in entries]
+        line = left.plot(nodes, [e["linearity"] for e in entries.values()], STYLES[system],
+                         label=LABELS[system])[0]  # fmt: skip
+        if system in PAPER_LINEARITY:
+            left.axhline(PAPER_LINEARITY[system], color=line.get_color(), ls=":", lw=1,
+                         label=f"paper, 24 nodes: {PAPER_LINEARITY[system]:.1%}")  # fmt: skip
+        busiest = [max(map(sum, zip(e["link_bytes_up"], e["link_bytes_down"], strict=True)))
+                   / 2**20 for e in entries.values()]  # fmt: skip
+        right.plot(nodes, busiest, STYLES[system], label=LABELS[system])
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(nodes, [str(n) for n in nodes])
+        ax.minorticks_off()
+    left.set(xlabel="nodes", ylabel="linearity", ylim=(0, 1.05),
+             title=f"linearity, links {report['link_mb_per_s']:g} MB/s each way")  # fmt: skip
+    right.set(xlabel="nodes", ylabel="MiB per iteration", title="busiest link (up + down)")
+    left.legend(fontsize=7, loc="lower left")
+    right.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

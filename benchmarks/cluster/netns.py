@@ -62,6 +62,10 @@ DEFAULT_CLASS = "ray"
 MTU = 9000  # fewer packets per byte: the two cores move the bytes, not the headers
 NODE_READY_TIMEOUT_S = 120.0
 KILL_WAIT_S = 10.0
+#: Ray re-requests an object whose transfer outlives 10 s; on a slow link shared by
+#: several pulls a 5 MiB chunk takes longer, and the node sends it again (measured at
+#: 1 MB/s, 8 nodes: 20-40 % more object bytes than the flow moves). Give transfers time.
+OBJECT_TRANSFER_TIMEOUT_MS = 600_000
 
 
 class ClusterUnavailable(RuntimeError):
@@ -241,6 +245,9 @@ class ShapedCluster:
         _run(["ip", "netns", "add", name])
         self._made.append(name)
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
+        # IPv4 only: no IPv6 neighbour discovery or multicast on the links' counters.
+        _run(["ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+              "net.ipv6.conf.default.disable_ipv6=1"])  # fmt: skip
 
     def _build_network(self) -> None:
         self._add_namespace(self.switch)
@@ -343,6 +350,8 @@ class ShapedCluster:
             RAY_ADDRESS=self.head_address,
             RAY_worker_niceness="0",
             GLOO_SOCKET_IFNAME="eth0",  # collectives between nodes go over the link
+            RAY_object_manager_pull_timeout_ms=str(OBJECT_TRANSFER_TIMEOUT_MS),
+            RAY_object_manager_push_timeout_ms=str(OBJECT_TRANSFER_TIMEOUT_MS),
             PYTHONPATH=str(ROOT),
         )
         return env
