@@ -93,6 +93,16 @@ FEATURES: dict[str, Feature] = {
         lambda f: _gspo(f) and f.config.rollout.max_staleness > 0,
         _named("--trainer gspo and rollout.max_staleness > 0"),
     ),
+    "environment": Feature(
+        lambda f: f.config.env.enabled, lambda f: f"env.cls {f.config.env.cls!r} (multi-turn)"
+    ),
+    "offline": Feature(
+        lambda f: f.algorithm is not None and f.algorithm.offline,
+        lambda f: f"--trainer {f.algorithm.name} (stored pairs, nothing generates)",
+    ),
+    "reward model": Feature(
+        lambda f: f.config.reward.reward_model is not None, _named("reward.reward_model")
+    ),
     # Every finished group must train on its own, so the update never waits on a second
     # group to fill its data-parallel split.
     "groups split by data parallelism": Feature(_group_split_by_dp, _group_sizes),
@@ -131,6 +141,19 @@ NOT_YET_SUPPORTED: dict[str, Limits] = {
             "groups split by data parallelism",
         ),
         "remove rollout.partial_rollout_budget for it",
+    ),
+    # An episode's reward is the sum of its environment's step rewards; the features below
+    # generate or score one response per prompt.
+    "environment": Limits(
+        (
+            "partial rollout",
+            "disaggregated",
+            "dynamic sampling",
+            "offline",
+            "validation",
+            "reward model",
+        ),
+        "remove the env section for it",
     ),
 }
 

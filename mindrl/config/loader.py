@@ -200,6 +200,9 @@ def coerce(value: Any, hint: Any) -> Any:
         (item_hint,) = typing.get_args(hint)
         items = [coerce(v, item_hint) for v in value]
         return _MISSING if any(i is _MISSING for i in items) else items
+    if origin is dict:  # keyword arguments handed on as they are (env.kwargs)
+        named = isinstance(value, dict) and all(isinstance(k, str) for k in value)
+        return value if named else _MISSING
     if hint is bool:
         return value if isinstance(value, bool) else _MISSING
     if hint is int:
@@ -224,6 +227,8 @@ def type_name(hint: Any) -> str:
         return " or ".join(
             "null" if a is type(None) else type_name(a) for a in typing.get_args(hint)
         )
+    if typing.get_origin(hint) is dict:
+        return "a mapping of names to values"
     if typing.get_origin(hint) is list:
         item = type_name(typing.get_args(hint)[0]).removeprefix("a ").removeprefix("an ")
         return f"a list of {item}s"

@@ -8,6 +8,7 @@ fields (data-parallel sizes, world size) are derived, never configured twice.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from mindrl.config.fields import option, section
 from mindrl.metrics.sinks import SINKS, SinkSettings
@@ -471,6 +472,42 @@ class CheckpointConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn episodes: an environment answers each model turn (mindrl/envs/base.py)."""
+
+    cls: str | None = option(
+        None,
+        "Environment class, 'package.module:ClassName' importable from PYTHONPATH (reset(record) "
+        "-> str, step(action) -> (observation, reward, done), async versions accepted); "
+        "None: single-turn, one response per prompt scored by reward.verifiers.",
+    )
+    kwargs: dict[str, Any] = option(
+        doc="Keyword arguments of the class: one instance per episode is cls(**kwargs).",
+        factory=dict,
+    )
+    max_turns: int = option(
+        4, "Most model turns of an episode (it ends earlier when step says done).", ge=1
+    )
+    max_turn_tokens: int | None = option(
+        None,
+        "Most tokens of one model turn; None: rollout.max_response_length. The whole "
+        "trajectory after the prompt (turns and observations) has rollout.max_response_length.",
+        ge=1,
+    )
+    workers: int = option(
+        1,
+        "Environment workers (Ray actors holding the episodes' instances); steps run "
+        "concurrently on each, so a slow step delays only its own episode.",
+        ge=1,
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run's episodes are multi-turn (an environment is named)."""
+        return self.cls is not None
+
+
+@dataclass
 class MindRLConfig:
     """A whole run."""
 
@@ -493,6 +530,7 @@ class MindRLConfig:
     dock: DockConfig = section(DockConfig)
     logging: LoggingConfig = section(LoggingConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
+    env: EnvConfig = section(EnvConfig)
 
     @property
     def world_size(self) -> int:

@@ -22,6 +22,7 @@ from mindrl.config.layout import (
     resolve_layout,
 )
 from mindrl.config.schema import DataConfig, DockConfig, MindRLConfig, RoleConfig
+from mindrl.envs.base import EnvConfigError, split_class_path
 
 if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
     from mindrl.algorithm import Algorithm
@@ -50,6 +51,7 @@ def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) ->
     if not placement:  # a device count that cannot work says so alone
         problems += unsupported_combinations(DISAGGREGATED, facts)
     problems += check_partial_rollout(facts)
+    problems += check_env(config) + unsupported_combinations("environment", facts)
     if algorithm is not None:
         problems += check_algorithm_options(config, algorithm)
     if offline:
@@ -256,6 +258,27 @@ def check_validation(config: MindRLConfig, algorithm: Algorithm | None = None) -
             "validation runs; set data.val_every (iterations between validations) or remove it"
         ]
     return []
+
+
+def check_env(config: MindRLConfig) -> list[str]:
+    """The environment's name has the loader's form and a turn fits the trajectory (the
+    class itself is imported at start-up, mindrl/envs/base.py)."""
+    env = config.env
+    if not env.enabled:
+        return []
+    problems = []
+    try:
+        split_class_path(env.cls)
+    except EnvConfigError as exc:
+        problems.append(str(exc))
+    response = config.rollout.max_response_length
+    if env.max_turn_tokens is not None and env.max_turn_tokens > response:
+        problems.append(
+            f"env.max_turn_tokens={env.max_turn_tokens} exceeds rollout.max_response_length="
+            f"{response}, the whole trajectory's room after the prompt; lower it or raise "
+            "rollout.max_response_length"
+        )
+    return problems
 
 
 def check_lengths(config: MindRLConfig) -> list[str]:

@@ -1,0 +1,33 @@
+"""Environments of multi-turn runs: the interface (:mod:`mindrl.envs.base`) and the loader.
+
+A run names its environment in the config's ``env`` section
+(``env: {cls: "package.module:ClassName", kwargs: {...}, max_turns: N, max_turn_tokens: M,
+workers: W}``); without ``env.cls`` a run is single-turn (docs/architecture.md,
+"Environments").
+"""
+
+from mindrl.envs.base import (
+    EnvConfigError,
+    Environment,
+    EnvironmentFailed,
+    StepResult,
+    call_env,
+    checked_reset,
+    checked_step,
+    load_env_class,
+    make_env,
+    split_class_path,
+)
+
+__all__ = [
+    "EnvConfigError",
+    "Environment",
+    "EnvironmentFailed",
+    "StepResult",
+    "call_env",
+    "checked_reset",
+    "checked_step",
+    "load_env_class",
+    "make_env",
+    "split_class_path",
+]

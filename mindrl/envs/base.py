@@ -1,0 +1,171 @@
+"""The environment interface of multi-turn runs, and the loader of a run's environment class.
+
+An environment is any class with these two methods (``async def`` versions accepted):
+
+``reset(self, record: PromptRecord) -> str``
+    Called once, first, on a fresh instance: ``record`` is the episode's prompt record
+    (``uid``, ``text``: the prompt before any chat template, ``answer``: its ground truth).
+    Returns the text the episode starts with: ``record.text`` itself (the usual case: the
+    trajectory then starts with exactly the tokens a single-turn run's prompt has), or
+    anything the environment makes of it (a puzzle it drew, a task statement); a text
+    other than ``record.text`` is rendered and tokenized the way the dataset renders
+    prompts (``data.chat_template``) and replaces the prompt.
+
+``step(self, action: str) -> tuple[str, float, bool]``
+    Called after each model turn with the turn's text (decoded, special tokens dropped;
+    a turn ends at the stop token or ``env.max_turn_tokens``). Returns ``(observation,
+    reward, done)``: ``observation`` is text appended verbatim after the model's turn
+    (its tokens are trained on nowhere: their loss mask is 0), ``reward`` this step's
+    reward (the episode's reward is the sum over its steps), ``done`` ends the episode.
+    The episode also ends after ``env.max_turns`` turns, or when the context (the
+    rollout's ``max_prompt_length + max_response_length``) has no room for the
+    observation and one more token; the observation of the last step is then not
+    appended (no model turn follows it), so a trajectory always ends with a model token.
+
+``async def``: either method may be a coroutine function; it is awaited on the
+environment worker's event loop, so an environment that waits on I/O (a sandbox, an
+HTTP tool) gives way to the other episodes while it waits. A plain method runs on a
+thread of the worker, so a slow synchronous ``step`` delays its own episode only.
+
+One instance per episode, built as ``cls(**env.kwargs)`` on an environment worker (a
+Ray actor, ``env.workers`` of them): the same instance sees the episode's ``reset`` and
+every ``step``, and nothing else. The class is named ``"package.module:ClassName"``
+and imported on the workers from any module on ``PYTHONPATH`` (the user's own file, not
+only mindrl's; docs/architecture.md, "Environments").
+
+A method that raises ends the run in one line naming the class and the episode's prompt
+(:class:`EnvironmentFailed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from typing import Any, Protocol, runtime_checkable
+
+from mindrl.data.records import PromptRecord
+
+#: A step's result: the observation text, this step's reward, whether the episode ended.
+StepResult = tuple[str, float, bool]
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What a run's ``env.cls`` provides (see the module docstring for the semantics)."""
+
+    def reset(self, record: PromptRecord) -> str: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+
+class EnvConfigError(ValueError):
+    """``env.cls`` cannot be loaded or built; the message says what to change."""
+
+
+class EnvironmentFailed(RuntimeError):
+    """An environment's ``reset`` or ``step`` raised or returned something else than the
+    interface says; the one-line message names the class and the episode's prompt."""
+
+
+def split_class_path(path: str) -> tuple[str, str]:
+    """``"package.module:ClassName"`` -> ``("package.module", "ClassName")``.
+
+    Raises:
+        EnvConfigError: ``path`` is not of that form.
+    """
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name.isidentifier() or ":" in name:
+        raise EnvConfigError(
+            f"env.cls {path!r}: expected 'package.module:ClassName' (a module on PYTHONPATH, "
+            "a colon, the class)"
+        )
+    return module, name
+
+
+def load_env_class(path: str) -> type:
+    """The environment class ``path`` names, imported from ``PYTHONPATH``.
+
+    Raises:
+        EnvConfigError: no such module or class, or the class lacks ``reset`` / ``step``.
+    """
+    module_name, class_name = split_class_path(path)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EnvConfigError(
+            f"env.cls {path!r}: cannot import {module_name!r} ({exc}); put its folder on PYTHONPATH"
+        ) from None
+    cls = getattr(module, class_name, None)
+    if not inspect.isclass(cls):
+        raise EnvConfigError(
+            f"env.cls {path!r}: module {module_name!r} has no class {class_name!r}"
+        )
+    missing = [name for name in ("reset", "step") if not callable(getattr(cls, name, None))]
+    if missing:
+        raise EnvConfigError(
+            f"env.cls {path!r}: the class has no {' or '.join(missing)} method (an environment "
+            "has reset(record) -> str and step(action) -> (observation, reward, done))"
+        )
+    return cls
+
+
+def make_env(path: str, kwargs: dict[str, Any]) -> Any:
+    """One episode's instance: ``cls(**kwargs)`` of the class ``path`` names.
+
+    Raises:
+        EnvConfigError: the class cannot be loaded or refuses ``kwargs``.
+    """
+    cls = load_env_class(path)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise EnvConfigError(f"env.cls {path!r} refuses env.kwargs {kwargs!r}: {exc}") from None
+
+
+async def call_env(method: Any, *args: Any) -> Any:
+    """Run an environment method: awaited when it is a coroutine function, else on a thread
+    (so a blocking ``step`` holds up its own episode, not the worker's event loop)."""
+    if inspect.iscoroutinefunction(method):
+        return await method(*args)
+    result = await asyncio.to_thread(method, *args)
+    if inspect.isawaitable(result):  # a sync wrapper that hands back a coroutine
+        return await result
+    return result
+
+
+def checked_reset(result: Any, path: str) -> str:
+    """``reset``'s return value if it is text.
+
+    Raises:
+        EnvironmentFailed: it is not.
+    """
+    if not isinstance(result, str):
+        raise EnvironmentFailed(
+            f"environment {path}: reset must return the episode's starting text (str), "
+            f"got {type(result).__name__}"
+        )
+    return result
+
+
+def checked_step(result: Any, path: str) -> StepResult:
+    """``step``'s return value as ``(str, float, bool)``.
+
+    Raises:
+        EnvironmentFailed: it is not a triple of text, a number and a flag.
+    """
+    ok = isinstance(result, tuple | list) and len(result) == 3
+    if ok:
+        observation, reward, done = result
+        ok = (
+            isinstance(observation, str)
+            and isinstance(reward, int | float)
+            and not isinstance(reward, bool)
+            and isinstance(done, bool | int)
+        )
+    if not ok:
+        raise EnvironmentFailed(
+            f"environment {path}: step must return (observation: str, reward: float, "
+            f"done: bool), got {result!r:.80}"
+        )
+    return observation, float(reward), bool(done)
