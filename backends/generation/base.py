@@ -159,6 +159,82 @@ class EngineConfig:
             )
 
 
+@dataclass(frozen=True)
+class SequenceRequest:
+    """One sequence for a :class:`ContinuousBatch` to decode.
+
+    Attributes:
+        key: the caller's name for it (a dock index), echoed in its output.
+        context: the prompt, followed by the response so far when it continues one (an
+            interrupted sequence: partial rollout's paused response, or one a checkpoint
+            stopped); the engine never rewrites it.
+        max_tokens: most new tokens; reaching it ends the sequence with ``"length"``.
+        room_limited: ``max_tokens`` is the context window's room, not the response cap,
+            so reaching it ends the sequence with ``"context_limit"``.
+    """
+
+    key: int
+    context: list[int]
+    max_tokens: int
+    room_limited: bool = False
+
+
+@dataclass
+class SequenceOutput:
+    """The new tokens of one sequence of a :class:`ContinuousBatch`: its raw log-probs
+    (the :class:`GenerationEngine` convention) and why it stopped (``"interrupted"``: the
+    caller stopped the batch while it was live)."""
+
+    key: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason | Literal["interrupted"]
+
+
+class ContinuousBatch(ABC):
+    """Sequences decoding together, joined and left one at a time (continuous batching).
+
+    Every :meth:`step` gives each live sequence its next token (a newly added one its
+    first, from its context's prefill) and returns the sequences that ended; a caller
+    refills their slots with :meth:`add` at once, without waiting for the others. The
+    engine's :meth:`GenerationEngine.load_weights` may run between two steps: the live
+    sequences carry on under the new weights (their KV cache, computed by the old ones,
+    is kept; each token's log-prob is the one of the weights that sampled it, so the
+    behaviour policy of every token is exact). Sampling follows the batch's
+    ``SamplingParams`` (``max_tokens`` and ``n`` are per request here: one sequence each),
+    seeded once per batch.
+    """
+
+    @abstractmethod
+    def add(self, requests: list[SequenceRequest]) -> None:
+        """Queue sequences; the next :meth:`step` prefills them and samples their first
+        token.
+
+        Raises:
+            InvalidPromptError: a context the engine cannot serve (empty, too long,
+                unknown ids), as :meth:`GenerationEngine.validate_prompts` words it.
+        """
+
+    @abstractmethod
+    def step(self) -> list[SequenceOutput]:
+        """One token for every live sequence; the ones that ended (stop token, their
+        ``max_tokens``), with every token they produced in this batch."""
+
+    @abstractmethod
+    def progress(self) -> dict[int, int]:
+        """Key -> tokens produced so far, for every sequence added and not ended."""
+
+    @abstractmethod
+    def interrupt(self) -> list[SequenceOutput]:
+        """Stop every sequence added and not ended, returning what each produced so far
+        (``"interrupted"``); the batch is empty afterwards."""
+
+    @property
+    def live(self) -> int:
+        """Sequences added and not ended."""
+        return len(self.progress())
+
+
 class GenerationEngine(ABC):
     """A rollout engine: sampling with log-probs, weight refresh, sleep / wake."""
 
@@ -214,6 +290,16 @@ class GenerationEngine(ABC):
     @abstractmethod
     def wake_up(self) -> None:
         """Take the device memory back after :meth:`sleep`."""
+
+    def continuous(self, params: SamplingParams) -> ContinuousBatch:
+        """An empty :class:`ContinuousBatch` sampling with ``params`` (its ``seed`` seeds
+        the batch once; its ``max_tokens`` and ``n`` are ignored: each request has its
+        own).
+
+        Raises:
+            NotImplementedError: an engine without continuous batching.
+        """
+        raise NotImplementedError(f"the '{self.name}' engine has no continuous batching")
 
     def wake_weights(self) -> None:
         """Take back the weights' memory only, so :meth:`load_weights` can fill them while

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, P
 
 from backends.device import get_device
 from backends.generation.base import (
+    ContinuousBatch,
     EngineConfig,
     EngineStateError,
     FinishReason,
@@ -145,6 +146,11 @@ class HFGenerationEngine(GenerationEngine):
             )
 
     # ---- generation -------------------------------------------------------------------
+    def continuous(self, params: SamplingParams) -> ContinuousBatch:
+        from backends.generation.hf_slots import HFContinuousBatch
+
+        return HFContinuousBatch(self, params)
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         self._check_ready()
         self.validate_prompts(prompts)

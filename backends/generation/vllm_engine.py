@@ -50,12 +50,15 @@ import torch
 import torch.distributed as dist
 
 from backends.generation.base import (
+    ContinuousBatch,
     EngineConfig,
     EngineStateError,
     FinishReason,
     GenerationEngine,
     GenerationResult,
     SamplingParams,
+    SequenceOutput,
+    SequenceRequest,
     expert_group_launch,
 )
 from backends.generation.hf_experts import is_expert_name, unfuse_experts
@@ -68,6 +71,7 @@ import vllm  # after the environment above: vLLM reads it at import
 from vllm.distributed import get_tensor_model_parallel_rank
 from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
+from vllm.sampling_params import RequestOutputKind
 from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
 
 Weights = Iterable[tuple[str, torch.Tensor]]
@@ -388,12 +392,27 @@ class VLLMGenerationEngine(GenerationEngine):
                 results.append(self._result(prompt_index, sample, params, caps[prompt_index]))
         return results
 
+    def continuous(self, params: SamplingParams) -> ContinuousBatch:
+        if self.in_process_group:
+            # Every rank of a TP group must run the same steps; the rollout workers that
+            # decode continuously are single-device engines (rollout.tp 1).
+            raise NotImplementedError(
+                "continuous batching runs on single-device vLLM engines (rollout.tp: 1)"
+            )
+        return VLLMContinuousBatch(self, params)
+
     @staticmethod
     def _vllm_params(
-        params: SamplingParams, max_tokens: int, seed: int | None
+        params: SamplingParams,
+        max_tokens: int,
+        seed: int | None,
+        delta: bool = False,
     ) -> vllm.SamplingParams:
         # ignore_eos: stop only on the caller's stop ids, exactly like the 'hf' engine.
+        # delta: each step reports only the tokens new since the last (continuous batch).
+        kind = {"output_kind": RequestOutputKind.DELTA} if delta else {}
         return vllm.SamplingParams(
+            **kind,
             n=params.n,
             temperature=params.temperature,
             top_p=params.top_p,
@@ -417,6 +436,73 @@ class VLLMGenerationEngine(GenerationEngine):
         if sample.finish_reason != "stop":
             reason = "length" if cap == params.max_tokens else "context_limit"
         return GenerationResult(prompt_index, sample.index, token_ids, logprobs, reason)
+
+
+class VLLMContinuousBatch(ContinuousBatch):
+    """Continuous batching through vLLM's own engine loop: every request joins its
+    scheduler's queue (``LLMEngine.add_request``), each :meth:`step` is one
+    ``LLMEngine.step`` (vLLM schedules the running requests, prefills the new ones and
+    frees a finished one's KV blocks for the next at once), and requests report their
+    new tokens as deltas. Weights loaded between two steps
+    (:meth:`VLLMGenerationEngine.load_weights`) serve the next step; the running
+    requests keep their KV blocks. Written against vLLM's V1 ``LLMEngine``; not run here
+    (vLLM is not installed on the development box, docs/generation.md).
+    """
+
+    def __init__(self, engine: VLLMGenerationEngine, params: SamplingParams) -> None:
+        self.engine, self.params = engine, params
+        self.core = engine.llm.llm_engine
+        self.seed = params.seed
+        #: request id -> the sequence's request and its tokens and log-probs so far.
+        self.running: dict[str, tuple[SequenceRequest, list[int], list[float]]] = {}
+
+    def add(self, requests: list[SequenceRequest]) -> None:
+        if not requests:
+            return
+        self.engine.validate_prompts([r.context for r in requests])
+        for request in requests:
+            request_id = f"mindrl-{request.key}-{uuid.uuid4().hex[:8]}"
+            seed = _request_seed(self.seed, request.key)
+            sampling = VLLMGenerationEngine._vllm_params(
+                self.params, request.max_tokens, seed, delta=True
+            )
+            sampling.n = 1
+            prompt = TokensPrompt(prompt_token_ids=list(request.context))
+            self.core.add_request(request_id, prompt, sampling)
+            self.running[request_id] = (request, [], [])
+
+    def step(self) -> list[SequenceOutput]:
+        if self.engine._asleep:
+            raise EngineStateError("the engine is asleep: call wake_up() before step()")
+        ended = []
+        for output in self.core.step():
+            if output.request_id not in self.running:
+                continue
+            request, tokens, logprobs = self.running[output.request_id]
+            (sample,) = output.outputs
+            new = list(sample.token_ids)
+            tokens += new
+            logprobs += [step[t].logprob for step, t in zip(sample.logprobs, new, strict=True)]
+            if output.finished:
+                del self.running[output.request_id]
+                reason: FinishReason = "stop"
+                if sample.finish_reason != "stop":
+                    reason = "context_limit" if request.room_limited else "length"
+                ended.append(SequenceOutput(request.key, tokens, logprobs, reason))
+        return ended
+
+    def progress(self) -> dict[int, int]:
+        return {request.key: len(tokens) for request, tokens, _ in self.running.values()}
+
+    def interrupt(self) -> list[SequenceOutput]:
+        if self.running:
+            self.core.abort_request(list(self.running))
+        outputs = [
+            SequenceOutput(request.key, tokens, logprobs, "interrupted")
+            for request, tokens, logprobs in self.running.values()
+        ]
+        self.running = {}
+        return outputs
 
 
 def _prepare_external_launch(tp: int, env_rank: int) -> None:
