@@ -23,7 +23,10 @@ checkpoint cannot run code.
 Saving: rank 0 makes ``step_N.tmp``, every rank writes its trees and its shard file into
 it, then rank 0 writes ``meta.json`` with the size of every file, renames the folder to
 ``step_N`` and replaces ``latest`` through a temporary file and ``os.replace``. A crash
-at any point leaves ``latest`` naming the previous complete checkpoint. In the
+at any point leaves ``latest`` naming the previous complete checkpoint. A write that
+fails on any rank (a full or failing disk, no permission) is known to every rank after
+that step: rank 0 removes the partial folder and every rank raises
+:class:`CheckpointWriteError`, so the ranks stay in step and the run may go on. In the
 background (:class:`PendingSave`) the tensors are first copied to host memory and a
 thread writes and publishes them while training goes on. Loading checks the manifest
 first and names a missing, truncated or unreadable file together with the previous
@@ -73,6 +76,16 @@ READABLE_FORMATS = (LEGACY_FORMAT, FORMAT)
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed: one line naming the file and what to do."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint that could not be written (a full or failing disk, no permission): its
+    partial folder is removed and ``latest`` still names the previous complete step.
+    Every rank raises it, with the same line (the first failing rank's cause)."""
+
+    def __init__(self, message: str, step_dir: Path) -> None:
+        super().__init__(message)
+        self.step_dir = step_dir
 
 
 # ---- plain data <-> JSON + tensors ---------------------------------------------------------
@@ -179,18 +192,20 @@ class PendingSave:
     def __init__(self, step_dir: Path, thread: threading.Thread | None = None) -> None:
         self.step_dir = step_dir
         self.thread = thread
-        self.error: BaseException | None = None
+        self.error: CheckpointWriteError | None = None
 
     def wait(self) -> Path:
+        """The published step folder.
+
+        Raises:
+            CheckpointWriteError: writing it failed on some rank (on every rank alike).
+        """
         if self.thread is not None:
             self.thread.join()
             self.thread = None
         if self.error is not None:
             error, self.error = self.error, None
-            raise CheckpointError(
-                f"writing checkpoint {self.step_dir} failed ({_first_line(error)}); "
-                f"'{LATEST}' still names the previous complete step"
-            ) from error
+            raise error
         return self.step_dir
 
 
@@ -222,31 +237,43 @@ def save(
     tmp = root / f"step_{step:08d}.tmp"
     rank = dist.get_rank()
     group = _checkpoint_group()
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name, tree in shared.items():
-            save_tree(tmp / name, tree)
-    dist.barrier(group=group)
-    for kind, tree in per_rank.items():
-        if tree is not None:
-            save_tree(rank_stem(tmp, kind, rank), tree)
+    together = _Together(root, tmp, final, group)
+
+    def make_folder() -> None:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            for name, tree in shared.items():
+                save_tree(tmp / name, tree)
+
+    def write_rank_trees() -> None:
+        for kind, tree in per_rank.items():
+            if tree is not None:
+                save_tree(rank_stem(tmp, kind, rank), tree)
+
+    together(make_folder)  # also the barrier: the folder exists before any rank writes
+    together(write_rank_trees)
     if background:
         tensors = {key: pieces.host_copy() for key, pieces in tensors.items()}
     record = {"format": FORMAT, **meta}
     pending = PendingSave(final)
 
+    def publish() -> None:
+        if rank == 0:
+            _publish(root, tmp, final, record, keep)
+
     def write() -> None:
         try:
-            dcp.save(
-                tensors,
-                storage_writer=PiecesWriter(tmp / SHARDS),
-                planner=SavePiecesPlanner(),
-                process_group=group,
+            together(
+                lambda: dcp.save(
+                    tensors,
+                    storage_writer=PiecesWriter(tmp / SHARDS),
+                    planner=SavePiecesPlanner(),
+                    process_group=group,
+                )
             )
-            if rank == 0:
-                _publish(root, tmp, final, record, keep)
-        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            together(publish)
+        except CheckpointWriteError as exc:
             pending.error = exc
 
     if background:
@@ -254,9 +281,61 @@ def save(
         pending.thread.start()
         return pending
     write()
-    dist.barrier(group=group)  # every rank returns once the step is published
-    pending.wait()
+    pending.wait()  # every rank returns once the step is published, or raises alike
     return pending
+
+
+class _Together:
+    """One step of a save on every rank, then an exchange of how it went (a gather of one
+    line per rank over the checkpoint group; it also serves as the barrier): when any rank
+    failed, rank 0 removes the partial folder and every rank raises the same
+    :class:`CheckpointWriteError`. Without it a rank whose disk is full would raise while
+    the others wait in the next collective, and a run told to go on after a failed save
+    (``checkpoint.on_error: warn``) would hang there."""
+
+    def __init__(self, root: Path, tmp: Path, final: Path, group: Any) -> None:
+        self.root, self.tmp, self.final, self.group = root, tmp, final, group
+
+    def __call__(self, step: Any) -> None:
+        try:
+            step()
+            mine = None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            mine = _failure(exc, dist.get_rank())
+        outcomes: list[tuple[int, str] | None] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(outcomes, mine, group=self.group)
+        failed = [outcome for outcome in outcomes if outcome is not None]
+        if not failed:
+            return
+        if dist.get_rank() == 0:
+            self._remove_partial()
+        dist.barrier(group=self.group)  # no rank reports before the folder is gone
+        rank, cause = min(failed)
+        latest = latest_dir(self.root)
+        still = f"still names {latest.name}" if latest else "names no step yet (none was written)"
+        raise CheckpointWriteError(
+            f"checkpoint {self.final} could not be written (rank {rank}: {cause}); its "
+            f"partial folder is removed and '{LATEST}' {still}",
+            self.final,
+        )
+
+    def _remove_partial(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        # Renamed but not yet named by `latest` (writing `latest` failed): not published.
+        if self.final.exists() and latest_dir(self.root) != self.final:
+            shutil.rmtree(self.final, ignore_errors=True)
+
+
+def _failure(exc: BaseException, rank: int) -> tuple[int, str]:
+    """(the rank where ``exc`` began, its one-line cause): a DCP CheckpointException
+    carries each failing rank's own exception."""
+    failures = getattr(exc, "failures", None)
+    if failures:
+        rank = min(failures)
+        exc = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
+    return rank, _first_line(exc)
 
 
 def _publish(root: Path, tmp: Path, final: Path, record: dict[str, Any], keep: int | None) -> None:
@@ -316,7 +395,8 @@ def _first_line(exc: BaseException) -> str:
     """The root message of ``exc`` (a DCP CheckpointException: its first rank's)."""
     failures = getattr(exc, "failures", None)
     if failures:
-        exc = next(iter(failures.values()))[0]
+        exc = failures[min(failures)]
+        exc = exc[0] if isinstance(exc, tuple) else exc
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -326,6 +406,21 @@ def prune(root: Path, keep: int) -> None:
     steps = step_dirs(root)
     for old in steps[: max(len(steps) - max(keep, 1), 0)]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def withdraw(root: str | Path, name: str) -> None:
+    """Unpublish step folder ``name`` under ``root``: another role's part of the same
+    checkpoint could not be written, and a resume must find every role at one step.
+    ``latest`` goes back to the newest complete step before it (or away, if none)."""
+    root = Path(root)
+    step = root / name
+    if latest_dir(root) == step:
+        previous = [p for p in step_dirs(root) if p < step]
+        if previous:
+            _write_latest(root, previous[-1].name)
+        else:
+            (root / LATEST).unlink(missing_ok=True)
+    shutil.rmtree(step, ignore_errors=True)
 
 
 def _write_latest(root: Path, name: str) -> None:

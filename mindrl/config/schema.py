@@ -469,6 +469,14 @@ class CheckpointConfig:
         "the run goes on).",
         key="async",
     )
+    on_error: str = option(
+        "stop",
+        "A checkpoint that cannot be written (full or failing disk, no permission): 'stop' "
+        "ends the run in one line, 'warn' trains on and counts it in metrics "
+        "(checkpoint_write_failures). Either way its partial folder is removed and 'latest' "
+        "stays on the previous complete step; a failed final checkpoint always stops the run.",
+        choices=("stop", "warn"),
+    )
 
 
 @dataclass

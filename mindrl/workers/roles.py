@@ -279,21 +279,36 @@ class ModelWorker(WeightSource):
         data_position: dict,
         in_flight: list[DockSlice] | None = None,
         background: bool = False,
-    ) -> str:
+    ) -> dict:
         """Save this role under ``root``; ``in_flight``: samples still in the dock that a
         later iteration trains, which rank 0 fetches and writes into the same step folder
         (published atomically with the weights: the driver never carries payloads).
         ``background``: return once this rank's part is copied to host memory; it is
-        written while training goes on (the next save, or a load, waits for it)."""
+        written while training goes on (the next save, or a load, waits for it).
+
+        Returns ``step_dir`` (None when this save failed) and ``failed``: (step folder
+        name, one line) per save that could not be written (the previous background one,
+        this one), the same on every rank; the driver decides whether the run goes on
+        (``checkpoint.on_error``).
+        """
+        failed = []
+        try:
+            self.engine.finish_checkpoint()
+        except checkpoint.CheckpointWriteError as exc:
+            failed.append((exc.step_dir.name, str(exc)))
         keep = self.config.checkpoint.keep
         extra = None
         if in_flight and self.rank == 0:
             extra = {IN_FLIGHT: snapshot_samples(self.dock, in_flight)}
             self.dock.take_seconds()  # not the next stage's dock time
-        step_dir = self.engine.save_checkpoint(
-            Path(root) / self.role, data_position, keep, extra, background
-        )
-        return str(step_dir)
+        try:
+            step_dir = self.engine.save_checkpoint(
+                Path(root) / self.role, data_position, keep, extra, background
+            )
+        except checkpoint.CheckpointWriteError as exc:
+            failed.append((exc.step_dir.name, str(exc)))
+            step_dir = None
+        return {"step_dir": str(step_dir) if step_dir else None, "failed": failed}
 
     @on_device
     def load_checkpoint(self, step_dir: str) -> dict:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -228,8 +230,10 @@ def critic_trained_and_saved(rank: int, world: int, root: str) -> dict:
 def background_saves(rank: int, world: int, root: str) -> dict:
     """At TP2: a synchronous save of step 2 (``sync``) and a background one
     (``background``), written slowly while 2 more steps train; then a background save of
-    step 4 whose rank-1 write fails."""
+    step 4 whose rank-1 shard write fails, a synchronous one whose rank-1 RNG file fails
+    (before DCP runs), and the same save once the disk is back."""
     original = sharded_store.PiecesWriter.write_data
+    original_tree = checkpoint.save_tree
 
     def slow(writer, plan, planner):
         time.sleep(1.0)  # the steps below run while the tensors are written
@@ -237,8 +241,13 @@ def background_saves(rank: int, world: int, root: str) -> dict:
 
     def failing(writer, plan, planner):
         if dist.get_rank() == 1:
-            raise OSError("No space left on device")
+            raise OSError(errno.ENOSPC, "No space left on device")
         return original(writer, plan, planner)
+
+    def failing_tree(stem, obj):
+        if dist.get_rank() == 1 and "rng" in str(stem):
+            raise PermissionError(errno.EACCES, "Permission denied", str(stem))
+        return original_tree(stem, obj)
 
     engine = _engine(ParallelSpec(tp=2), seed=1)
     _losses(engine, 0, 2)
@@ -258,10 +267,24 @@ def background_saves(rank: int, world: int, root: str) -> dict:
     except CheckpointError as exc:
         error = str(exc)
     sharded_store.PiecesWriter.write_data = original
+    left_after_failures = []
+    checkpoint.save_tree = failing_tree
+    try:
+        engine.save_checkpoint(f"{root}/background", data_position={"next_step": 4})
+        sync_error = None
+    except CheckpointError as exc:
+        sync_error = str(exc)
+    checkpoint.save_tree = original_tree
+    left_after_failures = sorted(p.name for p in Path(root, "background").iterdir())
+    dist.barrier()  # every rank has looked before the retry writes step 4
+    retried = engine.save_checkpoint(f"{root}/background", data_position={"next_step": 4})
     _finish()
     return {
         "resizable_after_save": resizable,
         "published_at_return": published_at_return,
         "published": published,
         "error": error,
+        "sync_error": sync_error,
+        "left_after_failures": left_after_failures,
+        "retried": retried,
     }

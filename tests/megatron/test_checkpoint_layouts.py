@@ -162,13 +162,26 @@ def test_a_save_leaves_every_storage_resizable_for_allgather_swap(background):
 
 def test_a_background_save_that_fails_leaves_latest_on_the_step_before_and_says_so(background):
     root, ranks = background
-    assert checkpoint.latest_dir(root / "background") == root / "background" / "step_00000002"
-    assert checkpoint.resolve(root / "background").name == "step_00000002"
-    for rank in ranks:  # every rank hears of it, in one line
+    step4 = root / "background" / "step_00000004"
+    for rank in ranks:  # every rank hears of it, in the same line, naming rank 1's cause
         error = rank["error"]
-        assert error.startswith(f"writing checkpoint {root / 'background' / 'step_00000004'}")
+        assert error.startswith(f"checkpoint {step4} could not be written (rank 1: ")
         assert "No space left on device" in error and "\n" not in error
-        assert error.endswith("'latest' still names the previous complete step")
+        assert error.endswith("partial folder is removed and 'latest' still names step_00000002")
+
+
+def test_a_failed_write_on_one_rank_removes_the_partial_folder_and_the_ranks_stay_in_step(
+    background,
+):
+    root, ranks = background
+    for rank in ranks:  # the RNG file of rank 1 failed before DCP ran: both ranks know
+        assert "(rank 1: [Errno 13] Permission denied" in rank["sync_error"]
+        assert rank["sync_error"].endswith("'latest' still names step_00000002")
+        # Neither failed save left a folder behind, and `latest` never moved.
+        assert rank["left_after_failures"] == ["latest", "step_00000002"]
+    # The same save, once the disk is back, is written by both ranks and published.
+    assert ranks[0]["retried"] == root / "background" / "step_00000004"
+    assert checkpoint.resolve(root / "background").name == "step_00000004"
 
 
 def _fake_step(root: Path, step: int) -> Path:

@@ -54,6 +54,8 @@ class RunState:
     in_flight: dict[str, Any] | None = None
     #: An iteration is running: the runner's samples in flight are not a checkpoint's now.
     iterating: bool = False
+    #: Checkpoints that could not be written and the run trained on (checkpoint.on_error).
+    checkpoint_failures: int = 0
 
     def dp_size(self, role: str) -> int:
         """Data-parallel groups of ``role``: the TP / PP peers of a DP rank form one."""

@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 from backends.device.registry import get_device, resolve_device
+from backends.megatron import checkpoint
 from mindrl.config.schema import MindRLConfig
 from mindrl.config.specs import ModelSetupError
 from mindrl.data import PromptSourceError
@@ -58,6 +59,13 @@ USER_MISTAKES = (
     SinkError,
     PlacementError,
 )
+
+
+class CheckpointWriteFailed(RuntimeError):
+    """A checkpoint could not be written and the run stops (``checkpoint.on_error: stop``,
+    or the run's final checkpoint); the message is one line with the fix."""
+
+
 #: How long a Ctrl-C checkpoint may take before the run gives up on it.
 INTERRUPT_SAVE_TIMEOUT_S = 120.0
 HF_DIR = "hf"  # RUN_DIR/hf: the trained policy, loadable by transformers and vLLM
@@ -90,6 +98,9 @@ def train(
     except RUN_FAILURES as exc:
         _report_failure(exc, run, runner)
         return 1
+    except CheckpointWriteFailed as exc:
+        _error(str(exc))
+        return 1
     except KeyboardInterrupt:
         _on_interrupt(run, runner)
         return 130
@@ -109,13 +120,15 @@ def _loop(run: RunState, runner: IterationRunner, validator: Validator) -> int:
             # Trained: a Ctrl-C during validation saves this iteration, not the one before.
             run.finished_iteration, run.iterating = iteration, False
             metrics |= validator.after(iteration)
+            if run.checkpoint_failures:
+                metrics["checkpoint_write_failures"] = run.checkpoint_failures
             log.log(iteration, metrics)
             print_progress_line(format_progress_line(iteration, metrics))
             every = config.checkpoint.every
             if every and (iteration + 1) % every == 0 and iteration + 1 < config.iterations:
                 save_checkpoint(run, runner, background=config.checkpoint.async_save)
         if run.finished_iteration >= run.start_iteration:
-            save_checkpoint(run, runner)  # waits for a background one first
+            save_checkpoint(run, runner, final=True)  # waits for a background one first
             _write_hf(run)
     _plot(run.run_dir)
     print(f"mindrl-train: done; metrics in {run.run_dir}, checkpoints in {run.checkpoint_dir}")
@@ -158,30 +171,74 @@ def save_checkpoint(
     runner: IterationRunner | None = None,
     timeout_s: float | None = None,
     background: bool = False,
+    final: bool = False,
 ) -> None:
-    """Every trained role saves; the driver's position (next iteration, data, KL) rides
+    """Every trained role saves; the the driver's position (next iteration, data, KL) rides
     along. Between iterations the ``runner``'s samples in flight (partial rollout, an
     asynchronous run's next batch) are kept too: its bookkeeping in the position, their
     payloads written by actor rank 0 into its step folder. ``background``
     (``checkpoint.async``): the workers return once their parts are copied to host memory
     and write them while the run goes on; each save waits for the one before, so a run
-    that ends waits for it, and one that fails leaves ``latest`` on a complete step."""
+    that ends waits for it, and one that fails leaves ``latest`` on a complete step.
+
+    A save that could not be written (this one, or the background one before it) goes by
+    ``checkpoint.on_error``; the ``final`` one always stops the run.
+
+    Raises:
+        CheckpointWriteFailed: a save could not be written and the run stops.
+    """
     in_flight = runner.in_flight_state() if runner is not None and not run.iterating else None
     position = run.position(in_flight.bookkeeping if in_flight is not None else None)
     timeout = timeout_s or run.plan.stage_deadline_s
     start = time.perf_counter()
+    answers = {}
     for group in run.trained_groups():
         root = str(run.checkpoint_dir)
         args = [root, position]
         if in_flight is not None and group.name == "actor":
             args.append(in_flight.slices)
         kwargs = {"background": True} if background else {}
-        group.call("save_checkpoint", *args, stage="checkpoint", timeout_s=timeout, **kwargs)
+        # Every rank of a role answers alike (its ranks agree on a failed write).
+        answers[group.name] = group.call(
+            "save_checkpoint", *args, stage="checkpoint", timeout_s=timeout, **kwargs
+        )[0]
     seconds = time.perf_counter() - start
-    writing = "; writing in the background" if background else ""
-    print_progress_line(
-        f"checkpoint: iteration {run.finished_iteration} -> {run.checkpoint_dir} "
-        f"({seconds:.1f}s{writing})"
+    failed = {step: line for answer in answers.values() for step, line in answer["failed"]}
+    if failed:
+        _after_failed_writes(run, answers, failed, final)
+    if all(answer["step_dir"] for answer in answers.values()):
+        writing = "; writing in the background" if background else ""
+        print_progress_line(
+            f"checkpoint: iteration {run.finished_iteration} -> {run.checkpoint_dir} "
+            f"({seconds:.1f}s{writing})"
+        )
+
+
+def _after_failed_writes(
+    run: RunState, answers: dict[str, dict], failed: dict[str, str], final: bool
+) -> None:
+    """Checkpoint steps some role could not write (step folder name -> its line): the
+    roles that did write such a step unpublish it, so every role's ``latest`` names one
+    step; then the run stops or, under ``checkpoint.on_error: warn``, counts and goes on."""
+    for role, answer in answers.items():
+        own = {step for step, _ in answer["failed"]}
+        for step in set(failed) - own:
+            checkpoint.withdraw(Path(run.checkpoint_dir) / role, step)
+    line = next(iter(failed.values()))
+    fix = (
+        f"free space (or grant write access) under {run.checkpoint_dir}, or point "
+        "checkpoint.dir at another disk"
+    )
+    if final:
+        raise CheckpointWriteFailed(f"the run's final checkpoint is lost: {line}; {fix}")
+    if run.config.checkpoint.on_error == "stop":
+        raise CheckpointWriteFailed(
+            f"{line}; {fix}, or set checkpoint.on_error=warn to train on without it"
+        )
+    run.checkpoint_failures += len(failed)
+    _say(
+        f"warning: {line}; training goes on (checkpoint.on_error=warn; "
+        f"{run.checkpoint_failures} failed so far)"
     )
 
 
@@ -197,7 +254,7 @@ def _on_interrupt(run: RunState | None, runner: IterationRunner | None) -> None:
             f"interrupted; saved iteration {run.finished_iteration} to {run.checkpoint_dir} "
             "(continue with --resume)"
         )
-    except (*RUN_FAILURES, KeyboardInterrupt) as exc:
+    except (*RUN_FAILURES, CheckpointWriteFailed, KeyboardInterrupt) as exc:
         _say(
             f"interrupted; could not save ({exc}); the last complete checkpoint under "
             f"{run.checkpoint_dir} is intact"
