@@ -7,13 +7,23 @@ from rich.table import Table
 
 GB = 1e9
 
+#: Width of the plan's tables when the output is not a terminal: rich would use 80
+#: columns there and cut the figures ("1,342.… GB") of a dry run piped to a file or a log.
+PIPED_WIDTH = 200
+
 
 def gb(value: float) -> str:
     return f"{value / GB:,.2f} GB"
 
 
+def plan_console() -> Console:
+    """The terminal's console, or a wide one when standard output is piped."""
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPED_WIDTH)
+
+
 def render_plan(plan: dict, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or plan_console()
     console.print(
         f"[bold]mindrl plan[/bold]: {plan['trainer']} on {plan['world_size']} {plan['device']} "
         f"device(s) = {plan['nodes']} node(s) x {plan['devices_per_node']}; model "

@@ -24,6 +24,12 @@ def test_deepseek_dry_run_prints_the_plan_for_384_devices():
     assert "redundant weight bytes (Eq. 3)" in out.stdout
 
 
+def test_a_piped_dry_run_prints_every_figure_whole():
+    out = mindrl_train("--trainer", "grpo", "--config", "configs/deepseek671b.yaml", "--dry-run")
+    assert "…" not in out.stdout
+    assert "9,394.37 GB" in out.stdout  # the actor's whole checkpoint, weights to fp32 main
+
+
 def test_dry_run_json_carries_layouts_memory_and_sample_flow():
     out = mindrl_train(
         "--trainer", "ppo", "--config", "configs/qwen25_32b.yaml", "--dry-run", "--json"
