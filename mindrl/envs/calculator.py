@@ -123,8 +123,10 @@ class CalculatorEnv:
     """The maths word problem with a calculator: call it, read the result, answer.
 
     Each turn is read in order: a turn that states a final answer (``Answer: n``) before
-    any call ends the episode with the maths reward; a turn whose first call comes first
-    is answered with ``<result>value</result>`` (reward 0, not done); a turn with neither
+    any call ends the episode with the maths reward of that first answer line (what the
+    model writes after it, a next question of its own, is not scored); a turn whose first
+    call comes first is answered with ``<result>value</result>`` (reward 0, not done); a
+    turn with neither
     ends the episode, scored as its text stands (the verifier's first-line fallback).
     Text the model wrote after its call, before seeing the result, is ignored.
 
@@ -151,9 +153,18 @@ class CalculatorEnv:
         """The call's result as observation, or the final answer's reward and done."""
         call = CALL.search(action)
         answered = ANSWER_MARK.search(action)
-        if call is None or (answered is not None and answered.start() < call.start()):
+        if answered is not None and (call is None or answered.start() < call.start()):
+            return "", math_reward(_through_line_of(action, answered.end()), self.answer), True
+        if call is None:
             return "", math_reward(action, self.answer), True
         return f"<result>{_result(call.group(1))}</result>\n", 0.0, False
+
+
+def _through_line_of(text: str, position: int) -> str:
+    # The first answer counts: a model that goes on to a next "Question: ... Answer: n" of
+    # its own is not scored on that one (the verifier reads the last "Answer:").
+    end = text.find("\n", position)
+    return text if end < 0 else text[:end]
 
 
 def _result(expression: str) -> str:

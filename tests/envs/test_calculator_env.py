@@ -102,6 +102,15 @@ def test_an_answer_before_any_call_ends_the_episode():
     assert env.step(f"Answer: {RECORD.answer}\n<calc>1+1</calc>") == ("", 1.0, True)
 
 
+def test_only_the_first_answer_counts_not_a_next_question_the_model_made_up():
+    env = CalculatorEnv()
+    env.reset(RECORD)
+    rambling = f"Answer: {RECORD.answer}\n\nQuestion: Tom has 2 cats.\nAnswer: 999"
+    assert env.step(rambling) == ("", 1.0, True)
+    env.reset(RECORD)
+    assert env.step(f"Answer: 999\n\nQuestion: Tom has 2 cats.\nAnswer: {RECORD.answer}")[1] == 0.0
+
+
 def test_a_bad_call_is_answered_with_the_error_not_raised():
     env = CalculatorEnv()
     env.reset(RECORD)
