@@ -54,13 +54,18 @@ class Algorithm(ABC):
     :class:`AlgorithmConfig` fields a recipe leaves unset, by field name); ``own_options``
     (options only this algorithm reads; switched on elsewhere they are refused);
     ``reads_options`` (all the options it reads, when only a few); ``offline`` (trains on
-    stored data, no generation).
+    stored data, no generation); ``group_local_advantages`` (below).
     """
 
     name: ClassVar[str]
     needs_critic: ClassVar[bool] = False
     needs_reference: ClassVar[bool] = True
     uses_groups: ClassVar[bool] = False
+    #: A group's advantages read that group's samples alone (normalised within the group,
+    #: no statistic over the batch), so the advantage stage may run on every node on the
+    #: groups its warehouse stores (trainers/driver/iteration.py); an estimator that
+    #: whitens over the batch (PPO's GAE, REINFORCE++) needs the whole batch on one worker.
+    group_local_advantages: ClassVar[bool] = False
     defaults: ClassVar[Mapping[str, object]] = {}
     own_options: ClassVar[frozenset[str]] = frozenset()
     #: Trains on stored data (preference pairs) instead of generating: no rollout,

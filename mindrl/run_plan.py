@@ -64,6 +64,8 @@ class RunPlan:
         model_roles: the model worker groups to place (``actor`` first).
         group_size: responses per prompt (the dock hands out whole groups).
         uses_groups: advantages compare the responses of one prompt.
+        group_local_advantages: a group's advantages read that group alone, so the
+            advantage stage may run on each node (:attr:`Algorithm.group_local_advantages`).
         sample_batches: prompt batches an iteration may draw (DAPO refills dropped groups).
         dock_groups: groups the dock holds: ``sample_batches`` batches, or partial
             rollout's in-flight pool (``rollout.partial_rollout_groups``).
@@ -94,6 +96,7 @@ class RunPlan:
     stage_deadline_s: float
     options: AlgorithmConfig
     tokens_may_lag: bool = False
+    group_local_advantages: bool = False
     offloaded_roles: tuple[str, ...] = ()
 
     @property
@@ -196,6 +199,7 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         stage_deadline_s=stage_deadline_s(config),
         options=options,
         tokens_may_lag=tokens_may_lag(config),
+        group_local_advantages=algorithm.group_local_advantages,
     )
 
 

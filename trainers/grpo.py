@@ -87,6 +87,7 @@ class GRPO(PolicyGradientAlgorithm):
 
     name = "grpo"
     uses_groups = True
+    group_local_advantages = True  # mean and std within each group
     needs_reference = True
     defaults: ClassVar[dict[str, object]] = {"kl_coef": 0.001}
 

@@ -55,6 +55,7 @@ class RLOO(PolicyGradientAlgorithm):
 
     name = "rloo"
     uses_groups = True
+    group_local_advantages = True  # each baseline is the group's other responses
     needs_reference = False
     defaults: ClassVar[dict[str, object]] = {"kl_coef": 0.0, "loss_agg_mode": "token-mean"}
 

@@ -4,13 +4,15 @@ the driver of ``benchmarks.cluster.linearity``, run inside node 0's namespace.
 Per node ``prompts x responses`` samples; the stages, the fields each reads and writes and
 the role serving each come from the run plan (GRPO with a reference model and two
 mini-batches, so old log-probs too: the paper's n_l = 5 per-token fields). The driver
-puts the prompts and claims each stage's batch from its controller (the centralized
-buffer: from the buffer), split over the stage's workers as the trainer splits it
-(``dp_parts``, balanced by length, each part what its node's warehouse stores while it
-can be); each worker fetches its part, computes, and puts what the stage writes. Roles
-as the all-colocated layout places them with one device per node: an actor, reference
-and reward worker on every node; the advantage stage on reward rank 0 only
-(trainers/driver/iteration.py). Responses run to the maximum length (paper Eq. 2).
+puts the prompts (each group's once, ``repeat``) and claims each stage's batch from its
+controller (the centralized buffer: from the buffer), split over the stage's workers as
+the trainer splits it (``dp_parts``, balanced by length, each part what its node's
+warehouse stores while it can be); each worker fetches its part, computes, and puts what
+the stage writes. Roles as the all-colocated layout places them with one device per
+node: an actor, reference and reward worker on every node; GRPO's group-local advantages
+on the reward worker beside each warehouse, on the groups it stores (the centralized
+buffer: reward rank 0), as trainers/driver/iteration.py runs them. Responses run to the
+maximum length (paper Eq. 2).
 
 Devices are not on this machine: a model stage's compute is emulated by a wait that uses
 no CPU, ``compute_ratio`` x the time that stage's samples of one node would take to cross
@@ -40,8 +42,9 @@ from mindrl.run_plan import RunPlan, build_run_plan
 from trainers.driver.setup import FIELDS
 from trainers.registry import get_algorithm
 
-#: Stages served by one worker only (reward rank 0), as the trainer runs them.
-FIRST_WORKER_ONLY = frozenset({"advantage"})
+#: The stage split by warehouse, whole groups each, not balanced (the trainer's
+#: ``_advantage_parts``).
+BY_WAREHOUSE = "advantage"
 #: Roles whose work runs on the devices (emulated here); the others are CPU work.
 DEVICE_ROLES = frozenset({"actor", "reference", "critic"})
 #: Stages the trainer claims in whole groups.
@@ -103,11 +106,6 @@ class StageWorker:
     def attach(self, handle) -> None:
         self.client = DockClient(handle)
 
-    def feed(self, indexes: np.ndarray) -> None:
-        """Load this node's prompts into the dock (the what-if of per-node data loading)."""
-        prompts = self.rng.integers(0, VOCAB, (len(indexes), self.shape.prompt_len))
-        self.client.put(indexes, {"prompt_ids": prompts, "record_id": indexes.copy()})
-
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
@@ -146,34 +144,29 @@ class Flow:
         ]
         self.worker_nodes = ray.get([w.node_id.remote() for w in self.workers])
 
-    def iteration(self, client: DockClient, local: bool = False) -> None:
-        """One iteration as the trainer runs it; ``local``: the what-if in which each
-        node loads its own prompts and its reward worker computes the advantages of the
-        groups its warehouse stores (a group-local estimator such as GRPO's could; the
-        trainer's driver puts every prompt and reward rank 0 computes every advantage)."""
+    def iteration(self, client: DockClient) -> None:
+        """One iteration as the trainer runs it (module docstring)."""
         beside = [client.warehouse_on(node) for node in self.worker_nodes]
-        if local:
-            owners = client.owner(np.arange(self.n))
-            shares = [np.flatnonzero(owners == w) for w in beside]
-            ray.get([w.feed.remote(share) for w, share in zip(self.workers, shares, strict=True)])
-        else:
-            indexes = np.arange(self.n)
-            prompts = self.rng.integers(0, VOCAB, (self.n, self.shape.prompt_len))
-            client.put(indexes, {"prompt_ids": prompts, "record_id": indexes.copy()})
+        groups, responses = self.n // self.shape.responses, self.shape.responses
+        prompts = self.rng.integers(0, VOCAB, (groups, self.shape.prompt_len))
+        fields = {"prompt_ids": prompts, "record_id": np.arange(groups)}
+        client.put(np.arange(self.n), fields, repeat=responses)
         for stage in self.plan.stages:
-            single = stage.name in FIRST_WORKER_ONLY
-            workers = self.workers[:1] if single and not local else self.workers
+            by_warehouse = stage.name == BY_WAREHOUSE
             parts = client.claim(
                 stage.name,
                 list(stage.reads),
                 self.n,
                 whole_groups=stage.name in WHOLE_GROUPS,
-                dp_parts=1 if single else len(workers),
-                part_warehouses=None if single else beside,
+                dp_parts=1 if by_warehouse else len(self.workers),
+                part_warehouses=None if by_warehouse else beside,
             )
-            if len(parts) < len(workers):  # whole groups, each to the node storing it
+            workers = self.workers
+            if by_warehouse and len(set(beside)) > 1:  # each group on the node storing it
                 owners = client.owner(parts[0])
                 parts = [parts[0][owners == w] for w in beside]
+            elif by_warehouse:  # one buffer: reward rank 0
+                workers = self.workers[:1]
             compute = self.compute[stage.name]
             reads, writes = list(stage.reads), list(stage.writes)
             calls = zip(workers, parts, strict=True)
@@ -189,8 +182,6 @@ def measure(args: argparse.Namespace) -> dict:
     ray.init(logging_level="ERROR", log_to_driver=False)
     flow = Flow(plan, shape, args.nodes, compute)
     systems = {"td": "distributed", "central": "central"}
-    if args.local:
-        systems["td_local"] = "distributed"
     handles = {
         system: create_dock(FIELDS, plan.dock_stages(), flow.n, shape.responses, kind=kind)
         for system, kind in systems.items()
@@ -201,7 +192,7 @@ def measure(args: argparse.Namespace) -> dict:
             ray.get([w.attach.remote(handle) for w in flow.workers])
             client = DockClient(handle)
             before, start = links.link_bytes(), time.perf_counter()
-            flow.iteration(client, local=system == "td_local")
+            flow.iteration(client)
             seconds = time.perf_counter() - start
             moved = links.link_bytes() - before
             if round_ >= args.warmup:
@@ -231,11 +222,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--response-len", type=int, default=4096)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument(
-        "--local",
-        action="store_true",
-        help="also the what-if with prompts loaded and advantages computed on each node",
-    )
     return parser.parse_args(argv)
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from benchmarks.cluster.netns import PYTHON, ShapedCluster, refused_in_one_line, report_line
 
-SYSTEMS = ("td", "central", "td_local")
+SYSTEMS = ("td", "central")
 #: An iteration is its emulated compute plus its dispatch (the sample flow's moves). A
 #: dispatch is link-bound when its busiest link direction at the link rate takes longer
 #: than the same flow on unshaped links (the cores' time); the report's ``bound`` is
@@ -40,7 +40,6 @@ CORES_MATTER = 0.1
 LABELS = {
     "td": "transfer dock",
     "central": "centralized buffer",
-    "td_local": "dock, prompts + advantages per node (what-if)",
 }
 
 
@@ -54,8 +53,6 @@ def run_flow(
             "--responses", str(args.responses), "--prompt-len", str(args.prompt_len),
             "--response-len", str(args.response_len), "--iterations", str(args.iterations),
             "--warmup", str(args.warmup)]  # fmt: skip
-    if args.local:
-        argv.append("--local")
     done = cluster.run_on(0, argv, timeout_s=args.timeout_s)
     report = report_line(done.stdout)
     if done.returncode != 0 or report is None:
@@ -169,10 +166,12 @@ def _percent(value: float | None) -> str:
 
 #: The paper's linearity at 192 NPUs (24 nodes of 8), for the plot's reference lines.
 PAPER_LINEARITY = {"td": 0.811, "central": 0.619}
-STYLES = {"td": "o-", "central": "s-", "td_local": "^--"}
+STYLES = {"td": "o-", "central": "s-"}
 
 
-def plot(report: dict, path: Path) -> None:
+def plot(report: dict, path: Path, before: dict | None = None, before_label: str = "") -> None:
+    """Linearity and the busiest link per N; ``before``: an earlier report whose dock is
+    drawn dashed beside (``before_label`` names it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,6 +189,14 @@ def plot(report: dict, path: Path) -> None:
         busiest = [max(map(sum, zip(e["link_bytes_up"], e["link_bytes_down"], strict=True)))
                    / 2**20 for e in entries.values()]  # fmt: skip
         right.plot(nodes, busiest, STYLES[system], label=LABELS[system])
+    if before is not None:
+        entries, label = before["td"], f"{LABELS['td']}, {before_label or 'before'}"
+        earlier = [int(n) for n in entries]
+        left.plot(earlier, [e["linearity"] for e in entries.values()], "o--", color="grey",
+                  label=label)  # fmt: skip
+        busiest = [max(map(sum, zip(e["link_bytes_up"], e["link_bytes_down"], strict=True)))
+                   / 2**20 for e in entries.values()]  # fmt: skip
+        right.plot(earlier, busiest, "o--", color="grey", label=label)
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(nodes, [str(n) for n in nodes])
@@ -228,11 +235,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per flow run")
     parser.add_argument(
-        "--local",
-        action="store_true",
-        help="also the what-if: each node loads its prompts and computes its groups' "
-        "advantages (the trainer: the driver puts every prompt, one worker every advantage)",
+        "--before", type=Path, help="an earlier --json report: its dock drawn dashed beside"
     )
+    parser.add_argument("--before-label", default="", help="what the earlier report measured")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--plot", type=Path, help="write the plot (PNG) here")
     parser.add_argument("--raw", type=Path, help="write every run's measurements here")
@@ -258,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     if args.plot:
-        plot(report, args.plot)
+        before = json.loads(args.before.read_text()) if args.before else None
+        plot(report, args.plot, before, args.before_label)
     return 0
 
 

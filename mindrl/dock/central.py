@@ -46,9 +46,13 @@ class CentralBuffer:
         self.changed = asyncio.Condition()
 
     async def put(
-        self, indexes: np.ndarray, columns: dict[str, Columns], version: int | None = None
+        self,
+        indexes: np.ndarray,
+        columns: dict[str, Columns],
+        version: int | None = None,
+        repeat: int = 1,
     ) -> int:
-        lengths = self.store.put(indexes, columns)
+        lengths = self.store.put(indexes, columns, repeat)
         for state in self.states.values():
             if set(state.fields) & set(columns):
                 state.on_put(indexes, list(columns), 0, lengths, version)

@@ -74,6 +74,7 @@ class DockClient:
         indexes: np.ndarray | torch.Tensor | list[int],
         data: TensorDict | dict[str, Any],
         version: int | None = None,
+        repeat: int = 1,
     ) -> None:
         """Store fields of samples ``indexes``; ``version``: the weights that generated them
         (the stages' controllers keep it as metadata, :meth:`versions`).
@@ -81,23 +82,44 @@ class DockClient:
         ``data`` maps a field to a padded tensor ``[n, max_len, ...]`` (with an optional
         ``<field>_lengths`` entry; without one every row is taken whole), to a list of
         per-sample tensors, or, for fixed fields, to a tensor ``[n, *shape]``.
+
+        ``repeat``: each row of ``data`` is the value of ``repeat`` consecutive indexes (a
+        group's prompt, the same for its N responses). The row crosses the network once
+        and the warehouse stores it for each of them: what it stores is what a put of
+        every row ``repeat`` times stores, for 1 / ``repeat`` of the bytes.
         """
         indexes = np.asarray(indexes, dtype=np.int64)
         columns = self._encode(data)
+        row_indexes = self._rows_of(indexes, repeat)
         for name, column in columns.items():
-            if len(column.lengths) != len(indexes):
+            if len(column.lengths) != len(row_indexes):
+                per = f" (one per {repeat})" if repeat > 1 else ""
                 raise DockError(
-                    f"field '{name}' has {len(column.lengths)} samples for {len(indexes)} indexes"
+                    f"field '{name}' has {len(column.lengths)} samples for {len(indexes)} "
+                    f"indexes{per}"
                 )
-        owners = self.owner(indexes)
+        owners = self.owner(row_indexes[:, 0])
         refs, names = [], []
         for w in np.unique(owners):
             rows = np.flatnonzero(owners == w)
             part = {name: take_rows(col, rows) for name, col in columns.items()}
-            refs.append(self._store(int(w), indexes[rows], part, version))
+            refs.append(self._store(int(w), row_indexes[rows].ravel(), part, version, repeat))
             names.append(self._warehouse_name(int(w)))
             self.bytes_sent += sum(c.nbytes for c in part.values())
         self._get(refs, names, timeout_s=self.handle.timeout_s)
+
+    def _rows_of(self, indexes: np.ndarray, repeat: int) -> np.ndarray:
+        """``indexes`` as ``[rows, repeat]``: the indexes each row of a put is stored at,
+        all in one warehouse (whole groups are, mindrl.dock.builder)."""
+        if repeat < 1 or len(indexes) % repeat:
+            raise DockError(f"a put of {len(indexes)} indexes cannot repeat rows {repeat} times")
+        rows = indexes.reshape(-1, repeat)
+        if repeat > 1 and np.any(np.ptp(self.owner(indexes).reshape(-1, repeat), axis=1)):
+            raise DockError(
+                f"a put repeating each row {repeat} times needs each row's indexes in one "
+                "warehouse: put whole groups"
+            )
+        return rows
 
     def _encode(self, data: TensorDict | dict[str, Any]) -> dict[str, Columns]:
         keys = list(data.keys())
@@ -331,10 +353,15 @@ class DockClient:
 
     # ---- plumbing -----------------------------------------------------------------------
     def _store(
-        self, w: int, indexes: np.ndarray, part: dict[str, Columns], version: int | None
+        self,
+        w: int,
+        indexes: np.ndarray,
+        part: dict[str, Columns],
+        version: int | None,
+        repeat: int = 1,
     ) -> Any:
         actor = self.handle.central or self.handle.warehouses[w].actor
-        return actor.put.remote(indexes, part, version)
+        return actor.put.remote(indexes, part, version, repeat)
 
     def _fetch(self, w: int, indexes: np.ndarray, fields: list[str]) -> Any:
         actor = self.handle.central or self.handle.warehouses[w].actor

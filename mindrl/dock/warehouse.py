@@ -32,7 +32,7 @@ class WarehouseStore:
         self.bytes_out = 0
         self._count = threading.Lock()  # the actor serves several requests on threads
 
-    def validate(self, indexes: np.ndarray, columns: dict[str, Columns]) -> None:
+    def validate(self, indexes: np.ndarray, columns: dict[str, Columns], repeat: int = 1) -> None:
         outside = indexes[(indexes < self.first) | (indexes >= self.last)]
         if len(outside):
             raise DockError(
@@ -45,27 +45,33 @@ class WarehouseStore:
                 raise DockError(
                     f"unknown field '{name}'; the dock schema has {sorted(self.schema)}"
                 )
-            if len(column.lengths) != len(indexes):
+            if len(column.lengths) * repeat != len(indexes):
                 raise DockError(
                     f"field '{name}' has {len(column.lengths)} samples for {len(indexes)} indexes"
+                    + (f" (one per {repeat})" if repeat > 1 else "")
                 )
             problem = check_column(name, spec, column.values, column.lengths)
             if problem:
                 raise DockError(problem)
 
-    def put(self, indexes: np.ndarray, columns: dict[str, Columns]) -> np.ndarray:
-        """Store all fields of all samples, or nothing. Returns per-sample lengths."""
-        self.validate(indexes, columns)
+    def put(self, indexes: np.ndarray, columns: dict[str, Columns], repeat: int = 1) -> np.ndarray:
+        """Store all fields of all samples, or nothing. Returns per-sample lengths.
+        ``repeat``: each row is the value of ``repeat`` consecutive ``indexes``."""
+        self.validate(indexes, columns, repeat)
         for name, column in columns.items():
             store, offsets = self.data[name], column.offsets
             # Views, not copies: the put's buffer (mapped from Ray's object store) is the
             # storage, and a later get of the same run can hand it back without a copy.
+            # A repeated row is one view stored at each of its indexes.
             for position, index in enumerate(indexes.tolist()):
-                store[index] = column.values[offsets[position] : offsets[position + 1]]
+                row = position // repeat
+                store[index] = column.values[offsets[row] : offsets[row + 1]]
             with self._count:
                 self.bytes_in += column.nbytes
         lengths = [c.lengths for n, c in columns.items() if self.schema[n].variable]
-        return np.max(lengths, axis=0) if lengths else np.zeros(len(indexes), dtype=np.int64)
+        if not lengths:
+            return np.zeros(len(indexes), dtype=np.int64)
+        return np.repeat(np.max(lengths, axis=0), repeat)
 
     def get(self, indexes: np.ndarray, fields: list[str]) -> dict[str, Padded]:
         """Padded ``[len(indexes), max_len, ...]`` arrays and lengths per field."""
@@ -124,17 +130,22 @@ class TDWarehouse:
         self._lock = threading.Lock()
 
     def put(
-        self, indexes: np.ndarray, columns: dict[str, Columns], version: int | None = None
+        self,
+        indexes: np.ndarray,
+        columns: dict[str, Columns],
+        version: int | None = None,
+        repeat: int = 1,
     ) -> int:
         """Validate and store (all or nothing), then announce to the controllers (with
-        the weights ``version`` that generated the samples, when given).
+        the weights ``version`` that generated the samples, when given); ``repeat``:
+        each row is the value of ``repeat`` consecutive indexes (DockClient.put).
 
         The announcement is not waited for: a claim waits until its samples are ready
         anyway, and :meth:`clear` drains it first, so no stale metadata outlives an
         iteration. A failed announcement is raised by the next put or clear.
         """
         self._raise_failed(wait_s=0)
-        lengths = self.store.put(indexes, columns)
+        lengths = self.store.put(indexes, columns, repeat)
         w, fields = self.store.warehouse_id, list(columns)
         sent = [
             (stage, actor.on_put.remote(indexes, fields, w, lengths, version))

@@ -57,15 +57,25 @@ def stage_workers(config: MindRLConfig, plan: RunPlan) -> list[StageWorkers]:
     """Each stage's workers as this config places them (trainers/driver/setup.py): model
     ranks ``devices_per_node`` to a node in rank order, each data-parallel replica's first
     rank putting its results (a rollout TP group's first rank its responses); reward
-    workers on the driver's node (node 0: CPU processes where Ray finds a free slot), the
-    advantage stage on reward rank 0 alone."""
+    workers spread over the nodes (worker i on node i mod nodes; Ray's SPREAD where each
+    node has a free CPU slot); the advantage stage on the first reward worker of each node
+    taking the groups its node's warehouse stores for a group-local estimator, else on
+    reward rank 0 alone."""
     per_node, layout = config.resources.devices_per_node, plan.layout
+    reward_nodes = [i % config.resources.nodes for i in range(config.reward.workers)]
     out = []
     for stage in plan.stages:
+        by_warehouse = False
         if stage.name == "advantage":
-            nodes, parts, writers = [0], [0], [True]
+            by_warehouse = (
+                plan.group_local_advantages
+                and config.dock.local_claims
+                and len(set(reward_nodes)) > 1
+            )
+            nodes = sorted(set(reward_nodes)) if by_warehouse else [0]
+            parts, writers = list(range(len(nodes))), [True] * len(nodes)
         elif stage.role == "reward":
-            nodes, parts = [0] * config.reward.workers, list(range(config.reward.workers))
+            nodes, parts = reward_nodes, list(range(config.reward.workers))
             writers = [True] * len(parts)
         elif stage.name == "rollout":
             first = layout.train_devices if plan.mode == DISAGGREGATED else 0
@@ -81,7 +91,7 @@ def stage_workers(config: MindRLConfig, plan: RunPlan) -> list[StageWorkers]:
             parts = [(r // role.tp) % role.dp for r in ranks]
             writers = [r % role.tp == 0 and r < role.tp * role.dp for r in ranks]
         out.append(StageWorkers(stage.name, stage.reads, stage.writes, tuple(nodes),
-                                tuple(parts), tuple(writers)))  # fmt: skip
+                                tuple(parts), tuple(writers), by_warehouse))  # fmt: skip
     return out
 
 
@@ -120,7 +130,10 @@ def layout_link_flow(
         local_claims=config.dock.local_claims,
     )
     samples = config.data.global_batch_size * plan.group_size
-    return link_flow(stage_workers(config, plan), prompt_fields, samples, layout, stored, fetched)
+    return link_flow(
+        stage_workers(config, plan), prompt_fields, samples, layout, stored, fetched,
+        prompt_repeat=plan.group_size,
+    )  # fmt: skip
 
 
 def layout_dict(layout: TrainingLayout) -> dict:

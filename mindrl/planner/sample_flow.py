@@ -96,7 +96,9 @@ INDEX_BYTES = 8  # an index, a length: int64 on the wire
 @dataclass(frozen=True)
 class StageWorkers:
     """One stage as its workers meet the dock: the node and data-parallel part of each
-    worker, and which of them put the stage's results (a replica's first rank)."""
+    worker, and which of them put the stage's results (a replica's first rank);
+    ``by_warehouse``: each part takes whatever the warehouse on its node stores, and part
+    0 what no part sits beside (the group-local advantage stage), not an even split."""
 
     name: str
     reads: tuple[str, ...]
@@ -104,6 +106,7 @@ class StageWorkers:
     nodes: tuple[int, ...]
     parts: tuple[int, ...]
     writers: tuple[bool, ...]
+    by_warehouse: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,18 @@ def part_composition(
     return out
 
 
+def warehouse_composition(
+    part_nodes: list[int], shares: list[float], warehouse_nodes: tuple[int, ...]
+) -> list[list[float]]:
+    """Samples of each part from each warehouse when each part takes what the warehouse
+    on its node stores and part 0 the rest (:attr:`StageWorkers.by_warehouse`)."""
+    out = [[0.0] * len(shares) for _ in part_nodes]
+    for w, node in enumerate(warehouse_nodes):
+        part = part_nodes.index(node) if node in part_nodes else 0
+        out[part][w] = shares[w]
+    return out
+
+
 def link_flow(
     stages: list[StageWorkers],
     prompt_fields: tuple[str, ...],
@@ -184,6 +199,7 @@ def link_flow(
     layout: DockLayout,
     stored_bytes: dict[str, float],
     fetched_bytes: dict[str, float] | None = None,
+    prompt_repeat: int = 1,
 ) -> LinkFlow:
     """The bytes one iteration's sample flow puts on each node's link.
 
@@ -195,6 +211,8 @@ def link_flow(
         stored_bytes: per field, the bytes of one sample as put (unpadded values).
         fetched_bytes: per field, the bytes of one sample as fetched (padded to the
             longest of the request); default ``stored_bytes``.
+        prompt_repeat: samples sharing one prompt the driver sends once (its group, N:
+            ``DockClient.put``'s ``repeat``).
 
     Every message between two nodes counts its payload (values, one int64 length per
     sample and field, one int64 index per sample) and its framing (:data:`CALL_BYTES`):
@@ -214,23 +232,28 @@ def link_flow(
         flow.send(src, dst, out, cost.request + cost.request_per_field * fields)
         flow.send(dst, src, back, cost.reply + cost.reply_per_field * fields)
 
-    def put(src: int, w: int, k: float, fields: tuple[str, ...]) -> None:
-        node = layout.warehouse_nodes[w]
-        values = sum(stored_bytes[f] * k for f in fields) + INDEX_BYTES * k * (1 + len(fields))
+    def put(src: int, w: int, k: float, fields: tuple[str, ...], repeat: int = 1) -> None:
+        node, rows = layout.warehouse_nodes[w], k / repeat
+        values = sum(stored_bytes[f] * rows for f in fields) + INDEX_BYTES * (
+            k + rows * len(fields)
+        )
         call("put", src, node, values, 0.0, len(fields))
         for stage, tracked in tracking.items():
             if tracked & set(fields):
                 call("announce", node, layout.controller_nodes[stage], 2 * INDEX_BYTES * k, 0.0)
 
     for w, share in enumerate(shares):
-        put(layout.driver_node, w, share, prompt_fields)
+        put(layout.driver_node, w, share, prompt_fields, prompt_repeat)
     for stage in stages:
         controller = layout.controller_nodes[stage.name]
         call("claim", layout.driver_node, controller, 0.0, INDEX_BYTES * samples)
         part_nodes = [stage.nodes[stage.parts.index(p)] for p in sorted(set(stage.parts))]
-        composition = part_composition(
-            part_nodes, shares, layout.warehouse_nodes, layout.local_claims
-        )
+        if stage.by_warehouse:
+            composition = warehouse_composition(part_nodes, shares, layout.warehouse_nodes)
+        else:
+            composition = part_composition(
+                part_nodes, shares, layout.warehouse_nodes, layout.local_claims
+            )
         for node, part, writes in zip(stage.nodes, stage.parts, stage.writers, strict=True):
             for w, k in enumerate(composition[part]):
                 if k <= 0:

@@ -149,20 +149,28 @@ class WorkerGroup:
         stage: str,
         timeout_s: float,
         on_poll: Callable[[], None] | None = None,
+        ranks: Sequence[int] | None = None,
     ) -> list[Any]:
         """Call ``method`` on rank ``r`` with ``args_per_rank[r]``; results in rank order.
 
-        ``on_poll`` runs about once a second while waiting (e.g. to move a progress bar).
+        ``on_poll`` runs about once a second while waiting (e.g. to move a progress bar);
+        ``ranks``: the workers the arguments are for, in their order (default every rank).
         """
-        refs = self.submit_each(method, args_per_rank)
-        return wait_all(refs, self.names(), stage, timeout_s, on_poll)
+        ranks = list(range(self.size)) if ranks is None else list(ranks)
+        refs = self.submit_each(method, args_per_rank, ranks)
+        names = [f"{self.name}[{r}]" for r in ranks]
+        return wait_all(refs, names, stage, timeout_s, on_poll)
 
-    def submit_each(self, method: str, args_per_rank: Sequence[tuple]) -> list[Any]:
-        """Start ``method`` on rank ``r`` with ``args_per_rank[r]``; their object refs, in
-        rank order, for the caller to ``ray.wait`` on (read each with :func:`checked_get`)."""
+    def submit_each(
+        self, method: str, args_per_rank: Sequence[tuple], ranks: Sequence[int] | None = None
+    ) -> list[Any]:
+        """Start ``method`` on rank ``r`` with ``args_per_rank[r]`` (``ranks``: on these
+        workers, in order); their object refs, in that order, for the caller to
+        ``ray.wait`` on (read each with :func:`checked_get`)."""
+        ranks = list(range(self.size)) if ranks is None else list(ranks)
         return [
-            getattr(worker, method).remote(*args)
-            for worker, args in zip(self.workers, args_per_rank, strict=True)
+            getattr(self.workers[r], method).remote(*args)
+            for r, args in zip(ranks, args_per_rank, strict=True)
         ]
 
     def names(self) -> list[str]:

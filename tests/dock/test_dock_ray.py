@@ -269,6 +269,36 @@ def test_a_bad_put_is_refused_before_any_warehouse_stores_anything(dock):
         client.claim("rollout", ["prompt_ids"], 1, timeout_s=1)
 
 
+@pytest.mark.parametrize("kind", ["distributed", "central"])
+def test_a_groups_prompt_sent_once_is_stored_for_each_of_its_responses(dock, kind):
+    handle = dock if kind == "distributed" else create_dock(
+        RL_FIELDS, GRPO_STAGES, n_samples=G * N, group_size=N, timeout_s=20, kind="central"
+    )  # fmt: skip
+    client = DockClient(handle)
+    client.clear()
+    before = sum(bytes_in(handle))
+    prompts = [prompt(g) for g in range(G)]
+    client.put(np.arange(G * N), {"prompt_ids": prompts}, repeat=N)
+    # Each group's prompt and one length entry crossed once, not N times.
+    assert sum(bytes_in(handle)) - before == sum(8 * len(p) + 8 for p in prompts)
+    idx, batch = client.get("rollout", ["prompt_ids"], G * N, whole_groups=True)
+    assert sorted(idx.tolist()) == list(range(G * N))  # every index announced
+    for row, i in enumerate(idx.tolist()):
+        n = len(prompts[i // N])
+        assert batch["prompt_ids_lengths"][row] == n
+        assert batch["prompt_ids"][row, :n].tolist() == prompts[i // N].tolist()
+    with pytest.raises(
+        DockError, match=f"field 'prompt_ids' has 2 samples for 12 indexes \\(one per {N}\\)"
+    ):
+        client.put(np.arange(G * N), {"prompt_ids": prompts[:2]}, repeat=N)
+    if kind == "distributed":  # warehouses hold [0, 3), [3, 9), [9, 12): 1-3 spans two
+        with pytest.raises(DockError, match="needs each row's indexes in one warehouse"):
+            client.put(np.arange(1, 1 + 2 * N), {"prompt_ids": prompts[:2]}, repeat=N)
+    client.clear()
+    if kind == "central":
+        shutdown_dock(handle)
+
+
 def test_clear_right_after_a_put_leaves_no_stale_metadata(dock):
     client = DockClient(dock)
     client.put(np.arange(G * N), {"prompt_ids": [prompt(i) for i in range(G * N)]})

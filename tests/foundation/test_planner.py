@@ -202,6 +202,38 @@ def test_a_four_node_tiny_layout_puts_the_centralized_stages_on_node_0s_link():
     assert one_node.up == [0.0] and one_node.calls == 0
 
 
+def test_a_groups_prompt_crosses_once_and_grpo_advantages_stay_on_each_node():
+    from mindrl.planner.report import layout_link_flow, stage_workers
+    from mindrl.planner.sample_flow import DockLayout, StageWorkers, link_flow
+
+    # The driver's prompt put to warehouse 1: 2 samples of one group, sent once.
+    stage = StageWorkers("score", ("prompt_ids",), (), (0, 1), (0, 1), (True, True))
+    layout = DockLayout(2, (0, 1), {"score": 0})
+    each = link_flow([stage], ("prompt_ids",), 4, layout, {"prompt_ids": 80.0})
+    once = link_flow([stage], ("prompt_ids",), 4, layout, {"prompt_ids": 80.0}, prompt_repeat=2)
+    assert each.up[0] - once.up[0] == pytest.approx(80 + 8)  # one value row, one length
+
+    overrides = ["resources.nodes=4", "resources.devices_per_node=1", "actor.parallel.tp=1",
+                 "reference.parallel.tp=1", "critic.parallel.tp=1", "reward.workers=4"]  # fmt: skip
+    config = load_config(CONFIGS / "tiny.yaml", overrides)
+    grpo = layout_link_flow(config, build_run_plan(get_algorithm("grpo"), config))
+    # A reward worker and a warehouse per node, group-local advantages: every node's
+    # link carries the same (the driver's prompts, claims and announcements aside).
+    assert grpo.down[1] == grpo.down[2] == grpo.down[3]
+    one_worker = load_config(CONFIGS / "tiny.yaml", overrides[:-1])
+    on_node_0 = layout_link_flow(one_worker, build_run_plan(get_algorithm("grpo"), one_worker))
+    assert grpo.down[0] < on_node_0.down[0] and grpo.up[1] < on_node_0.up[1]
+    # PPO whitens its advantages over the batch: reward rank 0 fetches every response.
+    ppo_plan = build_run_plan(get_algorithm("ppo"), config)
+    (advantage,) = [s for s in stage_workers(config, ppo_plan) if s.name == "advantage"]
+    assert advantage.nodes == (0,) and not advantage.by_warehouse
+    (advantage,) = [
+        s for s in stage_workers(config, build_run_plan(get_algorithm("grpo"), config))
+        if s.name == "advantage"
+    ]  # fmt: skip
+    assert advantage.nodes == (0, 1, 2, 3) and advantage.by_warehouse
+
+
 def grpo_dry_run(recipe: str) -> dict:
     grpo = get_algorithm("grpo")
     config = load_config(CONFIGS / f"{recipe}.yaml", algorithm=grpo)

@@ -110,3 +110,55 @@ def test_each_data_parallel_part_is_claimed_beside_its_first_ranks_warehouse():
     assert _model_placement(SimpleNamespace(resources=resources)) == "SPREAD"
     resources.devices_per_node = 8  # a node's own devices keep a TP group together
     assert _model_placement(SimpleNamespace(resources=resources)) == "PACK"
+
+
+def test_group_local_advantages_run_beside_each_warehouse_and_the_rest_on_reward_rank_0():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from mindrl.dock import RL_FIELDS, DockClient
+    from mindrl.dock.handle import DockHandle, WarehouseInfo
+    from trainers.driver.iteration import IterationRunner
+    from trainers.driver.state import RunState
+
+    shares = [(0, 8), (8, 16), (16, 24)]  # groups of 4: two per warehouse
+    handle = DockHandle(RL_FIELDS, 24, 4, [WarehouseInfo(None, f"node{i}", a, b)
+                                           for i, (a, b) in enumerate(shares)])  # fmt: skip
+    config = SimpleNamespace(dock=SimpleNamespace(local_claims=True))
+    run = RunState(config, *[None] * 8)
+    run.dock = DockClient(handle)
+    run.groups["reward"] = SimpleNamespace(size=3)
+    # Reward workers on nodes 1, 1, 2: nothing beside warehouse 0.
+    run.rank_nodes["reward"] = ["node1", "node1", "node2"]
+    claimed = np.array([0, 1, 2, 3, 8, 9, 10, 11, 20, 21, 22, 23])
+    runner = SimpleNamespace(run=run, plan=SimpleNamespace(group_local_advantages=True))
+    parts = IterationRunner._advantage_parts(runner, claimed)
+    # Warehouse 1's groups to rank 0 (the first worker on node 1) with warehouse 0's,
+    # which has no worker beside it; warehouse 2's to rank 2; rank 1 gets nothing.
+    assert {r: p.tolist() for r, p in parts.items()} == {
+        0: [0, 1, 2, 3, 8, 9, 10, 11],
+        2: [20, 21, 22, 23],
+    }
+    run.rank_nodes["reward"] = ["node2", "node1", "node0"]
+    parts = IterationRunner._advantage_parts(runner, claimed)
+    assert {r: p.tolist() for r, p in parts.items()} == {
+        0: [20, 21, 22, 23], 1: [8, 9, 10, 11], 2: [0, 1, 2, 3]
+    }  # fmt: skip
+    # A batch-normalising estimator (PPO's whitened GAE) needs the batch on one worker,
+    # and so does a run whose claims ignore the warehouses.
+    runner.plan.group_local_advantages = False
+    assert list(IterationRunner._advantage_parts(runner, claimed)) == [0]
+    runner.plan.group_local_advantages, config.dock.local_claims = True, False
+    assert list(IterationRunner._advantage_parts(runner, claimed)) == [0]
+
+
+def test_grpo_like_estimators_declare_group_local_advantages_and_batch_whitening_ones_do_not():
+    local = {name for name in ("grpo", "dapo", "dr_grpo", "gspo", "rloo")
+             if get_algorithm(name).group_local_advantages}  # fmt: skip
+    assert local == {"grpo", "dapo", "dr_grpo", "gspo", "rloo"}
+    for name in ("ppo", "pf_ppo", "reinforce_pp"):
+        assert not get_algorithm(name).group_local_advantages, name
+    config = load_config(DEFAULT_CONFIG)
+    assert build_run_plan(get_algorithm("grpo"), config).group_local_advantages
+    assert not build_run_plan(get_algorithm("ppo"), config).group_local_advantages

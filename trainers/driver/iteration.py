@@ -191,9 +191,9 @@ class IterationRunner:
         ledger.add_stage(name, time.perf_counter() - start, results)
         return results
 
-    def _timed_dock(self, ledger: Ledger, fn, *args):
+    def _timed_dock(self, ledger: Ledger, fn, *args, **kwargs):
         start = time.perf_counter()
-        out = fn(*args)
+        out = fn(*args, **kwargs)
         ledger.dock_s += time.perf_counter() - start
         return out
 
@@ -235,11 +235,13 @@ class IterationRunner:
     def _put_prompts(
         self, ledger: Ledger, indexes: np.ndarray, batch: PromptBatch, sampled: Sampled
     ) -> None:
-        prompts = [np.asarray(p, dtype=np.int64) for p in batch.prompt_ids for _ in range(self.N)]
-        records = np.repeat([self.record_of[u] for u in batch.uids], self.N).astype(np.int64)
-        sampled.prompt_tokens += float(sum(len(p) for p in prompts))
+        """A group's prompt goes into the dock once for its N responses (``repeat``): the
+        driver's node would otherwise send every remote warehouse N copies of it."""
+        prompts = [np.asarray(p, dtype=np.int64) for p in batch.prompt_ids]
+        records = np.asarray([self.record_of[u] for u in batch.uids], dtype=np.int64)
+        sampled.prompt_tokens += float(self.N * sum(len(p) for p in prompts))
         fields = dict(zip(PROMPT_FIELDS, (prompts, records), strict=True))
-        self._timed_dock(ledger, self.run.dock.put, indexes, fields)
+        self._timed_dock(ledger, self.run.dock.put, indexes, fields, repeat=self.N)
 
     def _generate(self, indexes: np.ndarray, iteration: int, draw: int) -> list[dict]:
         args = self._generation_args(indexes, iteration, draw)
@@ -358,17 +360,32 @@ class IterationRunner:
 
     def _advantages(self, indexes: np.ndarray) -> list[dict]:
         fields = list(self.plan.stage("advantage").reads)
-        (part,) = self.run.dock.claim(
+        (claimed,) = self.run.dock.claim(
             "advantage", fields, len(indexes), whole_groups=True, timeout_s=self.timeout
         )
-        return self.run.groups["reward"].call(
+        parts = self._advantage_parts(claimed)
+        return self.run.groups["reward"].call_each(
             "advantages",
-            part,
-            self.plan.needs_critic,
+            [(part, self.plan.needs_critic) for part in parts.values()],
             stage="advantage",
             timeout_s=self.timeout,
-            ranks=[0],
+            ranks=list(parts),
         )
+
+    def _advantage_parts(self, claimed: np.ndarray) -> dict[int, np.ndarray]:
+        """Reward rank -> the whole groups it computes advantages for. A group-local
+        estimator (``plan.group_local_advantages``) runs on the first reward worker beside
+        each warehouse, on the groups that warehouse stores, so no response crosses to
+        another node for it; groups with no reward worker beside them, and every group
+        of an estimator that needs the whole batch, go to reward rank 0."""
+        beside = self.run.part_warehouses("reward", range(self.run.groups["reward"].size))
+        if not self.plan.group_local_advantages or beside is None or len(set(beside)) < 2:
+            return {0: claimed}
+        rank_of: dict[int | None, int] = {}
+        for rank, warehouse in enumerate(beside):
+            rank_of.setdefault(warehouse, rank)
+        ranks = np.array([rank_of.get(int(w), 0) for w in self.run.dock.owner(claimed)])
+        return {int(r): claimed[ranks == r] for r in np.unique(ranks)}
 
     def _extra_reads(self, stage: str) -> list[str]:
         """What an update reads beyond the sequence (the worker packs the sequence itself)."""

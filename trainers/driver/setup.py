@@ -5,8 +5,9 @@ run's devices are one Ray placement group of one bundle per device
 (mindrl/workers/placement.py); rank ``r`` of the actor, reference and critic share device
 ``r``, each process holding its share of it, and the rollout runs in the actor's
 processes (disaggregated: rollout workers on devices of their own, one bundle each);
-reward workers are CPU processes; the dock puts one warehouse on every node and each
-stage's controller on the node of the first worker that serves the stage.
+reward workers are CPU processes, spread over the nodes; the dock puts one warehouse on
+every node and each stage's controller on the node of the first worker that serves the
+stage.
 """
 
 from __future__ import annotations
@@ -292,12 +293,15 @@ def _place_workers(run: RunState, device_name: str) -> None:
         place_rollout_workers(run, device_name, run.placement)
     if plan.offline:
         return  # stored pairs carry their preference: no reward workers
+    # Spread over the nodes: each reward worker scores (and, for a group-local
+    # estimator, computes advantages for) what its own node's warehouse stores.
     reward = WorkerGroup(
         "reward",
         ray.remote(RewardWorker),
         config.reward.workers,
         None,
         args=(config, run.algorithm, run.options),
+        strategy="SPREAD" if config.resources.nodes > 1 else "PACK",
     )
     run.groups["reward"] = reward
     run.rank_nodes["reward"] = reward.call("node_id", stage="start-up", timeout_s=timeout)
