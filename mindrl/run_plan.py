@@ -31,8 +31,9 @@ STAGE_DEADLINE_DOCK_TIMEOUTS = 5
 ROLES_OFF_GENERATION_DEVICES = frozenset({"reward"})
 
 #: The iteration runners (trainers/driver/runners.py), one per way an iteration runs.
-#: ``online``: generate, score, update in turn on the same devices (optionally streaming).
-ONLINE, PARTIAL_ROLLOUT = "online", "partial_rollout"
+#: ``online``: generate, score, update in turn on the same devices (optionally streaming);
+#: ``continuous``: rollout workers decoding continuously (trainers/driver/continuous.py).
+ONLINE, PARTIAL_ROLLOUT, CONTINUOUS = "online", "partial_rollout", "continuous"
 #: Partial rollout's default in-flight pool, in batches of data.global_batch_size groups:
 #: room for one batch to finish while up to one more batch of long responses is paused.
 PARTIAL_ROLLOUT_BATCHES = 2
@@ -57,7 +58,7 @@ class RunPlan:
         mode: how generation shares the devices (``collocated``, ``disaggregated``) or
             ``offline`` (stored samples, nothing generates); mindrl/config/layout.py.
         runner: the iteration runner that runs it (``online``, ``partial_rollout``,
-            ``disaggregated`` or ``offline``; trainers/driver/runners.py).
+            ``disaggregated``, ``continuous`` or ``offline``; trainers/driver/runners.py).
         layout: the devices that train and generate and every model role's layout.
         stages: in the order an iteration runs them.
         needs_reference / needs_critic / needs_old_logprob: which optional stages run.
@@ -186,7 +187,11 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         runner=runner_for(layout.mode, config),
         layout=layout,
         stages=_stages(
-            needs_reference, needs_critic, needs_old, algorithm.advantage_inputs(options)
+            needs_reference,
+            needs_critic,
+            needs_old,
+            algorithm.advantage_inputs(options),
+            tokens_may_lag(config),
         ),
         needs_reference=needs_reference,
         needs_critic=needs_critic,
@@ -204,11 +209,28 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
 
 
 def runner_for(mode: str, config: MindRLConfig) -> str:
-    """The runner of a run in ``mode``: its own for offline and disaggregated runs, partial
-    rollout's with a generation budget, else the online loop."""
+    """The runner of a run in ``mode``: its own for offline and disaggregated runs (the
+    continuous one where rollout workers decode continuously, sampling ahead of the
+    trained weights), partial rollout's with a generation budget, else the online loop."""
+    if mode == DISAGGREGATED and continuous_generation(config):
+        return CONTINUOUS
     if mode in (OFFLINE, DISAGGREGATED):
         return mode
     return PARTIAL_ROLLOUT if config.rollout.partial_rollout_budget is not None else ONLINE
+
+
+def continuous_generation(config: MindRLConfig) -> bool:
+    """Rollout workers decode continuously: ``rollout.continuous`` with a staleness bound
+    that lets them sample ahead (with ``max_staleness: 0`` the run is on-policy)."""
+    return config.rollout.continuous and config.rollout.max_staleness > 0
+
+
+def continuous_groups(config: MindRLConfig) -> int:
+    """Groups continuous generation keeps in flight: ``max_staleness + 1`` batches. The
+    driver draws prompts into every free slot only once the rollout workers hold the
+    trained weights, so a group starts at most ``max_staleness`` updates before the one
+    that trains it, were it trained in draw order (AReaL's admission bound)."""
+    return (config.rollout.max_staleness + 1) * config.data.global_batch_size
 
 
 def tokens_may_lag(config: MindRLConfig) -> bool:
@@ -274,6 +296,8 @@ def dock_groups(options: AlgorithmConfig, config: MindRLConfig) -> int:
     groups it keeps in flight across iterations (trainers/driver/partial_rollout.py)."""
     if config.rollout.partial_rollout_budget is not None:
         return partial_rollout_groups(config)
+    if continuous_generation(config):
+        return continuous_groups(config)
     return config.data.global_batch_size * sample_batches(options, config)
 
 
@@ -290,7 +314,11 @@ def needs_old_logprob(config: MindRLConfig) -> bool:
 
 
 def _stages(
-    needs_reference: bool, needs_critic: bool, needs_old: bool, advantage_inputs: tuple[str, ...]
+    needs_reference: bool,
+    needs_critic: bool,
+    needs_old: bool,
+    advantage_inputs: tuple[str, ...],
+    token_versions: bool = False,
 ) -> tuple[StagePlan, ...]:
     update_reads = (*SEQUENCE, "advantages", "rollout_logprob")
     update_reads += ("old_logprob",) if needs_old else ()
@@ -298,8 +326,11 @@ def _stages(
     advantage_reads = ("reward", "response_ids") + (("values",) if needs_critic else ())
     advantage_reads += advantage_inputs
     advantage_writes = ("advantages",) + (("returns",) if needs_critic else ())
+    # Where tokens may lag, each records the weights version that sampled it.
+    rollout_writes = ("response_ids", "rollout_logprob")
+    rollout_writes += ("rollout_version",) if token_versions else ()
     stages = [
-        StagePlan("rollout", "actor", ("prompt_ids",), ("response_ids", "rollout_logprob")),
+        StagePlan("rollout", "actor", ("prompt_ids",), rollout_writes),
         StagePlan("reward", "reward", ("response_ids", "record_id"), ("reward",)),
     ]
     if needs_reference:

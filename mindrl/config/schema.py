@@ -242,6 +242,23 @@ class RolloutConfig:
         "(algorithm.behaviour_is_cap).",
         ge=0,
     )
+    continuous: bool = option(
+        False,
+        "Disaggregated with max_staleness >= 1: continuous generation. Each rollout worker "
+        "keeps up to continuous_slots sequences decoding, refills a finished one's slots at "
+        "once from the prompts the dock holds for it, sends finished groups to the dock as "
+        "they complete (reward and reference score them while it decodes) and loads new "
+        "weights between decode steps; the update trains the oldest finished groups and "
+        "refuses any whose tokens lag more than max_staleness updates. With max_staleness 0 "
+        "nothing is sampled ahead: the run is the on-policy one.",
+    )
+    continuous_slots: int | None = option(
+        None,
+        "Continuous generation: sequences each rollout worker decodes at once. None: one "
+        "batch's samples (data.global_batch_size x n_samples_per_prompt) over the rollout "
+        "workers.",
+        ge=1,
+    )
     partial_rollout_budget: int | None = option(
         None,
         "Partial rollout: most new tokens a response gets per iteration (Kimi k1.5's "

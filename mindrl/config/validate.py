@@ -52,6 +52,7 @@ def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) ->
         problems += unsupported_combinations(DISAGGREGATED, facts)
     problems += check_partial_rollout(facts)
     problems += check_env(config) + unsupported_combinations("environment", facts)
+    problems += check_continuous(facts)
     if algorithm is not None:
         problems += check_algorithm_options(config, algorithm)
     if offline:
@@ -77,6 +78,24 @@ def check_partial_rollout(facts: RunFacts) -> list[str]:
     ]
     problems += _check_partial_rollout_groups(config)
     return problems + unsupported_combinations("partial rollout", facts)
+
+
+def check_continuous(facts: RunFacts) -> list[str]:
+    """Continuous generation runs on rollout workers of their own; its slot count means
+    nothing without it."""
+    rollout = facts.config.rollout
+    problems = []
+    if rollout.continuous and facts.layout.mode != DISAGGREGATED:
+        problems.append(
+            "rollout.continuous needs rollout.placement: disaggregated (its rollout workers "
+            "decode continuously on devices of their own); set both, or remove it"
+        )
+    if rollout.continuous_slots is not None and not rollout.continuous:
+        problems.append(
+            f"rollout.continuous_slots={rollout.continuous_slots} needs rollout.continuous: "
+            "true; set it or remove the slots"
+        )
+    return problems
 
 
 def _check_partial_rollout_groups(config: MindRLConfig) -> list[str]:

@@ -101,9 +101,10 @@ class CentralBuffer:
         for state in self.states.values():
             state.recycle(indexes)
 
-    async def hold(self, indexes: np.ndarray, held: bool) -> None:
-        for state in self.states.values():
-            state.hold(indexes, held)
+    async def hold(self, indexes: np.ndarray, held: bool, stages: list[str] | None = None) -> None:
+        for stage, state in self.states.items():
+            if stages is None or stage in stages:
+                state.hold(indexes, held)
         async with self.changed:  # a released sample may complete a waiting claim
             self.changed.notify_all()
 

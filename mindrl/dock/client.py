@@ -268,14 +268,18 @@ class DockClient:
             names = [f"TD controller of stage '{s}'" for s in stages]
         self._get(refs, names, self.handle.timeout_s)
 
-    def hold(self, indexes: np.ndarray | list[int], held: bool = True) -> None:
+    def hold(
+        self, indexes: np.ndarray | list[int], held: bool = True, stages: list[str] | None = None
+    ) -> None:
         """Keep ``indexes`` out of every stage's claims (``held``), or give them back;
-        nothing else about them changes (see ControllerState.hold)."""
+        nothing else about them changes (see ControllerState.hold). ``stages``: only
+        those stages' claims (the others keep taking them)."""
         indexes = np.asarray(indexes, dtype=np.int64)
         if self.handle.central is not None:
-            refs, names = [self.handle.central.hold.remote(indexes, held)], ["centralized buffer"]
+            refs = [self.handle.central.hold.remote(indexes, held, stages)]
+            names = ["centralized buffer"]
         else:
-            stages = list(self.handle.controllers)
+            stages = [s for s in self.handle.controllers if stages is None or s in stages]
             refs = [self.handle.controllers[s].hold.remote(indexes, held) for s in stages]
             names = [f"TD controller of stage '{s}'" for s in stages]
         self._get(refs, names, self.handle.timeout_s)

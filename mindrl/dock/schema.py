@@ -44,9 +44,14 @@ RL_FIELDS: dict[str, FieldSpec] = {
     "prompt_ids": FieldSpec("int64", variable=True),
     "response_ids": FieldSpec("int64", variable=True),
     "rollout_logprob": FieldSpec("float32", variable=True),
-    # A response paused by partial rollout, until it finishes (mindrl/workers/generation.py).
+    # The weights version (updates included) that sampled each token, where tokens may lag
+    # the trained weights (mindrl/run_plan.py, tokens_may_lag).
+    "rollout_version": FieldSpec("int64", variable=True),
+    # A response interrupted before its end (partial rollout's budget, a checkpoint of
+    # continuous generation), until it finishes (mindrl/workers/generation.py).
     "paused_ids": FieldSpec("int64", variable=True),
     "paused_logprob": FieldSpec("float32", variable=True),
+    "paused_version": FieldSpec("int64", variable=True),
     "token_rewards": FieldSpec("float32", variable=True),
     "reward": FieldSpec("float32"),
     "ref_logprob": FieldSpec("float32", variable=True),

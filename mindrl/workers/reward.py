@@ -72,6 +72,11 @@ class RewardWorker:
             "reward_sum": float(rewards.sum()),
             "response_tokens": float(sum(lengths)),
             "count": len(indexes),
+            # Per sample, for a driver whose scored samples train in different iterations
+            # (continuous generation): its record sums the trained ones.
+            "indexes": np.asarray(indexes),
+            "sample_rewards": rewards.numpy().astype(np.float64),
+            "sample_tokens": np.asarray(lengths, dtype=np.float64),
             **self._timing(start),
         }
 

@@ -21,7 +21,8 @@ from backends.device import get_device
 from backends.generation import SamplingParams
 from mindrl.config.schema import MindRLConfig
 from mindrl.dock import DockHandle
-from mindrl.run_plan import stage_deadline_s
+from mindrl.run_plan import stage_deadline_s, tokens_may_lag
+from mindrl.workers.continuous import ContinuousGenerator, Feed
 from mindrl.workers.generation import generate_into_dock
 from mindrl.workers.model_setup import initial_model
 from mindrl.workers.rendezvous import join_store
@@ -40,6 +41,7 @@ class RolloutWorker:
         self.device = get_device(device_name)
         self.device.use_host_threads(config.resources.devices_per_node)
         self.version = -1  # no weights yet
+        self.loop: ContinuousGenerator | None = None  # continuous generation's decode loop
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -59,16 +61,49 @@ class RolloutWorker:
         return {"node_id": self.node_id()}
 
     def receive_weights(self, version: int) -> dict[str, float]:
-        """Take the weights actor rank 0 broadcasts (a collective) and load them."""
+        """Take the weights actor rank 0 broadcasts (a collective) and load them; while
+        the decode loop runs, it loads them between two steps (the broadcast itself runs
+        beside its decoding)."""
         start = time.perf_counter()
         where = self.device.device() if self.device.transfer_on_device else torch.device("cpu")
         named = empty_like_manifest(self.manifest, where)
         for _, tensor in named:
             self.device.broadcast(self.transfer, tensor, 0)
-        self.generator.wake_up()
-        self.generator.load_weights(iter(named))
+        if self.loop is not None:
+            self.loop.offer_weights(version, named)
+        else:
+            self.generator.wake_up()
+            self.generator.load_weights(iter(named))
         self.version = version
         return {"busy_s": time.perf_counter() - start}
+
+    # ---- continuous generation (mindrl/workers/continuous.py) ------------------------------
+    def start_continuous(self, params: SamplingParams, slots: int) -> None:
+        """Start the decode loop (the engine holds the weights of ``self.version``)."""
+        rollout = self.config.rollout
+        self.loop = ContinuousGenerator(
+            self.dock,
+            self.generator,
+            params,
+            self.config.data.n_samples_per_prompt,
+            slots,
+            rollout.max_prompt_length + rollout.max_response_length,
+            self.version,
+        )
+
+    def feed(self, feed: Feed) -> None:
+        """Whole groups for the decode loop (their prompts are in the dock)."""
+        self.loop.feed(feed)
+
+    def continuous_status(self) -> dict:
+        """The loop's counters; raises its error if it failed."""
+        return {**self.loop.status(), **stage_report(time.perf_counter(), self.dock, self.device)}
+
+    def stop_continuous(self) -> dict[str, np.ndarray]:
+        """Interrupt the loop: unfinished groups go to the dock as they stand (paused
+        responses); returns the paused and the fed, unstarted indexes."""
+        loop, self.loop = self.loop, None
+        return loop.stop() if loop is not None else {}
 
     def generate(self, indexes: np.ndarray, params: SamplingParams) -> dict[str, float]:
         """Sample one response per index with the current weights; put them (with their
@@ -76,6 +111,12 @@ class RolloutWorker:
         start = time.perf_counter()
         group = self.config.data.n_samples_per_prompt
         report = generate_into_dock(
-            self.dock, self.generator.generate, indexes, params, group, version=self.version
+            self.dock,
+            self.generator.generate,
+            indexes,
+            params,
+            group,
+            version=self.version,
+            token_versions=tokens_may_lag(self.config),
         )
         return {**report, "version": self.version, **stage_report(start, self.dock, self.device)}

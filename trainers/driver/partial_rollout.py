@@ -79,12 +79,14 @@ class PartialRolloutRunner(IterationRunner):
 
     whole_group_claims = True
 
-    def __init__(self, run: RunState) -> None:
+    def __init__(self, run: RunState, pool: int | None = None) -> None:
+        """``pool``: group slots in flight (default ``rollout.partial_rollout_groups``;
+        the continuous runner, trainers/driver/continuous.py, keeps its own pool)."""
         super().__init__(run)
         rollout = self.config.rollout
-        self.budget: int = rollout.partial_rollout_budget
-        self.pool = partial_rollout_groups(self.config)
-        self.max_rounds = -(-rollout.max_response_length // self.budget)
+        self.budget: int | None = rollout.partial_rollout_budget
+        self.pool = partial_rollout_groups(self.config) if pool is None else pool
+        self.max_rounds = -(-rollout.max_response_length // self.budget) if self.budget else 0
         #: Fresh prompts into every free slot (``pool``), or only as many as missing.
         self.fill_pool = rollout.partial_rollout_refill == "pool"
         #: Slot -> the group in it, for every group in the dock not trained yet.
@@ -161,7 +163,7 @@ class PartialRolloutRunner(IterationRunner):
             parts = [np.zeros(0, dtype=np.int64)] * ranks
         parts = [np.sort(np.concatenate([p, self.paused[r::ranks]])) for r, p in enumerate(parts)]
         partial = PartialRollout(
-            self.budget, self.config.rollout.max_response_length, self.paused, draw > 0
+            self.budget, self.config.rollout.max_response_length, self.paused, draw > 0, iteration
         )
         params = self._sampling_params(iteration, draw)
         return [(parts[r], params, partial) for r in self.run.gen_dp_ranks]

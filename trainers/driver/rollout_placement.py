@@ -10,6 +10,10 @@ worker loads them and from then on stamps its samples with their version.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
 import ray
 
 from mindrl.config.layout import ROLLOUT_WORKER
@@ -48,10 +52,30 @@ def connect_rollout_workers(run: RunState) -> None:
 
 def push_weights(run: RunState, version: int) -> dict[str, float]:
     """Hand the actor's current weights (``version`` updates) to every rollout worker."""
-    timeout = run.plan.stage_deadline_s
+    return start_push(run, version).wait(run.plan.stage_deadline_s)
+
+
+@dataclass
+class WeightPush:
+    """A hand-over started and not waited for: the actor's sends and the workers'
+    receives (continuous generation overlaps it with scoring and decoding)."""
+
+    version: int
+    refs: list[Any]
+    names: list[str]
+    started: float = field(default_factory=time.perf_counter)
+
+    def wait(self, timeout_s: float) -> dict[str, float]:
+        """Its report once every side finished: the slowest side's seconds and the bytes."""
+        results = wait_all(self.refs, self.names, "weight transfer", timeout_s)
+        return {"busy_s": max(r["busy_s"] for r in results), "bytes": results[0]["bytes"]}
+
+
+def start_push(run: RunState, version: int) -> WeightPush:
+    """Start handing the actor's current weights (``version`` updates) to every rollout
+    worker; the actor's next call waits for its sends (a Ray actor runs one call at a
+    time)."""
     actor, rollout = run.groups["actor"], run.groups[ROLLOUT_WORKER]
     sends = [w.send_weights.remote() for w in actor.workers]
     receives = [w.receive_weights.remote(version) for w in rollout.workers]
-    names = [*actor.names(), *rollout.names()]
-    results = wait_all(sends + receives, names, "weight transfer", timeout)
-    return {"busy_s": max(r["busy_s"] for r in results), "bytes": results[0]["bytes"]}
+    return WeightPush(version, sends + receives, [*actor.names(), *rollout.names()])

@@ -7,20 +7,23 @@ this table names the class that runs them.
 from __future__ import annotations
 
 from mindrl.config.layout import DISAGGREGATED, OFFLINE
-from mindrl.run_plan import ONLINE, PARTIAL_ROLLOUT
+from mindrl.run_plan import CONTINUOUS, ONLINE, PARTIAL_ROLLOUT
 from trainers.driver.async_iteration import DisaggregatedRunner
+from trainers.driver.continuous import ContinuousRunner
 from trainers.driver.iteration import IterationRunner
 from trainers.driver.offline import OfflineIterationRunner
 from trainers.driver.partial_rollout import PartialRolloutRunner
 from trainers.driver.state import RunState
 
 #: ``RunPlan.runner`` -> the runner class: the online RL loop (sync or streaming), partial
-#: rollout's rounds, the disaggregated runner with rollout workers of their own, and the
-#: offline one for stored pairs.
+#: rollout's rounds, the disaggregated runner with rollout workers of their own (and its
+#: continuous form, whose workers never wait for a batch), and the offline one for
+#: stored pairs.
 RUNNERS: dict[str, type[IterationRunner]] = {
     ONLINE: IterationRunner,
     PARTIAL_ROLLOUT: PartialRolloutRunner,
     DISAGGREGATED: DisaggregatedRunner,
+    CONTINUOUS: ContinuousRunner,
     OFFLINE: OfflineIterationRunner,
 }
 

@@ -1,0 +1,78 @@
+"""Continuous generation (``rollout.continuous``, trainers/driver/continuous.py) through
+the whole pipeline on the shared Ray cluster: one rollout worker decoding continuously
+beside one trainer rank on the long-tail task, every update trains a full batch within
+the staleness bound, the hand-over overlaps, and a checkpoint (which interrupts the
+worker) resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mindrl.metrics import read_metrics
+from tests.trainers.test_async import DISAGGREGATED
+from tests.trainers.test_pipeline import resumed_records, trained_records
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
+
+G = 16  # tiny's data.global_batch_size
+#: Responses of 1 to 8 tokens (the untrained policy mostly runs to the cap), one update
+#: of staleness allowed, checkpointed after iteration 1.
+CONTINUOUS = (
+    *DISAGGREGATED,
+    "rollout.continuous=true",
+    "rollout.max_staleness=1",
+    "data.source=synthetic:longtail",
+    "rollout.max_response_length=8",
+    "iterations=4",
+    "checkpoint.every=2",
+)
+
+
+@pytest.fixture(scope="module")
+def continuous_run(ray_cluster, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("continuous")
+    trained_records(run_dir, "grpo", *CONTINUOUS)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def records(continuous_run) -> list[dict]:
+    return read_metrics(continuous_run / "run" / "metrics.jsonl")
+
+
+def test_every_update_trains_a_full_batch_within_the_staleness_bound(records):
+    assert [r["trained_groups"] for r in records] == [G] * 4
+    assert all(r["staleness_max"] <= 1 for r in records)
+    assert records[0]["staleness_max"] == 0  # nothing was trained before it
+    # Every drawn group was trained, refused past the bound, or is still in the dock.
+    drawn = sum(r["drawn_groups"] for r in records)
+    refused = sum(r["dropped_stale_groups"] for r in records)
+    assert drawn == 4 * G + refused + records[-1]["carried_groups"]
+    assert all(r["carried_groups"] <= G for r in records)  # a pool of 2 batches
+
+
+def test_lagging_tokens_are_weighted_and_fresh_ones_are_not(records):
+    first = records[0]
+    assert first["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert first["rollout_logprob_diff"] < 1e-5  # the hand-over is exact
+    lagged = [r for r in records if r["staleness_max"] == 1]
+    assert lagged and all(abs(r["is_weight_mean"] - 1.0) > 1e-4 for r in lagged)
+
+
+def test_the_worker_decodes_beside_training_and_takes_weights_between_steps(records):
+    assert all(r["decode_steps"] > 0 and r["overlap"]["rollout"] > 0 for r in records)
+    later = records[1:]
+    assert all("weight_transfer" in r["time"] for r in later if r["iteration"] != 2)
+    assert sum(r["weights_loaded_while_decoding"] for r in records) >= 2
+    assert all(r["overlap"]["reward"] > 0 for r in records)  # scored while it decoded
+
+
+def test_a_run_resumed_from_a_checkpoint_that_interrupted_the_worker_trains_on(
+    continuous_run, records, tmp_path
+):
+    resumed = resumed_records(continuous_run, tmp_path, "grpo", *CONTINUOUS)
+    assert [r["iteration"] for r in resumed] == [2, 3]
+    assert [r["trained_groups"] for r in resumed] == [G, G]
+    assert all(r["staleness_max"] <= 1 for r in resumed)

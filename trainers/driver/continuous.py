@@ -1,0 +1,418 @@
+"""Iterations with continuous generation on the rollout workers (``rollout.continuous``).
+
+The rollout workers never wait for a batch (mindrl/workers/continuous.py): each keeps up
+to ``rollout.continuous_slots`` sequences decoding, refills a finished one's slots from
+the groups the driver fed it, puts a group into the dock the moment its last response
+ends, and loads new weights between two decode steps. This runner keeps the dock a pool
+of ``(max_staleness + 1) x G`` group slots (partial rollout's pool, whose bookkeeping it
+shares: a group's draw order, paused responses, the in-flight checkpoint):
+
+* Prompts go into every free slot, and are fed to the workers, once the workers hold the
+  trained weights: a group then starts at most ``max_staleness`` updates before the one
+  that trains it, were groups trained in draw order (AReaL's admission bound).
+* ``reward`` and ``ref_logp`` (the frozen reference) score finished groups as they
+  arrive, with chunked claims open all the time (trainers/driver/streaming.py's calls),
+  while the workers decode and the trainer updates.
+* An iteration waits until ``G`` finished groups are scored, refuses every group with a
+  token more than ``max_staleness`` updates older than the trained weights (its slots
+  are freed and refilled; ``dropped_stale_groups`` counts them), trains the ``G`` oldest
+  by draw order and holds the others out of the training stages' claims meanwhile;
+  ``old_logp`` and ``values`` (models that train) score the kept groups then, as today.
+* After the update the new weights go to the workers without waiting (the actor's
+  gather and broadcast run beside the next scoring and the workers' decoding; the next
+  update waits for the actor's part); the record shows the hand-over apart
+  (``time.weight_transfer``).
+
+Each token's ``rollout_logprob`` is the one of the weights that sampled it and the loss
+weights it by its behaviour ratio (trainers/core.py, ``behaviour_weights``), as for
+partial rollout and one-batch-ahead asynchrony. A checkpoint interrupts the workers: a
+live sequence becomes a paused response in the dock, continued from its prefix after the
+save or on resume (docs/architecture.md §8).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+
+from mindrl.config.layout import ROLLOUT_WORKER
+from mindrl.dock import DockSlice
+from mindrl.dock.client import PendingClaim
+from mindrl.metrics import mean_by_key
+from mindrl.metrics.memory import book_peaks
+from mindrl.run_plan import continuous_groups
+from mindrl.workers.continuous import Feed, default_slots
+from mindrl.workers.generation import PAUSED_FIELDS, RESPONSE_FIELDS
+from mindrl.workers.group import POLL_S, StageTimeoutError, checked_get, wait_all
+from trainers.driver.iteration import (
+    PROMPT_FIELDS,
+    TIMING_KEYS,
+    VERSION_STAGE,
+    InFlightState,
+    Ledger,
+    Sampled,
+)
+from trainers.driver.partial_rollout import PartialRolloutRunner
+from trainers.driver.rollout_placement import WeightPush, start_push
+from trainers.driver.state import RunState
+from trainers.driver.streaming import StageCall, stage_call
+
+#: The decode loop's counters a record reports per iteration (mindrl/workers/continuous.py).
+LOOP_COUNTERS = ("decode_s", "idle_s", "steps", "weight_loads")
+#: Scoring stages that take finished groups while the workers decode: their models do
+#: not train, so a score taken before an update is the score after it.
+STREAMED = ("reward", "ref_logp")
+
+
+@dataclass
+class _Stream:
+    """A streamed stage: its call, its open claim, what it did since the last record."""
+
+    call: StageCall
+    claim: PendingClaim | None = None
+    busy_s: float = 0.0
+    dock_s: float = 0.0
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Chunk:
+    """Claimed samples of a streamed stage being scored by its workers."""
+
+    stream: _Stream
+    indexes: np.ndarray
+    waiting: dict[Any, str]
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ContinuousRunner(PartialRolloutRunner):
+    """Runs iterations beside continuously decoding rollout workers (module docstring)."""
+
+    def __init__(self, run: RunState) -> None:
+        super().__init__(run, pool=continuous_groups(run.config))
+        self.workers = run.groups[ROLLOUT_WORKER]
+        self.max_staleness = self.config.rollout.max_staleness
+        self.weights_version = run.start_iteration  # what the workers hold
+        self.push: WeightPush | None = None
+        self.running = False
+        self.unstarted = np.zeros(0, dtype=np.int64)
+        stages = [s for s in STREAMED if s in self.plan.stage_names]
+        self.streams = {s: _Stream(stage_call(run, self.plan.stage(s))) for s in stages}
+        self.chunks: dict[Any, _Chunk] = {}
+        #: Slot -> the streamed stages that finished scoring its group.
+        self.scored: dict[int, set[str]] = {}
+        #: Index -> (reward, response tokens), from the reward workers' reports.
+        self.rewards: dict[int, tuple[float, float]] = {}
+        self.dropped = 0
+        self.lags: np.ndarray = np.zeros(0)
+        #: Each worker's loop counters at the last record (a restarted loop counts anew).
+        self.loop_counters: list[dict[str, float]] | None = None
+        self.loop_since: dict[str, float] = {}
+
+    # ---- the iteration ----------------------------------------------------------------------
+    def run_iteration(self, iteration: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        ledger = Ledger()
+        self.iteration, self.drawn_before, self.dropped = iteration, self.drawn, 0
+        if not self.running:
+            self._start(iteration)
+        waited = time.perf_counter()
+        kept = self._gather(ledger, iteration)
+        ledger.stages["rollout"] = time.perf_counter() - waited
+        indexes = self._indexes(kept)
+        sampled = self._sampled(kept, indexes)
+        self.held = sorted(set(self.flights) - set(kept))
+        training = self._training_stages()
+        if self.held:
+            self._timed_dock(ledger, self.run.dock.hold, self._indexes(self.held), True, training)
+        for name in self.plan.scoring_stages():
+            if name not in self.streams:
+                self._stage(ledger, name, self._score_stage, name, indexes)
+        self._stage(ledger, "advantage", self._advantages, indexes)
+        update = self._stage(ledger, "update", self._update, indexes)
+        metrics = mean_by_key(update, skip=TIMING_KEYS)
+        if self.plan.needs_critic:
+            critic = self._stage(ledger, "critic_update", self._critic_update, indexes)
+            metrics |= mean_by_key(critic, skip=TIMING_KEYS)
+        self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
+        self._release(ledger, indexes)
+        if iteration + 1 < self.config.iterations:
+            self.push = start_push(self.run, iteration + 1)  # overlaps what follows
+        self._book_streams(ledger)
+        self._book_workers(ledger)
+        return self._record(metrics, sampled, ledger, time.perf_counter() - start)
+
+    def _sampled(self, kept: list[int], indexes: np.ndarray) -> Sampled:
+        rewards = [self.rewards.pop(int(i)) for i in indexes]
+        prompt_tokens = sum(self.flights[slot].prompt_tokens for slot in kept) * self.N
+        return Sampled(
+            kept=kept,
+            draws=1,
+            samples=len(indexes),
+            reward_sum=float(sum(r for r, _ in rewards)),
+            response_tokens=float(sum(t for _, t in rewards)),
+            prompt_tokens=float(prompt_tokens),
+        )
+
+    def _training_stages(self) -> list[str]:
+        """The stages whose claims must take exactly the kept groups."""
+        return [s for s in self.plan.stage_names if s != "rollout" and s not in self.streams]
+
+    # ---- the workers: start, feed, weights ----------------------------------------------------
+    def _start(self, iteration: int) -> None:
+        """Start every worker's decode loop and feed it what an interruption left."""
+        rollout = self.config.rollout
+        slots = rollout.continuous_slots or default_slots(self.G * self.N, self.workers.size)
+        params = self._sampling_params(iteration, 0)
+        self.workers.call(
+            "start_continuous", params, slots, stage="rollout", timeout_s=self.timeout
+        )
+        self.running, self.loop_counters = True, None
+        resumed = np.union1d(self.paused, self.unstarted)
+        if len(resumed):
+            self._feed(resumed, self.paused)
+        self.paused = self.unstarted = np.zeros(0, dtype=np.int64)
+
+    def _feed(self, indexes: np.ndarray, resumed: np.ndarray) -> None:
+        """Whole groups dealt round-robin over the workers."""
+        groups = np.unique(indexes // self.N)
+        calls = []
+        for rank, worker in enumerate(self.workers.workers):
+            mine = np.isin(indexes // self.N, groups[rank :: self.workers.size])
+            if mine.any():
+                part = indexes[mine]
+                calls.append(worker.feed.remote(Feed(part, np.intersect1d(part, resumed))))
+        names = self.workers.names()[: len(calls)]
+        wait_all(calls, names, "rollout", self.timeout)
+
+    def _refill(self, ledger: Ledger) -> None:
+        """Fresh prompts into every free slot, fed to the workers, once they hold the
+        trained weights (the admission bound, module docstring)."""
+        free = self._free()
+        if not free or self.push is not None or self.weights_version < self.iteration:
+            return
+        batch = self.run.dataset.next_batch(len(free))
+        indexes = self._indexes(free)
+        self._put_prompts(ledger, indexes, batch, Sampled())
+        self._board(free, batch, self.iteration)
+        (claimed,) = self._timed_dock(
+            ledger,
+            self.run.dock.claim,
+            "rollout",
+            ["prompt_ids"],
+            len(indexes),
+            True,
+            1,
+            self.timeout,
+        )
+        self._feed(np.sort(claimed), np.zeros(0, dtype=np.int64))
+
+    def _push_done(self, ledger: Ledger) -> None:
+        push, self.push = self.push, None
+        report = push.wait(self.timeout)
+        wall = time.perf_counter() - push.started
+        ledger.add_stage("weight_transfer", wall, [report])
+        ledger.overlap["weight_transfer"] = wall  # it ran beside scoring and decoding
+        self.weights_version = push.version
+
+    # ---- waiting for G scored groups ----------------------------------------------------------
+    def _gather(self, ledger: Ledger, iteration: int) -> list[int]:
+        """Stream, score and refill until ``G`` groups within the bound are scored; the
+        ``G`` oldest of them."""
+        deadline = time.perf_counter() + self.timeout
+        for stream in self.streams.values():
+            if stream.claim is None:
+                self._open_claim(stream)
+        while True:
+            self._refill(ledger)
+            ready = self._within_bound(ledger, iteration)
+            if len(ready) >= self.G:
+                return ready[: self.G]
+            refs = [*self.chunks, *(s.claim.ref for s in self.streams.values() if s.claim)]
+            refs += [] if self.push is None else self.push.refs
+            done, _ = ray.wait(refs, num_returns=1, timeout=POLL_S)
+            if not done:
+                self._check_workers(deadline, len(ready))
+                continue
+            deadline = time.perf_counter() + self.timeout  # progress
+            if self.push is not None and done[0] in self.push.refs:
+                self._push_done(ledger)
+            elif done[0] in self.chunks:
+                self._chunk_part_done(done[0])
+            else:
+                self._claim_answered(done[0])
+
+    def _within_bound(self, ledger: Ledger, iteration: int) -> list[int]:
+        """Scored groups by draw order, after refusing those whose oldest token lags the
+        trained weights by more than ``max_staleness`` updates (their slots freed)."""
+        ready = [slot for slot, done in self.scored.items() if len(done) == len(self.streams)]
+        ready.sort(key=lambda slot: self.flights[slot].order)
+        if not ready:
+            return []
+        firsts = np.asarray(ready, dtype=np.int64) * self.N  # a group is put whole: one version
+        lag = iteration - self._timed_dock(ledger, self.run.dock.versions, "update", firsts)
+        stale = [slot for slot, late in zip(ready, lag, strict=True) if late > self.max_staleness]
+        if stale:
+            self._drop(ledger, stale)
+        keep = [slot for slot, late in zip(ready, lag, strict=True) if late <= self.max_staleness]
+        self.lags = np.array([lag[ready.index(slot)] for slot in keep[: self.G]])
+        return keep
+
+    def _drop(self, ledger: Ledger, slots: list[int]) -> None:
+        indexes = self._indexes(slots)
+        self._timed_dock(ledger, self.run.dock.recycle, indexes)
+        for slot in slots:
+            self.flights.pop(slot)
+            self.scored.pop(slot)
+        for index in indexes.tolist():
+            self.rewards.pop(index, None)
+        self.dropped += len(slots)
+
+    def _check_workers(self, deadline: float, ready: int) -> None:
+        """No event within a poll: a worker whose loop failed says so; past the deadline
+        the run stops, naming what it waited for."""
+        self.workers.call("continuous_status", stage="rollout", timeout_s=self.timeout)
+        if time.perf_counter() > deadline:
+            raise StageTimeoutError(
+                f"continuous generation: {ready} of {self.G} groups scored and nothing "
+                f"arrived within {self.timeout:.0f} s (rollout workers, "
+                f"{', '.join(self.streams)})"
+            )
+
+    def _open_claim(self, stream: _Stream) -> None:
+        call = stream.call
+        step = int(np.lcm(self.N, call.dp_parts))
+        stream.claim = self.run.dock.claim_async(
+            call.stage,
+            call.fields,
+            self.pool * self.N,
+            whole_groups=True,
+            dp_parts=call.dp_parts,
+            timeout_s=1e9,  # open for the run: a stall is found by _check_workers
+            step=step,
+            part_warehouses=call.part_warehouses,
+        )
+
+    def _claim_answered(self, ref: Any) -> None:
+        stream = next(s for s in self.streams.values() if s.claim and s.claim.ref is ref)
+        parts = stream.claim.result()
+        call = stream.call
+        chunk = _Chunk(stream, np.concatenate(parts), {})
+        for sent, name in zip(
+            call.group.submit_each("score", call.args(parts)), call.group.names(), strict=True
+        ):
+            chunk.waiting[sent] = name
+            self.chunks[sent] = chunk
+        self._open_claim(stream)
+
+    def _chunk_part_done(self, ref: Any) -> None:
+        chunk = self.chunks.pop(ref)
+        stream = chunk.stream
+        report = checked_get(ref, chunk.waiting.pop(ref), stream.call.stage)
+        chunk.results.append(report)
+        if chunk.waiting:
+            return
+        stream.busy_s += max(r.get("busy_s", 0.0) for r in chunk.results)
+        stream.dock_s += max(r.get("dock_s", 0.0) for r in chunk.results)
+        stream.results += chunk.results
+        for report in chunk.results:
+            if "sample_rewards" in report:
+                scores = zip(report["sample_rewards"], report["sample_tokens"], strict=True)
+                for index, score in zip(report["indexes"].tolist(), scores, strict=True):
+                    self.rewards[index] = score
+        for slot in np.unique(chunk.indexes // self.N).tolist():
+            if slot in self.flights:
+                self.scored.setdefault(slot, set()).add(stream.call.stage)
+
+    # ---- after the update ---------------------------------------------------------------------
+    def _release(self, ledger: Ledger, trained: np.ndarray) -> None:
+        slots = np.unique(trained // self.N).tolist()
+        self.trained = [self.flights.pop(slot) for slot in slots]
+        for slot in slots:
+            self.scored.pop(slot, None)
+        self._timed_dock(ledger, self.run.dock.recycle, trained)
+        if self.held:
+            indexes = self._indexes(self.held)
+            training = self._training_stages()
+            self._timed_dock(ledger, self.run.dock.hold, indexes, False, training)
+
+    def _book_streams(self, ledger: Ledger) -> None:
+        """The streamed stages' work since the last record: all of it beside decoding."""
+        for name, stream in self.streams.items():
+            ledger.busy[name] = stream.busy_s
+            ledger.overlap[name] = stream.busy_s
+            ledger.stages.setdefault(name, 0.0)
+            ledger.dock_s += stream.dock_s
+            book_peaks(ledger.memory, name, stream.results)
+            stream.busy_s = stream.dock_s = 0.0
+            stream.results = []
+
+    def _book_workers(self, ledger: Ledger) -> None:
+        """The rollout workers' decode loops since the last record: the busiest worker's
+        decode seconds (all beside training), its idle seconds, the weights it loaded
+        between decode steps."""
+        reports = self.workers.call("continuous_status", stage="rollout", timeout_s=self.timeout)
+        since = [
+            {key: r[key] - before.get(key, 0) for key in LOOP_COUNTERS}
+            for r, before in zip(reports, self.loop_counters or [{}] * len(reports), strict=True)
+        ]
+        self.loop_counters = [{key: r[key] for key in LOOP_COUNTERS} for r in reports]
+        busiest = max(since, key=lambda counters: counters["decode_s"])
+        ledger.busy["rollout"] = ledger.overlap["rollout"] = busiest["decode_s"]
+        self.loop_since = busiest
+        book_peaks(ledger.memory, "rollout", reports)
+
+    # ---- checkpoints: the groups in flight ----------------------------------------------------
+    def in_flight_state(self) -> InFlightState | None:
+        """Interrupt the workers (live sequences become paused responses in the dock) and
+        keep every group not trained yet; the next iteration feeds them again."""
+        if self.push is not None:
+            self._push_done(Ledger())
+        while self.chunks:
+            (ref,), _ = ray.wait(list(self.chunks), num_returns=1)
+            self._chunk_part_done(ref)
+        if self.running:
+            stops = self.workers.call("stop_continuous", stage="checkpoint", timeout_s=self.timeout)
+            self.running = False
+            self.paused = np.concatenate([s["paused"] for s in stops]).astype(np.int64)
+            self.unstarted = np.concatenate([s["unstarted"] for s in stops]).astype(np.int64)
+        if not self.flights:
+            return None
+        indexes = self._indexes(sorted(self.flights))
+        finished = np.setdiff1d(indexes, np.union1d(self.paused, self.unstarted))
+        state = super().in_flight_state()
+        state.bookkeeping["unstarted"] = self.unstarted.tolist()
+        state.slices = [
+            DockSlice(indexes, PROMPT_FIELDS),
+            DockSlice(self.paused, PAUSED_FIELDS),
+            DockSlice(finished, RESPONSE_FIELDS, VERSION_STAGE),
+        ]
+        return state
+
+    def restore_in_flight(self, bookkeeping: dict[str, Any]) -> None:
+        """The groups a checkpoint kept: finished ones are scored again, the paused and
+        unstarted ones fed to the workers when they start."""
+        super().restore_in_flight(bookkeeping)
+        self.unstarted = np.asarray(bookkeeping.get("unstarted", []), dtype=np.int64)
+
+    def _counts(self, sampled: Sampled) -> dict[str, Any]:
+        lags = self.lags if len(self.lags) else np.zeros(1)
+        loop = self.loop_since
+        return {
+            "trained_groups": len(self.trained),
+            "drawn_groups": self.drawn - self.drawn_before,
+            "carried_groups": len(self.flights),
+            "dropped_stale_groups": self.dropped,
+            # Updates between a trained group's oldest token and the trained weights.
+            "staleness_max": int(lags.max()),
+            "staleness_mean": float(lags.mean()),
+            # The busiest rollout worker since the last record: decode steps, weights
+            # loaded between two of them, seconds with nothing to decode.
+            "decode_steps": loop.get("steps", 0),
+            "weights_loaded_while_decoding": loop.get("weight_loads", 0),
+            "rollout_idle_s": loop.get("idle_s", 0.0),
+        }
