@@ -123,13 +123,15 @@ what they mean: docs/pipeline.md, "Partial rollout" (small gains on the 2-core C
 from __future__ import annotations
 
 import argparse
+import heapq
+import itertools
 import json
 import os
 import platform
 import statistics
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,10 +157,20 @@ MODES = {
     "stream": ("dock.pipeline=stream",),
     "disagg-sync": (*DISAGGREGATED, "rollout.max_staleness=0"),
     "async": (*DISAGGREGATED, "rollout.max_staleness=1"),
+    "continuous": (*DISAGGREGATED, "rollout.max_staleness=1", "rollout.continuous=true"),
 }
 #: Ratios printed, (mode, baseline): each mode vs sync, and async vs its own placement
 #: on-policy, which separates the asynchrony's gain from the placement's cost.
-RATIOS = (("stream", "sync"), ("disagg-sync", "sync"), ("async", "sync"), ("async", "disagg-sync"))
+RATIOS = (
+    ("stream", "sync"),
+    ("disagg-sync", "sync"),
+    ("async", "sync"),
+    ("async", "disagg-sync"),
+    ("continuous", "sync"),
+    ("continuous", "async"),
+)
+#: Iterations at the end of a run whose mean reward is its final reward.
+FINAL_REWARD_ITERATIONS = 5
 #: Roles whose tensor parallelism ``--train-tp`` sets in every mode.
 TRAIN_ROLES = ("actor", "reference", "critic")
 #: Partial rollout's comparison: label -> what the run adds to the config (and the budget).
@@ -196,12 +208,16 @@ def train_once(
     return read_metrics(run_dir / "metrics.jsonl")
 
 
-def summarize(records: list[dict], samples_per_iteration: int) -> dict[str, Any]:
+def summarize(records: list[dict], samples_per_iteration: int, groups: int) -> dict[str, Any]:
     """Medians over the timed ``records``: iteration time, TPS and samples per second
-    (``samples_per_iteration`` over the median iteration); as means, each stage's wall,
-    busy and overlap seconds and the overhead inside the iteration (dock operations,
-    resharding, scheduling); the staleness of what trained, where the records carry it."""
+    (``samples_per_iteration`` over the median iteration); trained groups per second
+    (every group the updates trained over the timed wall seconds; a record without
+    ``trained_groups`` trained ``groups``) and the mean reward of the trained samples; as
+    means, each stage's wall, busy and overlap seconds and the overhead inside the
+    iteration (dock operations, resharding, scheduling); the staleness of what trained,
+    where the records carry it."""
     iteration_s = run_median(records)
+    wall = sum(r["iteration_time_s"] for r in records)
 
     def mean_of(key: str) -> dict[str, float]:
         stages = sorted({s for r in records for s in r.get(key, {})})
@@ -212,6 +228,8 @@ def summarize(records: list[dict], samples_per_iteration: int) -> dict[str, Any]
         "iteration_s": iteration_s,
         "tps": statistics.median(r["tps"] for r in records),
         "samples_per_s": samples_per_iteration / iteration_s,
+        "groups_per_s": sum(r.get("trained_groups", groups) for r in records) / wall,
+        "reward_mean": statistics.fmean(r["reward_mean"] for r in records),
         "stage_s": mean_of("time"),
         "busy_s": mean_of("busy"),
         "overlap_s": mean_of("overlap"),
@@ -284,6 +302,7 @@ def mode_overrides(args: argparse.Namespace, world: int) -> tuple[int, dict[str,
     kinds = {
         label: [*common, *(o.format(rollout_devices=rollout_devices) for o in added)]
         for label, added in MODES.items()
+        if label in args.modes
     }
     return rollout_devices, kinds
 
@@ -294,19 +313,31 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from trainers.registry import get_algorithm
 
     config = load_config(args.config, args.set, algorithm=get_algorithm("grpo"))
+    args.work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="mindrl-async-"))
+    warm = warm_start_policy(args)
+    if warm:
+        args.set = [*args.set, f"model.hf_path={warm['hf_path']}"]
     rollout_devices, kinds = mode_overrides(args, config.world_size)
     for overrides in kinds.values():  # a mode the config cannot run stops here, in one line
         load_config(args.config, overrides, algorithm=get_algorithm("grpo"))
     runs, work = run_alternating(args, kinds)
-    samples = config.data.global_batch_size * config.data.n_samples_per_prompt
+    groups = config.data.global_batch_size
+    samples = groups * config.data.n_samples_per_prompt
     summaries = {
-        mode: summarize([r for run in runs[mode] for r in run[args.warmup :]], samples)
-        | {"run_iteration_s": [run_median(run[args.warmup :]) for run in runs[mode]]}
-        for mode in MODES
+        mode: summarize([r for run in runs[mode] for r in run[args.warmup :]], samples, groups)
+        | {
+            "run_iteration_s": [run_median(run[args.warmup :]) for run in runs[mode]],
+            "reward_final": statistics.fmean(
+                r["reward_mean"] for run in runs[mode] for r in run[-FINAL_REWARD_ITERATIONS:]
+            ),
+        }
+        for mode in kinds
     }
-    same = all(same_samples(runs["sync"][0], run) for run in runs["stream"])
+    same = {"sync", "stream"} <= set(runs) and all(
+        same_samples(runs["sync"][0], run) for run in runs["stream"]
+    )
     return {"config": str(args.config), "overrides": args.set, "world": config.world_size,
-            "rollout_devices": rollout_devices, "train_tp": args.train_tp,
+            "rollout_devices": rollout_devices, "train_tp": args.train_tp, "warm_start": warm,
             "samples_per_iteration": samples, "modes": summaries, "same_samples": same,
             "ratios": ratios(summaries), "work_dir": str(work)}  # fmt: skip
 
@@ -323,6 +354,7 @@ def ratios(summaries: dict[str, dict]) -> dict[str, dict[str, float]]:
             "iteration_time": summaries[mode]["iteration_s"] / summaries[base]["iteration_s"],
             "throughput": summaries[mode]["tps"] / summaries[base]["tps"],
             "samples_per_s": summaries[mode]["samples_per_s"] / summaries[base]["samples_per_s"],
+            "groups_per_s": summaries[mode]["groups_per_s"] / summaries[base]["groups_per_s"],
         }
         for mode, base in RATIOS
         if mode in summaries and base in summaries
@@ -447,11 +479,52 @@ class ClusterModel:
     warehouses: int = 2
     rollout_devices: int = 8  # disaggregated: devices that generate (one node of 8)
     transfer_mb_per_s: float = 300.0  # weights to the rollout workers: between servers
+    device_memory_gb: float = 64.0  # HBM of one device (Ascend 910B: 64 GB)
+    kv_memory_share: float = 0.9  # of it the engine may fill (vLLM's default 0.9)
+    long_cot_mean: float = 8192.0  # long-CoT response lengths (issue 27: mean 8K ...)
+    long_cot_max: int = 32768  # ... max 32K
     seed: int = 0
 
     @property
     def samples(self) -> int:
         return self.prompts * self.responses_per_prompt
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Keys and values of one token over all layers, bf16."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+
+#: Where each constant of the model comes from (printed with the figures).
+SOURCES = {
+    "devices": "paper: 2 nodes x 8 NPUs",
+    "params": "Qwen2.5-7B parameter count",
+    "layers": "Qwen2.5-7B config",
+    "kv_heads": "Qwen2.5-7B config (GQA)",
+    "head_dim": "Qwen2.5-7B config",
+    "prompts": "paper's GRPO setting, G",
+    "responses_per_prompt": "paper's GRPO setting, N",
+    "prompt_len": "paper's maximum prompt length",
+    "response_mean": "assumed: log-normal, sigma 0.8, mean of the paper's lengths",
+    "response_max": "paper's maximum response length",
+    "peak_flops": "assumed bf16 peak of one NPU",
+    "hbm_bytes_per_s": "assumed HBM bandwidth of one NPU",
+    "hbm_efficiency": "assumed share of HBM bandwidth a decode step reaches",
+    "mfu": "assumed MFU of training and forward passes",
+    "prefill_mfu": "assumed MFU of prefill",
+    "reward_ms": "assumed rule-based reward per response",
+    "reward_workers": "assumed CPU reward workers",
+    "host_bytes_per_s": "paper: host <-> device",
+    "inter_host_mb_per_s": "paper: between servers",
+    "warehouses": "one TD warehouse per node",
+    "rollout_devices": "disaggregated default: one node of 8 generates",
+    "transfer_mb_per_s": "paper's between-server figure, for the weight hand-over",
+    "device_memory_gb": "Ascend 910B HBM (the live sequences' KV cache is capped by it)",
+    "kv_memory_share": "vLLM's default gpu_memory_utilization",
+    "long_cot_mean": "long-CoT lengths (verl / AReaL reasoning runs), mean",
+    "long_cot_max": "long-CoT lengths, max",
+    "seed": "response-length sampler",
+}
 
 
 def response_lengths(m: ClusterModel) -> np.ndarray:
@@ -463,25 +536,62 @@ def response_lengths(m: ClusterModel) -> np.ndarray:
 
 
 def generation_ready_times(m: ClusterModel, lengths: np.ndarray, devices: int) -> np.ndarray:
-    """Seconds after generation starts at which each response is complete (TP1 replicas,
-    each decoding its share together; a step reads weights + live KV cache)."""
-    kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2  # K and V, bf16
+    """Seconds after generation starts at which each response is complete: TP1 replicas,
+    each decoding its share of the batch with as many sequences live as its KV cache
+    holds (:func:`kv_slots`), the rest admitted as sequences end, as vLLM schedules a
+    batch larger than its cache (:func:`decode_replica`)."""
     ready = np.empty(len(lengths))
+    slots = kv_slots(m, lengths)
     for replica in range(devices):
         mine = np.arange(replica, len(lengths), devices)
-        own = lengths[mine]
-        prefill = 2 * m.params * m.prompt_len * len(own) / (m.peak_flops * m.prefill_mfu)
-        steps = np.arange(1, own.max() + 1)
-        # At step s: sequences still decoding (length >= s) and the tokens all of them
-        # hold, sum(min(length, s)), from the sorted lengths in O(steps + sequences).
-        ordered = np.sort(own)
-        ended = np.searchsorted(ordered, steps, side="left")  # lengths below s
-        live = len(own) - ended
-        finished_tokens = np.concatenate(([0], np.cumsum(ordered)))[ended]
-        context = live * m.prompt_len + finished_tokens + steps * live
-        step_s = (2 * m.params + kv_per_token * context) / (m.hbm_bytes_per_s * m.hbm_efficiency)
-        clock = prefill + np.cumsum(step_s)
-        ready[mine] = clock[own - 1]
+        ready[mine] = decode_replica(m, lengths[mine], slots)
+    return ready
+
+
+def kv_slots(m: ClusterModel, lengths: np.ndarray) -> int:
+    """Sequences one replica's KV cache holds at once, each at the mean live context
+    (the prompt + half a response, length-biased: long responses are live longer)."""
+    live_context = m.prompt_len + float((lengths**2).mean() / lengths.mean()) / 2
+    kv_budget = m.device_memory_gb * 1e9 * m.kv_memory_share - 2 * m.params
+    return max(1, int(kv_budget // (live_context * m.kv_bytes_per_token)))
+
+
+def decode_replica(m: ClusterModel, lengths: np.ndarray, slots: int) -> np.ndarray:
+    """When each of ``lengths`` (in admission order) ends on one replica that keeps up
+    to ``slots`` sequences decoding and admits the next one as one ends (its prefill
+    costs that moment). Every step gives each live sequence one token and reads the
+    weights plus the live sequences' KV cache (prompt and tokens so far; an ended
+    sequence's cache is freed). Steps between two ends hold the same sequences, so they
+    are summed in closed form: O(sequences log sequences)."""
+    prefill = 2 * m.params * m.prompt_len / (m.peak_flops * m.prefill_mfu)
+    bandwidth = m.hbm_bytes_per_s * m.hbm_efficiency
+    kv = m.kv_bytes_per_token
+    ends: list[tuple[int, int, int]] = []  # (step it ends at, its position, step it started)
+    ready = np.empty(len(lengths))
+    queue = iter(enumerate(lengths.tolist()))
+    live = started_sum = step = 0
+    clock = 0.0
+
+    def admit(count: int) -> None:
+        nonlocal live, started_sum, clock
+        for position, length in itertools.islice(queue, count):
+            heapq.heappush(ends, (step + length, position, step))
+            live, started_sum, clock = live + 1, started_sum + step, clock + prefill
+
+    admit(slots)
+    while ends:
+        k = ends[0][0] - step  # steps until the next end
+        # The context at step j (0-based) is live * (prompt + 1) + live * j - started_sum.
+        base = live * (m.prompt_len + 1) - started_sum
+        tokens = k * base + live * (k * step + k * (k - 1) // 2)
+        clock += (k * 2 * m.params + kv * tokens) / bandwidth
+        step += k
+        ended = 0
+        while ends and ends[0][0] == step:
+            _, position, started = heapq.heappop(ends)
+            ready[position] = clock
+            live, started_sum, ended = live - 1, started_sum - started, ended + 1
+        admit(ended)
     return ready
 
 
@@ -584,6 +694,56 @@ def disaggregated_row(
     }
 
 
+def continuous_replica_rate(m: ClusterModel, lengths: np.ndarray, slots: int) -> float:
+    """Sequences per second one TP1 replica completes in steady state, decoding up to
+    ``slots`` at once and refilling a slot the moment its sequence ends
+    (:func:`decode_replica` over a stream drawn from ``lengths``): measured between the
+    ``slots``-th and the ``3 slots``-th end, so neither the start nor the drain counts."""
+    stream = np.random.default_rng(m.seed + 1).choice(lengths, size=4 * slots)
+    ends = np.sort(decode_replica(m, stream, slots))
+    return 2 * slots / (ends[3 * slots - 1] - ends[slots - 1])
+
+
+def continuous_row(
+    m: ClusterModel, lengths: np.ndarray, costs: dict, rollout_devices: int
+) -> dict[str, Any]:
+    """Continuous generation on ``rollout_devices`` (trainers/driver/continuous.py): the
+    rollout devices never wait for a batch's longest response; reward and reference
+    score finished groups while they decode; the weight transfer runs beside the next
+    reference pass. In steady state an iteration is the slower side: generation's
+    ``G x N`` sequences at the replicas' continuous rate, or the training devices'
+    update plus the longer of the reference pass and the transfer (the actor sends the
+    weights after its update; the reference scores meanwhile), or the reward workers."""
+    train = m.devices - rollout_devices
+    slots = min(kv_slots(m, lengths), -(-m.samples // rollout_devices))
+    rate = rollout_devices * continuous_replica_rate(m, lengths, slots)
+    generation = m.samples / rate
+    ref = float(costs["forward"].sum()) / train
+    update = float(costs["update"].sum()) / train
+    transfer = weight_transfer_seconds(m)
+    reward = float(costs["reward"].sum())
+    training = update + max(transfer, ref)
+    iteration = max(training, generation, reward) + costs["dock_s"]
+    return {
+        "iteration_s": iteration,
+        "devices": f"{rollout_devices} gen+{train} train",
+        "rollout_devices": rollout_devices,
+        "slots_per_device": slots,
+        "generation_s": generation,
+        "reward_tail_s": 0.0,
+        "ref_logp_busy_s": ref,
+        "update_s": update,
+        "reshard_swap_s": 0.0,
+        "weight_transfer_s": transfer,
+        "generation_hidden_s": min(generation, iteration),
+    }
+
+
+def best_continuous_split(m: ClusterModel, lengths: np.ndarray, costs: dict) -> dict[str, Any]:
+    rows = [continuous_row(m, lengths, costs, d) for d in range(1, m.devices)]
+    return min(rows, key=lambda row: row["iteration_s"])
+
+
 def best_async_split(m: ClusterModel, lengths: np.ndarray, costs: dict) -> dict[str, Any]:
     """The async row at the split (generating devices) with the shortest iteration; memory
     is not checked (one training device would hold all 16 B/param of training state)."""
@@ -591,8 +751,9 @@ def best_async_split(m: ClusterModel, lengths: np.ndarray, costs: dict) -> dict[
     return min(rows, key=lambda row: row["iteration_s"])
 
 
-def simulate(m: ClusterModel) -> dict[str, Any]:
-    """Iteration time, TPS (paper Eq. 5) and stage times of every simulated mode."""
+def simulate_lengths(m: ClusterModel) -> dict[str, Any]:
+    """Iteration time, TPS (paper Eq. 5) and stage times of every simulated mode, with
+    ``m``'s response lengths."""
     lengths = response_lengths(m)
     costs = stage_seconds(m, lengths)
     rows = {
@@ -602,16 +763,34 @@ def simulate(m: ClusterModel) -> dict[str, Any]:
         "disagg-sync": disaggregated_row(m, lengths, costs, m.rollout_devices, 0),
         "async": disaggregated_row(m, lengths, costs, m.rollout_devices, 1),
         "async, best split": best_async_split(m, lengths, costs),
+        "continuous async": continuous_row(m, lengths, costs, m.rollout_devices),
+        "continuous async, best split": best_continuous_split(m, lengths, costs),
     }
     tokens = m.samples * (m.prompt_len + lengths.mean())
     for row in rows.values():
         row |= {
             "tps": tokens / (m.devices * row["iteration_s"]),
             "speedup": rows["sync"]["iteration_s"] / row["iteration_s"],
+            "throughput_vs_sync": rows["sync"]["iteration_s"] / row["iteration_s"],
             "reward_busy_s": float(costs["reward"].sum()),
             "dock_dispatch_s": costs["dock_s"],
         }
-    return {"model": asdict(m), "mean_response_len": float(lengths.mean()), "rows": rows}
+    return {"mean_response_len": float(lengths.mean()), "rows": rows}
+
+
+def simulate(m: ClusterModel) -> dict[str, Any]:
+    """Every simulated mode with the paper's lengths and with long-CoT lengths
+    (``long-cot: `` rows; the same cluster and model)."""
+    long_cot = replace(m, response_mean=m.long_cot_mean, response_max=m.long_cot_max)
+    paper, cot = simulate_lengths(m), simulate_lengths(long_cot)
+    rows = paper["rows"] | {f"long-cot: {name}": row for name, row in cot["rows"].items()}
+    return {
+        "model": asdict(m),
+        "sources": SOURCES,
+        "mean_response_len": paper["mean_response_len"],
+        "long_cot_mean_response_len": cot["mean_response_len"],
+        "rows": rows,
+    }
 
 
 # ---------------------------------------------------------------- report
@@ -712,24 +891,41 @@ def print_simulated(sim: dict[str, Any]) -> None:
     m = sim["model"]
     print(
         f"\nsimulated: {m['devices']} devices, {m['params'] / 1e9:.1f}B params, G={m['prompts']} "
-        f"N={m['responses_per_prompt']}, L_p={m['prompt_len']}, response mean "
-        f"{sim['mean_response_len']:.0f} (max {m['response_max']}); cost model (module "
-        "docstring), every constant: " + ", ".join(f"{k}={v:g}" for k, v in m.items())
+        f"N={m['responses_per_prompt']}, L_p={m['prompt_len']}; response mean "
+        f"{sim['mean_response_len']:.0f} (max {m['response_max']}), long-cot rows mean "
+        f"{sim['long_cot_mean_response_len']:.0f} (max {m['long_cot_max']}); cost model "
+        "(module docstring). Every constant and where it comes from:"
     )
+    for key, value in m.items():
+        print(f"    {key} = {value:g}  ({sim['sources'].get(key, '')})")
     for name, row in sim["rows"].items():
+        slots = f", {row['slots_per_device']} slots/device" if "slots_per_device" in row else ""
         print(
-            f"  {name:<29} {row['devices']:<15} iteration {row['iteration_s']:7.1f}s  TPS "
+            f"  {name:<39} {row['devices']:<15} iteration {row['iteration_s']:7.1f}s  TPS "
             f"{row['tps']:6.1f}  x{row['speedup']:.3f}  (generation {row['generation_s']:.1f}s "
-            f"of it hidden {row['generation_hidden_s']:.1f}s, reward tail "
+            f"of it hidden {row['generation_hidden_s']:.1f}s{slots}, reward tail "
             f"{row['reward_tail_s']:.2f}s, ref_logp {row['ref_logp_busy_s']:.1f}s, update "
             f"{row['update_s']:.1f}s, swap {row['reshard_swap_s']:.2f}s, weight transfer "
             f"{row['weight_transfer_s']:.1f}s, dock {row['dock_dispatch_s']:.2f}s)"
         )
     rows = sim["rows"]
-    print(
-        f"  async / disagg-sync (asynchrony alone, same placement): iteration time "
-        f"{rows['async']['iteration_s'] / rows['disagg-sync']['iteration_s']:.3f}x"
-    )
+    for prefix in ("", "long-cot: "):
+        alone = rows[prefix + "async"]["iteration_s"] / rows[prefix + "disagg-sync"]["iteration_s"]
+        print(
+            f"  {prefix}async / disagg-sync (asynchrony alone, same placement): iteration time "
+            f"{alone:.3f}x"
+        )
+
+
+def json_report(report: dict[str, Any]) -> dict[str, Any]:
+    """``--json``: ``measured`` (mode -> its summary, ``groups_per_s`` among it),
+    ``simulated`` (row -> its figures, ``throughput_vs_sync`` among them) and what
+    both were run with."""
+    out = {k: v for k, v in report.items() if k not in ("modes", "simulated")}
+    out["measured"] = report.get("modes", {})
+    out["simulated"] = report["simulated"]["rows"]
+    out["simulation"] = {k: v for k, v in report["simulated"].items() if k != "rows"}
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -742,6 +938,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--simulate-only", action="store_true")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=list(MODES),
+        default=list(MODES),
+        help="the measured modes (default: all)",
+    )
     parser.add_argument(
         "--rollout-devices",
         type=int,
@@ -800,7 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
         (print_partial if partial else print_measured)(report)
     print_simulated(report["simulated"])
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+        args.json.write_text(json.dumps(json_report(report), indent=2, default=str))
     return 0
 
 

@@ -157,14 +157,64 @@ def test_the_simulated_modes_on_a_hand_checked_case():
 
 def test_the_decode_steps_cost_what_the_live_sequences_hold():
     # Lengths 1, 3, 3 on one replica, 1-token prompts, 1000 B of K and V per token, weights
-    # 2e9 B at 1e12 B/s: step 1 holds 3 x (1 + 1) tokens, step 2 2 x (1 + 2) + 1 finished,
-    # step 3 2 x (1 + 3) + 1; the 3 prefills cost 3 x 2e9 x 1 / 0.5e12.
+    # 2e9 B at 1e12 B/s: step 1 holds 3 x (1 + 1) tokens, step 2 2 x (1 + 2) (the ended
+    # sequence's cache is freed), step 3 2 x (1 + 3); the 3 prefills cost 3 x 2e9 x 1 / 0.5e12.
     m = dataclasses.replace(HAND, prompt_len=1)
     ready = bench.generation_ready_times(m, np.array([3, 1, 3]), devices=1)
-    steps = [(2e9 + 1000 * tokens) / 1e12 for tokens in (6, 7, 9)]
+    steps = [(2e9 + 1000 * tokens) / 1e12 for tokens in (6, 6, 8)]
     prefill = 3 * 2e9 / 0.5e12
     expected = [prefill + sum(steps), prefill + steps[0], prefill + sum(steps)]
     np.testing.assert_allclose(ready, expected, rtol=1e-12)
+
+
+def test_a_replica_with_fewer_slots_than_sequences_admits_one_as_another_ends():
+    # Two slots for lengths 1, 3, 2: the third starts (its prefill) when the first ends.
+    m = dataclasses.replace(HAND, prompt_len=1)
+    ready = bench.decode_replica(m, np.array([1, 3, 2]), slots=2)
+    prefill, step = 2e9 / 0.5e12, lambda tokens: (2e9 + 1000 * tokens) / 1e12
+    first = 2 * prefill + step(4)  # both live hold prompt + 1 token
+    third = first + prefill + step(3 + 2) + step(4 + 3)  # second at 2, 3; third at 1, 2
+    np.testing.assert_allclose(ready, [first, third, third], rtol=1e-12)
+
+
+def test_the_kv_cache_caps_the_live_sequences_of_a_replica():
+    m = bench.ClusterModel()
+    lengths = bench.response_lengths(m)
+    slots = bench.kv_slots(m, lengths)
+    live_context = m.prompt_len + (lengths**2).mean() / lengths.mean() / 2
+    budget = 64e9 * 0.9 - 2 * 7.6e9
+    assert slots == int(budget // (live_context * 2 * 28 * 4 * 128 * 2))
+    assert 0 < slots < m.samples // m.devices  # a batch's share does not fit at once
+
+
+def test_continuous_generation_never_waits_for_a_batchs_longest_response():
+    # One replica, one slot too few for the batch: the batch mode waits for its tail,
+    # the continuous rate does not; with equal lengths the two agree.
+    m = dataclasses.replace(HAND, prompt_len=8)
+    lengths = np.array([1, 1, 1, 1, 1, 1, 40, 1])
+    batch = bench.decode_replica(m, lengths, slots=4).max()
+    rate = bench.continuous_replica_rate(m, lengths, slots=4)
+    assert len(lengths) / rate < batch
+    same = np.full(8, 5)
+    whole = bench.decode_replica(m, same, slots=4).max()
+    continuous = bench.continuous_replica_rate(m, same, slots=4)
+    # Steady state: 4 sequences per 5 steps and one prefill each; the batch pays its
+    # first prefills and two waves.
+    assert 8 / continuous == pytest.approx(whole, rel=0.05)
+
+
+def test_continuous_async_is_the_slower_of_generation_training_and_reward():
+    sim = bench.simulate(SMALL)["rows"]
+    row = sim["continuous async"]
+    training = row["update_s"] + max(row["weight_transfer_s"], row["ref_logp_busy_s"])
+    slowest = max(training, row["generation_s"], row["reward_busy_s"])
+    assert row["iteration_s"] == pytest.approx(slowest + row["dock_dispatch_s"])
+    best = sim["continuous async, best split"]
+    assert best["iteration_s"] <= row["iteration_s"]
+    assert all(f"long-cot: {name}" in sim for name in ("sync", "continuous async"))
+    assert row["throughput_vs_sync"] == pytest.approx(
+        sim["sync"]["iteration_s"] / row["iteration_s"]
+    )
 
 
 def measured_record(seconds: float, tps: float, **extra) -> dict:
@@ -172,6 +222,7 @@ def measured_record(seconds: float, tps: float, **extra) -> dict:
     return {
         "iteration_time_s": seconds,
         "tps": tps,
+        "reward_mean": 0.5,
         "time": {"rollout": 0.5, "update": 1.0},
         "busy": {"rollout": 0.4, "update": 0.9},
         "overlap": {"total": 0.0},
@@ -193,12 +244,13 @@ def test_the_measured_summary_and_its_ratios_against_sync():
         measured_record(1.0, 200.0, **stale, staleness_mean=1.0),
     ]
     summaries = {
-        "sync": bench.summarize(sync, samples_per_iteration=8),
-        "disagg-sync": bench.summarize(disagg, samples_per_iteration=8),
-        "async": bench.summarize(async_, samples_per_iteration=8),
+        "sync": bench.summarize(sync, samples_per_iteration=8, groups=2),
+        "disagg-sync": bench.summarize(disagg, samples_per_iteration=8, groups=2),
+        "async": bench.summarize(async_, samples_per_iteration=8, groups=2),
     }
     s = summaries["sync"]
     assert (s["iteration_s"], s["tps"], s["samples_per_s"]) == (2.0, 100.0, 4.0)
+    assert s["groups_per_s"] == pytest.approx(3 * 2 / 7.0)  # trained groups / wall seconds
     assert s["stage_s"] == {"rollout": 0.5, "update": 1.0}
     assert s["overhead_s"]["reshard_s"] == pytest.approx(0.2)
     assert "staleness_max" not in s  # a collocated run's records carry none
@@ -213,6 +265,7 @@ def test_the_measured_summary_and_its_ratios_against_sync():
         "iteration_time": 0.5,
         "throughput": 2.0,
         "samples_per_s": 2.0,
+        "groups_per_s": pytest.approx(7.0 / 3.5),
     }
     assert ratios["async / disagg-sync"]["iteration_time"] == pytest.approx(0.8)
     assert ratios["async / disagg-sync"]["throughput"] == pytest.approx(1.25)
@@ -224,12 +277,14 @@ def test_every_mode_runs_on_the_same_devices_and_the_config_accepts_it():
 
     args = bench.build_parser().parse_args([])
     rollout_devices, kinds = bench.mode_overrides(args, world=2)
-    assert rollout_devices == 1 and list(kinds) == ["sync", "stream", "disagg-sync", "async"]
+    assert rollout_devices == 1
+    assert list(kinds) == ["sync", "stream", "disagg-sync", "async", "continuous"]
     for mode, overrides in kinds.items():
         config = load_config(args.config, overrides, algorithm=get_algorithm("grpo"))
         assert config.world_size == 2 and config.actor.parallel.tp == 1
         disaggregated = config.rollout.placement == "disaggregated"
-        assert disaggregated == (mode in ("disagg-sync", "async"))
+        assert disaggregated == (mode in ("disagg-sync", "async", "continuous"))
         assert config.rollout.devices == (1 if disaggregated else 0)
-        assert config.rollout.max_staleness == (mode == "async")
+        assert config.rollout.max_staleness == (mode in ("async", "continuous"))
+        assert config.rollout.continuous == (mode == "continuous")
     assert load_config(args.config, kinds["stream"]).dock.pipeline == "stream"
