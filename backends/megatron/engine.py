@@ -47,7 +47,12 @@ from backends.megatron.optim import (
     optimizer_state_tensors,
     reduce_gradients,
 )
-from backends.megatron.pipeline import MicroBatch, megatron_schedule, run_micro_batches
+from backends.megatron.pipeline import (
+    MicroBatch,
+    megatron_schedule,
+    run_micro_batches,
+    sequence_multiple,
+)
 from backends.megatron.sharded_state import (
     MODEL,
     adam_pieces,
@@ -59,7 +64,7 @@ from backends.megatron.sharded_state import (
 )
 from backends.megatron.sharded_store import Pieces
 from backends.megatron.sharding import gather_full_state_dict, load_full_state_dict
-from backends.megatron.shared_prompt import pack_shared_prompts
+from backends.megatron.shared_prompt import pack_shared_prompts, prompt_groups
 from backends.megatron.spec import GPTSpec, ParallelSpec
 
 #: loss_fn(outputs, micro-batch, global counts) -> scalar or per-token loss [b, R];
@@ -181,14 +186,14 @@ class MegatronEngine:
                 per_window["entropy"] = vocab_parallel_entropy(output, vocab)
         return {k: micro.batch.spread(v) for k, v in per_window.items()}
 
-    def _run(
-        self, batch: ResponseBatch, micro_batch_size: int | None, head, train: bool
-    ) -> list[Any]:
-        on_cpu = self.device.torch_device_type == "cpu"
-        micro_batches = [
+    def _micro_batches(self, batch: ResponseBatch, micro_batch_size: int | None) -> list[_Scored]:
+        return [
             _Scored.of(micro.to(self.device.device()), self.value_head, self.share_prompts)
             for micro in batch.split(micro_batch_size)
         ]
+
+    def _run(self, micro_batches: list[_Scored], head, train: bool) -> list[Any]:
+        on_cpu = self.device.torch_device_type == "cpu"
         with megatron_compat(self.device):
             if self.parallel.pp > 1 and not on_cpu:
                 return megatron_schedule(self.model, micro_batches, head, train)
@@ -210,7 +215,7 @@ class MegatronEngine:
                 k: v.detach() for k, v in self._outputs(output, micro, with_entropy).items()
             }
 
-        results = self._run(batch, micro_batch_size, head, train=False)
+        results = self._run(self._micro_batches(batch, micro_batch_size), head, train=False)
         return self._share_from_last_stage(results, batch, with_entropy)
 
     def _share_from_last_stage(self, results, batch: ResponseBatch, with_entropy) -> dict:
@@ -235,14 +240,32 @@ class MegatronEngine:
     def global_counts(self, batch: ResponseBatch) -> GlobalCounts:
         """Response tokens and rows of this DP rank's ``batch`` summed over all DP ranks
         (collective; one all-reduce for both)."""
+
+        tokens, sequences = self._sum_over_data_parallel(
+            [batch.response_mask.double().sum(), len(batch)]
+        )
+        return GlobalCounts(tokens=tokens, sequences=int(sequences))
+
+    def _sum_over_data_parallel(self, values: list[Any]) -> list[float]:
+        """``values`` (numbers or 0-d tensors) summed over the DP ranks (one all-reduce)."""
         from megatron.core import parallel_state as ps
 
-        counts = torch.stack(
-            [batch.response_mask.double().sum(), torch.tensor(len(batch), dtype=torch.double)]
-        ).to(self.device.device())
-        dist.all_reduce(counts, group=ps.get_data_parallel_group(with_context_parallel=True))
-        tokens, sequences = counts.tolist()
-        return GlobalCounts(tokens=tokens, sequences=int(sequences))
+        sums = torch.tensor([float(v) for v in values], dtype=torch.double)
+        sums = sums.to(self.device.device())
+        dist.all_reduce(sums, group=ps.get_data_parallel_group(with_context_parallel=True))
+        return sums.tolist()
+
+    def _token_use(self, micro_batches: list[_Scored]) -> dict[str, float]:
+        """Positions the forward computes (pads included) and the real tokens among them,
+        over the whole global batch: ``train_tokens_per_real_token`` is their ratio."""
+        multiple = sequence_multiple(self.model)
+        computed, real = self._sum_over_data_parallel(
+            [
+                sum(m.computed_tokens(multiple) for m in micro_batches),
+                sum(m.real_tokens for m in micro_batches),
+            ]
+        )
+        return {"computed_tokens": computed, "real_tokens": real}
 
     def train_step(
         self,
@@ -263,10 +286,14 @@ class MegatronEngine:
             with_entropy: also compute ``outputs["entropy"]`` for ``loss_fn``.
 
         Returns:
-            ``loss`` (global, normalised), ``grad_norm`` (before clipping), ``lr``.
+            ``loss`` (global, normalised), ``grad_norm`` (before clipping), ``lr``;
+            ``computed_tokens`` (positions the forward ran, pads included) and
+            ``real_tokens`` (the tokens they hold: each shared prompt once), both summed
+            over the global batch.
         """
         if self.optimizer is None:
             raise RuntimeError("this engine was built without OptimSpec; it cannot train")
+        micro_batches = self._micro_batches(batch, micro_batch_size)
         counts = self.global_counts(batch)
         norm = max(counts.tokens, 1.0)
         self.model.train()
@@ -281,10 +308,11 @@ class MegatronEngine:
                 loss = (loss * micro.batch.response_mask).sum() / norm
             return loss, loss.detach()
 
-        losses = self._run(batch, micro_batch_size, head, train=True)
+        losses = self._run(micro_batches, head, train=True)
         grad_norm, lr = self._optimizer_step()
         self.step += 1
-        return {"loss": self._global_loss(losses), "grad_norm": grad_norm, "lr": lr}
+        loss = self._global_loss(losses)
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, **self._token_use(micro_batches)}
 
     def _optimizer_step(self) -> tuple[float, float]:
         """Reduce, clip and apply the grads; the grad norm before clipping and the lr."""
@@ -499,17 +527,27 @@ class _Scored(MicroBatch):
     batch: ResponseBatch
     positions: torch.Tensor  # [b, W] (packed: [P, M * W]) the outputs that score the tokens
     tokens: torch.Tensor  # [b, W] those tokens
+    real_tokens: int  # the tokens the rows hold (a shared prompt once), pads left out
 
     @classmethod
     def of(cls, batch: ResponseBatch, value_head: bool, share_prompts: bool) -> _Scored:
         shared = pack_shared_prompts(batch) if share_prompts else None
         positions, tokens = batch.response_window()
         ids = batch.input_ids
+        groups = [[row] for row in range(len(batch))]
         if shared is not None:
             ids, positions = shared.input_ids, shared.logit_positions
+            groups = prompt_groups(batch)
+        starts, lengths = batch.response_start.tolist(), batch.response_len.tolist()
+        real = sum(starts[g[0]] + sum(lengths[row] for row in g) for g in groups)
         # A critic's value head is one hidden -> 1 product: it runs at every position.
         logit_positions = None if value_head else positions
-        return cls(ids, logit_positions, shared, batch, positions, tokens)
+        return cls(ids, logit_positions, shared, batch, positions, tokens, real)
+
+    def computed_tokens(self, multiple: int) -> int:
+        """Positions the forward runs: every row padded to a multiple of ``multiple``."""
+        rows, length = self.input_ids.shape
+        return rows * -(-length // multiple) * multiple
 
     def per_row(self, per_position: torch.Tensor) -> torch.Tensor:
         """Outputs at :attr:`positions` -> ``[b, W, ...]`` in the batch's row order."""

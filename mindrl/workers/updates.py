@@ -43,7 +43,9 @@ def step_metrics(
 
 
 def _run_steps(worker: Any, rows: ResponseBatch, num_minibatches: int, make_loss: Callable) -> dict:
-    """Epochs x mini-batches of ``engine.train_step``; metrics averaged over all steps."""
+    """Epochs x mini-batches of ``engine.train_step``; metrics averaged over all steps, and
+    ``train_tokens_per_real_token``: the positions the update's forward passes computed
+    (pads included) per real token they hold (each shared prompt once), over all steps."""
     additive, dp_size = worker.algorithm.additive_metrics, worker.engine.data_parallel_size()
     steps = []
     for _ in range(worker.section.ppo_epochs):
@@ -56,7 +58,10 @@ def _run_steps(worker: Any, rows: ResponseBatch, num_minibatches: int, make_loss
                 with_entropy=worker.role == "actor",
             )
             steps.append({**stats, **step_metrics(collected, additive, dp_size)})
-    return mean_by_key(steps)
+    metrics = mean_by_key(steps)
+    computed, real = metrics.pop("computed_tokens"), metrics.pop("real_tokens")
+    metrics["train_tokens_per_real_token"] = computed / max(real, 1.0)  # 1.0: no padding
+    return metrics
 
 
 def actor_update(worker: Any, rows: ResponseBatch, num_minibatches: int) -> dict[str, float]:

@@ -57,6 +57,7 @@ def one_step(
         "shares": engine.share_prompts,
         "scored": scored,
         "loss": metrics["loss"],
+        "tokens": (metrics["computed_tokens"], metrics["real_tokens"]),
         "grads": gather_full_state_dict(engine.model, grads=True),
     }
     destroy_parallel()

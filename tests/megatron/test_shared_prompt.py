@@ -107,3 +107,11 @@ def test_a_packed_row_shorter_than_its_members_score_columns_trains_like_plain_r
 def test_packed_rows_score_and_train_like_plain_rows_under_tp_and_pp(two_ranks, layout, head):
     for rank in range(2):
         assert_same(two_ranks[rank][layout, head, True], two_ranks[rank][layout, head, False])
+
+
+def test_a_step_reports_the_positions_it_computed_and_the_real_tokens_among_them(one_rank):
+    # Prompt A (5) x responses 4, 2, 3; B (3) x 1, 4; C (4) x 2: 28 tokens with each
+    # prompt once, in three packed rows padded to the longest group (14).
+    assert one_rank["one", "policy", True]["tokens"] == (3 * 14, 28)
+    # Plain rows: 41 tokens in six rows padded to the longest row (9).
+    assert one_rank["one", "policy", False]["tokens"] == (6 * 9, 41)
