@@ -7,7 +7,9 @@ spawned processes over the device layer's backend: gloo on the CPU, NCCL / HCCL 
 GPUs / NPUs). A layout the heads or the device count cannot serve is reported as
 skipped. Each measurement is a PPO-style step (forward with log-probs and entropy,
 backward, grad clip, AdamW) over ``micro_batches`` micro-batches; the first steps are
-warm-up.
+warm-up. Without TransformerEngine each micro-batch runs as one packed row through the
+torch core attention (compiled FlexAttention on a CUDA GPU, fused SDPA elsewhere); the
+``attention`` column says which ran.
 
 MFU = model FLOPs per second per device / ``--peak-tflops`` (the device's dense peak for
 the model's dtype; without it MFU is not reported). Model FLOPs per token follow PaLM's
@@ -110,7 +112,17 @@ def measure(rank: int, world: int, spec: GPTSpec, tp: int, args: dict) -> dict:
         if step >= args["warmup"]:
             times.append(time.perf_counter() - start)
     destroy_parallel()
-    return {"step_s": sum(times) / len(times)}
+    return {"step_s": sum(times) / len(times), "attention": attention_kernel(engine)}
+
+
+def attention_kernel(engine) -> str:
+    """Which attention the step ran: TransformerEngine's, or the torch core attention's
+    kernel for the engine's packed micro-batches (backends/megatron/attention.py)."""
+    from backends.megatron.attention import packed_kernel
+
+    if not engine.packs:
+        return "transformer-engine"
+    return f"torch {packed_kernel(get_device().device())} (packed rows)"
 
 
 def run(name: str, spec: GPTSpec, tp: int, args: dict, peak_tflops: float | None) -> dict:
@@ -126,7 +138,8 @@ def run(name: str, spec: GPTSpec, tp: int, args: dict, peak_tflops: float | None
     tflops = train_flops_per_token(spec, args["seq"]) * tokens / step_s / tp / 1e12
     mfu = round(tflops / peak_tflops, 4) if peak_tflops else None
     return {"model": name, "parameters": parameter_count(spec), "dtype": spec.dtype, "tp": tp,
-            "tokens_per_step": tokens, "step_s": round(step_s, 4),
+            "attention": results[0]["attention"], "tokens_per_step": tokens,
+            "step_s": round(step_s, 4),
             "tokens_per_s": round(tokens / step_s, 1),
             "model_tflops_per_device": round(tflops, 3), "mfu": mfu}  # fmt: skip
 

@@ -11,13 +11,13 @@ has the same interface (Megatron builds it from the layer spec and calls it with
 * ``attention_mask=None``: causal rows, ``scaled_dot_product_attention(is_causal=True)``
   (flash / memory-efficient / cuDNN on a GPU, the fused flash kernel on the CPU);
 * a Megatron mask (bool ``[b, 1, sq, sk]``, True = hidden): SDPA with that mask;
-* a :class:`PackedMask`: rows of packed documents (the engine's packed micro-batches),
-  where a token sees the earlier tokens of its own document only, and inside a document
-  that shares a prompt (``shared_prompt.py``) a response sees the prompt and its own
-  earlier tokens only. Each document runs as its own SDPA call (causal, or with its
-  small mask when it shares a prompt), so nothing is computed between documents; on a
-  CUDA GPU the whole row runs as one compiled FlexAttention call whose ``BlockMask``
-  skips every block no query of it may see (:func:`packed_kernel`).
+* a :class:`PackedMask` (its integer ``ids``): rows of packed documents (the engine's
+  packed micro-batches, ``packing.py``), where a token sees the earlier tokens of its own
+  document only, and inside a document that shares a prompt a response sees the prompt
+  and its own earlier tokens only. Each document runs as its own SDPA call (causal, or
+  with its small mask when it shares a prompt), so nothing is computed between
+  documents; on a CUDA GPU the whole row runs as one compiled FlexAttention call whose
+  ``BlockMask`` skips every block no query of it may see (:func:`packed_kernel`).
 
 Grouped-query heads are SDPA's / Flex's ``enable_gqa``; MLA's q / k head width may
 differ from its value width (DeepSeek-V3: 192 and 128), and MLA passes its own softmax
@@ -29,6 +29,7 @@ Megatron. No dropout (the engine's configs have none; RL fine-tuning uses none).
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,22 +42,27 @@ Spans = tuple[tuple[int, int, bool], ...]
 
 @dataclass(frozen=True, eq=False)
 class PackedMask:
-    """Who sees whom in rows of packed documents (the ``attention_mask`` the engine passes).
+    """Who sees whom in rows of packed documents.
 
     Token ``q`` sees token ``k`` of the same row when ``k <= q``, both belong to the same
     document, and ``k`` is shared (member 0: a document's prompt, or the whole of a
     document without one) or belongs to ``q``'s own member (its response).
 
+    Megatron gets it as :attr:`ids`, an integer tensor, in its ``attention_mask``
+    argument: activation recompute saves that argument with ``save_for_backward`` and
+    hands the layers a ``detach()``-ed copy in backward, so it must be a tensor. The core
+    attention finds this object again from the tensor's storage (:meth:`of_ids`: the same
+    storage, as long as this object holds it), with the spans and kernel masks made once.
+
     Attributes:
-        document: ``[b, s]`` document of each token; a document's tokens are contiguous.
-        member: ``[b, s]`` 0 for tokens every later token of the document sees, ``m > 0``
-            for the tokens of response ``m``.
+        ids: ``[2, b, s]``: the document of each token (a document's tokens are
+            contiguous), then its member: 0 for tokens every later token of the document
+            sees, ``m > 0`` for the tokens of response ``m``.
         spans: per row, its documents as host integers (:func:`spans_of`), so the
             per-document kernel cuts the row without reading the device.
     """
 
-    document: torch.Tensor
-    member: torch.Tensor
+    ids: torch.Tensor
     spans: tuple[Spans, ...]
     _cache: dict = field(default_factory=dict, repr=False)
 
@@ -66,11 +72,33 @@ class PackedMask:
         if document.shape != member.shape or document.dim() != 2:
             shapes = f"document {tuple(document.shape)} and member {tuple(member.shape)}"
             raise ValueError(f"{shapes} must both be [b, s]")
+        return cls._kept(torch.stack([document.long(), member.long()]))
+
+    @classmethod
+    def of_ids(cls, ids: torch.Tensor) -> PackedMask:
+        """The mask whose :attr:`ids` share ``ids``' storage, else one made from its values."""
+        return _LIVE.get(_storage_key(ids)) or cls._kept(ids)
+
+    @classmethod
+    def _kept(cls, ids: torch.Tensor) -> PackedMask:
+        document, member = ids.cpu()
         spans = tuple(spans_of(document[row], member[row]) for row in range(document.shape[0]))
-        return cls(document.long(), member.long(), spans)
+        mask = cls(ids, spans)
+        _LIVE[_storage_key(ids)] = mask
+        return mask
+
+    @property
+    def document(self) -> torch.Tensor:
+        return self.ids[0]
+
+    @property
+    def member(self) -> torch.Tensor:
+        return self.ids[1]
 
     def to(self, device: torch.device | str) -> PackedMask:
-        return PackedMask(self.document.to(device), self.member.to(device), self.spans)
+        mask = PackedMask(self.ids.to(device), self.spans)
+        _LIVE[_storage_key(mask.ids)] = mask
+        return mask
 
     def visible(self) -> torch.Tensor:
         """``[b, s, s]`` True where query ``q`` (dim 1) sees key ``k`` (dim 2)."""
@@ -115,6 +143,16 @@ class PackedMask:
                 sees, rows, None, length, length, device=device, _compile=device.type != "cpu"
             )
         return self._cache[key]
+
+
+#: Live masks by their ids' storage. An entry lives as long as its mask (weak values), and
+#: the mask holds that storage, so no other tensor can have the same key meanwhile.
+_LIVE: weakref.WeakValueDictionary[tuple, PackedMask] = weakref.WeakValueDictionary()
+
+
+def _storage_key(ids: torch.Tensor) -> tuple:
+    storage = ids.untyped_storage()
+    return (ids.device, storage.data_ptr(), ids.storage_offset(), tuple(ids.shape))
 
 
 def _visible(document: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
@@ -168,12 +206,15 @@ def attend(
     """Attention of ``query [b, np, s, hn]`` over ``key [b, ng, s, hn]`` / ``value [b, ng,
     s, hv]`` (``ng`` dividing ``np``): ``[b, np, s, hv]``.
 
-    ``mask``: None (causal), a Megatron bool mask ``[b, 1, s, s]`` (True = hidden) or a
-    :class:`PackedMask`; ``kernel`` picks how a :class:`PackedMask` runs (``sdpa`` /
-    ``flex``; None: :func:`packed_kernel`). FlexAttention is eager (unfused) on the CPU,
-    forward only: the tests use it to check the ``BlockMask`` against the others.
+    ``mask``: None (causal), a Megatron bool mask ``[b, 1, s, s]`` (True = hidden), a
+    :class:`PackedMask` or its integer :attr:`~PackedMask.ids`; ``kernel`` picks how a
+    packed mask runs (``sdpa`` / ``flex``; None: :func:`packed_kernel`). FlexAttention is
+    eager (unfused) on the CPU, forward only: the tests use it to check the ``BlockMask``
+    against the others.
     """
     gqa = query.shape[1] != key.shape[1]
+    if isinstance(mask, torch.Tensor) and not mask.is_floating_point() and mask.dtype != torch.bool:
+        mask = PackedMask.of_ids(mask)  # a packed row's ids, as Megatron passed them on
     if mask is None:
         return F.scaled_dot_product_attention(
             query, key, value, is_causal=True, scale=scale, enable_gqa=gqa

@@ -335,4 +335,6 @@ def build_gpt(spec: GPTSpec, parallel: ParallelSpec, value_head: bool = False, s
                 spec.hidden_size, spec.torch_dtype, parallel.sequence_parallel
             )
         tag_expert_params(model)
+    if spec.torch_dtype == torch.float64:  # Megatron's torch norms are built in float32
+        model = model.double()
     return model.to(device.device())

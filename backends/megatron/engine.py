@@ -47,9 +47,11 @@ from backends.megatron.optim import (
     optimizer_state_tensors,
     reduce_gradients,
 )
+from backends.megatron.packing import pack_micro_batch
 from backends.megatron.pipeline import (
     MicroBatch,
     megatron_schedule,
+    pad_to_multiple,
     run_micro_batches,
     sequence_multiple,
 )
@@ -64,7 +66,6 @@ from backends.megatron.sharded_state import (
 )
 from backends.megatron.sharded_store import Pieces
 from backends.megatron.sharding import gather_full_state_dict, load_full_state_dict
-from backends.megatron.shared_prompt import pack_shared_prompts, prompt_groups
 from backends.megatron.spec import GPTSpec, ParallelSpec
 
 #: loss_fn(outputs, micro-batch, global counts) -> scalar or per-token loss [b, R];
@@ -86,9 +87,12 @@ class MegatronEngine:
             and :attr:`optimizer` is Megatron's (see ``distributed_optim.py``).
         value_head: build a critic (values instead of vocabulary logits).
         seed: seed of the initial weights and of Megatron's TP RNG tracker.
-        share_prompts: run the rows of a micro-batch that share a prompt as one packed
-            row (``shared_prompt.py``) where the attention takes an arbitrary mask
-            (the torch core attention, no MLA); :attr:`share_prompts` says if it does.
+        share_prompts: in a packed micro-batch, rows that share a prompt share one
+            document: the prompt runs once (``packing.py``).
+        pack: run each micro-batch as one packed row of documents, no padding between
+            rows, where the attention takes a ``PackedMask`` (the torch core attention:
+            every device without TransformerEngine); :attr:`packs` says if it does.
+            Otherwise (TE, or ``pack=False``) right-padded rows with the causal mask.
     """
 
     def __init__(
@@ -99,13 +103,14 @@ class MegatronEngine:
         value_head: bool = False,
         seed: int = 0,
         share_prompts: bool = True,
+        pack: bool = True,
     ) -> None:
         self.spec, self.parallel, self.optim = spec, parallel, optim
         self.value_head = value_head
         self.device = get_device()
-        # TE's fused attention is built for the causal mask type; MLA's YaRN rotary
-        # returns a (frequencies, scale) pair rope_at does not rewrite.
-        self.share_prompts = share_prompts and not use_transformer_engine() and not spec.uses_mla
+        # TE's fused attention is built for the causal mask type: it gets padded rows.
+        self.packs = pack and not use_transformer_engine()
+        self.share_prompts = share_prompts and self.packs
         initialize_parallel(parallel, seed)
         self.model = build_gpt(spec, parallel, value_head=value_head, seed=seed)
         self.optimizer, self.scheduler = None, None
@@ -187,8 +192,10 @@ class MegatronEngine:
         return {k: micro.batch.spread(v) for k, v in per_window.items()}
 
     def _micro_batches(self, batch: ResponseBatch, micro_batch_size: int | None) -> list[_Scored]:
+        multiple = sequence_multiple(self.model)
+        layout = (self.packs, self.share_prompts, multiple)
         return [
-            _Scored.of(micro.to(self.device.device()), self.value_head, self.share_prompts)
+            _Scored.of(micro.to(self.device.device()), self.value_head, *layout)
             for micro in batch.split(micro_batch_size)
         ]
 
@@ -258,10 +265,9 @@ class MegatronEngine:
     def _token_use(self, micro_batches: list[_Scored]) -> dict[str, float]:
         """Positions the forward computes (pads included) and the real tokens among them,
         over the whole global batch: ``train_tokens_per_real_token`` is their ratio."""
-        multiple = sequence_multiple(self.model)
         computed, real = self._sum_over_data_parallel(
             [
-                sum(m.computed_tokens(multiple) for m in micro_batches),
+                sum(m.input_ids.numel() for m in micro_batches),
                 sum(m.real_tokens for m in micro_batches),
             ]
         )
@@ -520,35 +526,31 @@ class MegatronEngine:
 class _Scored(MicroBatch):
     """One micro-batch as the pipeline runs it: the batch and its response window.
 
-    With rows packed by prompt (``shared``) the model runs ``shared.input_ids`` and
-    :meth:`per_row` maps its outputs back to the batch's rows.
+    Packed (``packed``), the model runs one row of documents and :meth:`per_row` maps its
+    outputs back to the batch's rows; otherwise the batch's right-padded rows.
     """
 
     batch: ResponseBatch
-    positions: torch.Tensor  # [b, W] (packed: [P, M * W]) the outputs that score the tokens
+    positions: torch.Tensor  # [b, W] (packed: [1, b * W]) the outputs that score the tokens
     tokens: torch.Tensor  # [b, W] those tokens
-    real_tokens: int  # the tokens the rows hold (a shared prompt once), pads left out
+    real_tokens: int  # the tokens the forward's positions hold (a shared prompt once)
 
     @classmethod
-    def of(cls, batch: ResponseBatch, value_head: bool, share_prompts: bool) -> _Scored:
-        shared = pack_shared_prompts(batch) if share_prompts else None
+    def of(
+        cls, batch: ResponseBatch, value_head: bool, pack: bool, share_prompts: bool, multiple: int
+    ) -> _Scored:
+        """``batch`` laid out for the model: packed, or rows right-padded to ``multiple``."""
         positions, tokens = batch.response_window()
-        ids = batch.input_ids
-        groups = [[row] for row in range(len(batch))]
-        if shared is not None:
-            ids, positions = shared.input_ids, shared.logit_positions
-            groups = prompt_groups(batch)
-        starts, lengths = batch.response_start.tolist(), batch.response_len.tolist()
-        real = sum(starts[g[0]] + sum(lengths[row] for row in g) for g in groups)
+        if pack:
+            packed = pack_micro_batch(batch, share_prompts, multiple)
+            ids, positions, real = packed.input_ids, packed.logit_positions, packed.real_tokens
+        else:
+            packed, ids = None, pad_to_multiple(batch.input_ids, multiple)
+            real = int((batch.response_start + batch.response_len).sum())
         # A critic's value head is one hidden -> 1 product: it runs at every position.
         logit_positions = None if value_head else positions
-        return cls(ids, logit_positions, shared, batch, positions, tokens, real)
-
-    def computed_tokens(self, multiple: int) -> int:
-        """Positions the forward runs: every row padded to a multiple of ``multiple``."""
-        rows, length = self.input_ids.shape
-        return rows * -(-length // multiple) * multiple
+        return cls(ids, logit_positions, packed, batch, positions, tokens, real)
 
     def per_row(self, per_position: torch.Tensor) -> torch.Tensor:
         """Outputs at :attr:`positions` -> ``[b, W, ...]`` in the batch's row order."""
-        return per_position if self.shared is None else self.shared.unpack(per_position)
+        return per_position if self.packed is None else self.packed.unpack(per_position)

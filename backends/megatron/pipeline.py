@@ -8,9 +8,9 @@ micro-batch at a time (no overlap between stages: correct, not fast). With PP ==
 is ordinary gradient accumulation. Accelerators with PP > 1 use Megatron's 1F1B
 schedule instead (:func:`megatron_schedule`).
 
-Under sequence parallelism the model input is right-padded to a multiple of TP
-(:func:`pad_to_multiple`) and the last stage's output sliced back before ``head``, so
-callers and heads always see the original ``[b, s]``; stages exchange ``[s / tp, b, h]``.
+Under sequence parallelism a micro-batch's length is a multiple of TP (the engine pads
+the tail of a packed row, or right-pads plain rows: :func:`pad_to_multiple`); stages
+exchange ``[s / tp, b, h]``.
 """
 
 from __future__ import annotations
@@ -24,19 +24,19 @@ import torch.distributed as dist
 from torch import nn
 
 from backends.megatron.logit_window import logits_at
-from backends.megatron.shared_prompt import SharedPrompts, pad_packed, rope_at
+from backends.megatron.packing import PackedRow, rope_at
 
 
 @dataclass(frozen=True)
 class MicroBatch:
     """What a stage needs of a micro-batch (the engine's subclass adds what ``head`` reads)."""
 
-    input_ids: torch.Tensor  # [b, s]
+    input_ids: torch.Tensor  # [b, s], s a multiple of sequence_multiple(model)
     #: [b, W]: the last stage computes logits at these positions only (None: everywhere).
     logit_positions: torch.Tensor | None
-    #: Rows packed by prompt (shared_prompt.py): their positions and attention mask;
-    #: None: plain right-padded rows, positions 0 .. s-1 and the causal mask.
-    shared: SharedPrompts | None
+    #: The micro-batch packed into one row (packing.py): its positions and attention
+    #: mask; None: plain right-padded rows, positions 0 .. s-1 and the causal mask.
+    packed: PackedRow | None
 
 
 #: head(output of the last stage, micro-batch) -> (scalar loss or None, results to keep)
@@ -91,21 +91,14 @@ def _stage_forward(
 
 
 def _forward(model: nn.Module, ids: torch.Tensor, batch: MicroBatch) -> torch.Tensor:
-    """The stage's forward; on the last stage, logits only in the batch's window. Rows
-    packed by prompt bring their own positions (for RoPE too) and attention mask."""
-    if batch.shared is None:
+    """The stage's forward; on the last stage, logits only in the batch's window. A packed
+    row brings its own positions (for RoPE too) and attention mask."""
+    if batch.packed is None:
         with logits_at(model, batch.logit_positions):
             return model(ids, positions_for(ids), None)
-    positions, mask = pad_packed(batch.shared, ids.shape[1])
+    positions = batch.packed.position_ids
     with logits_at(model, batch.logit_positions), rope_at(model, positions):
-        return model(ids, positions, mask)
-
-
-def _unpadded(output: torch.Tensor, batch: MicroBatch, length: int) -> torch.Tensor:
-    """The last stage's output without the sequence-parallel padding: a per-position
-    output ``[b, s_pad, ...]`` is cut to the batch's ``length``; logits computed at the
-    window's positions (``[b, W, v]``, ``W`` unrelated to ``s``) are left whole."""
-    return output if batch.logit_positions is not None else output[:, :length]
+        return model(ids, positions, batch.packed.mask.ids)  # a tensor: see PackedMask
 
 
 def run_micro_batches(
@@ -128,12 +121,11 @@ def run_micro_batches(
     multiple = sequence_multiple(model)
     results = []
     for batch in micro_batches:
-        s = batch.input_ids.shape[1]
-        ids = pad_to_multiple(batch.input_ids, multiple)  # [b, s_pad]
+        ids = batch.input_ids
         recv_shape = (ids.shape[1] // multiple, ids.shape[0], hidden_size)
         received, output = _stage_forward(model, ids, batch, recv_shape, dtype, prev, train)
         if last:
-            loss, result = head(_unpadded(output, batch, s), batch)
+            loss, result = head(output, batch)
             results.append(result)
             if train:
                 loss.backward()
@@ -156,16 +148,14 @@ def megatron_schedule(
 
     results: list[Any] = []
     iterator = iter(micro_batches)
-    multiple = sequence_multiple(model)
-    b, s = pad_to_multiple(micro_batches[0].input_ids, multiple).shape
+    b, s = micro_batches[0].input_ids.shape
 
     def forward_step(data_iterator, stage):
         batch = next(data_iterator)
-        ids = pad_to_multiple(batch.input_ids, multiple)
-        output = _forward(stage, ids, batch)
+        output = _forward(stage, batch.input_ids, batch)
 
         def loss_func(output_tensor):
-            loss, result = head(_unpadded(output_tensor, batch, batch.input_ids.shape[1]), batch)
+            loss, result = head(output_tensor, batch)
             results.append(result)
             # The engine already divides by the global normaliser: a 3-tuple with
             # calculate_per_token_loss stops Megatron dividing again.
@@ -175,6 +165,9 @@ def megatron_schedule(
         return output, loss_func
 
     model.config.calculate_per_token_loss = True
+    # Packed rows differ in length from micro-batch to micro-batch: the stages exchange
+    # each tensor's shape before it (seq_length / micro_batch_size are then unused).
+    model.config.variable_seq_lengths = True
     get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=iterator,

@@ -185,10 +185,9 @@ class RoleConfig:
     activation_checkpointing: bool = option(False, "Recompute activations in backward.")
     share_prompts: bool = option(
         True,
-        "Run the rows of a micro-batch that share a prompt (GRPO's N responses) as one "
-        "packed row, so the prompt's forward and backward run once; same outputs and "
-        "gradients. Applies where the attention takes an arbitrary mask (Megatron's local "
-        "attention: the CPU, or no TransformerEngine; not MLA).",
+        "In the packed micro-batch, the rows that share a prompt (GRPO's N responses) "
+        "share one document: the prompt's forward and backward run once; same outputs "
+        "and gradients. Applies wherever micro-batches are packed (no TransformerEngine).",
     )
     swap_optimizer: bool = option(
         True, "Actor only: allgather-swap also moves its grads + optimizer state."

@@ -2,9 +2,11 @@
 
 The dock stores prompts and responses unpadded; the engine takes right-padded
 ``input_ids [B, S]`` where row ``i`` is ``prompt_i + response_i``, and where each
-response starts. Per-token RL fields (log-probs, advantages, values) live in the dock
-and in the engine *response-aligned*, ``[B, R]`` with column ``j`` the ``j``-th
-response token (``backends.megatron.batch.ResponseBatch``).
+response starts, and computes on neither that padding nor any between rows: it packs
+each micro-batch into one row of documents (``backends/megatron/packing.py``). Per-token
+RL fields (log-probs, advantages, values) live in the dock and in the engine
+*response-aligned*, ``[B, R]`` with column ``j`` the ``j``-th response token
+(``backends.megatron.batch.ResponseBatch``).
 """
 
 from __future__ import annotations

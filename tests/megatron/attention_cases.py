@@ -17,7 +17,7 @@ SEQ = 14
 
 def megatron_local_attention() -> type:
     """Megatron's local ``DotProductAttention``, the reference: it takes a
-    :class:`PackedMask` as the dense Megatron mask it stands for, and MLA's
+    :class:`PackedMask` (or its ids) as the dense Megatron mask it stands for, and MLA's
     ``k_channels`` / ``v_channels`` (the local kernel works on any q / k width and sizes
     its output by ``kv_channels``, the value width for MLA)."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -27,6 +27,8 @@ def megatron_local_attention() -> type:
             super().__init__(config, *args, **kwargs)
 
         def forward(self, query, key, value, attention_mask, *args, **kwargs):
+            if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.long:
+                attention_mask = PackedMask.of_ids(attention_mask)  # the engine passes its ids
             if isinstance(attention_mask, PackedMask):
                 attention_mask = attention_mask.megatron_mask()
             return super().forward(query, key, value, attention_mask, *args, **kwargs)
@@ -125,18 +127,12 @@ def local_attention_in_the_spec() -> Iterator[None]:
         builder.torch_core_attention = torch_attention
 
 
-def deepseek_spec() -> GPTSpec:
-    """The tiny DeepSeek-V3 of deepseek_cases (MLA, YaRN, grouped sigmoid routing)."""
-    from tests.megatron.deepseek_cases import FAMILY, tiny_config
-
-    return FAMILY.spec_from_hf_config(tiny_config().to_dict())
-
-
 def models() -> dict[str, GPTSpec]:
     from tests.megatron.cases import DENSE, MOE
+    from tests.megatron.deepseek_cases import tiny_spec
 
     return {name: replace(spec, dtype="float64") for name, spec in
-            {"dense": DENSE, "moe": MOE, "deepseek": deepseek_spec()}.items()}  # fmt: skip
+            {"dense": DENSE, "moe": MOE, "deepseek": tiny_spec()}.items()}  # fmt: skip
 
 
 def model_steps(rank: int, world: int) -> dict:
@@ -145,7 +141,7 @@ def model_steps(rank: int, world: int) -> dict:
     with sequence parallelism (heads split over the two ranks)."""
     import torch.distributed as dist
 
-    from tests.megatron.shared_prompt_cases import one_step
+    from tests.megatron.packing_cases import one_step
 
     out = {}
     for name, spec in models().items():

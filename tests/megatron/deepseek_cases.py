@@ -170,3 +170,8 @@ def two_ranks(rank: int, world: int) -> dict:
     }
     out["step"] = train_step_at(ParallelSpec(tp=2, ep=2))
     return out
+
+
+def tiny_spec(q_lora_rank: int | None = 32):
+    """The engine's GPTSpec of the tiny DeepSeek-V3 (MLA, YaRN, grouped sigmoid routing)."""
+    return FAMILY.spec_from_hf_config(tiny_config(q_lora_rank).to_dict())

@@ -1,14 +1,21 @@
-"""Run inside spawned ranks by test_shared_prompt.py: the same rows trained with and
-without packing by prompt, from the same full weights."""
+"""Run inside spawned ranks by test_packing.py: the same rows scored and trained as plain
+right-padded rows and packed (each row a document, or rows sharing a prompt one
+document), from the same full weights, in float64."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from backends.megatron import GPTSpec, MegatronEngine, ParallelSpec, ResponseBatch
 from backends.megatron.builder import destroy_parallel
 from backends.megatron.sharding import gather_full_state_dict
-from tests.megatron.cases import DENSE, NO_CLIP, named_weights, policy_loss
+from tests.megatron.cases import DENSE, MOE, NO_CLIP, named_weights, policy_loss
+
+#: How a micro-batch runs: (pack, share_prompts).
+MODES = {"rows": (False, False), "packed": (True, False), "shared": (True, True)}
+DENSE64 = replace(DENSE, dtype="float64")
 
 
 def grpo_like_batch(vocab: int) -> ResponseBatch:
@@ -44,17 +51,24 @@ def _batch(rows: list[tuple[list[int], int]], vocab: int, gen: torch.Generator) 
 
 
 def one_step(
-    spec: GPTSpec, parallel: ParallelSpec, share: bool, value_head: bool, make=grpo_like_batch
+    spec: GPTSpec,
+    parallel: ParallelSpec,
+    share: bool,
+    value_head: bool,
+    make=grpo_like_batch,
+    pack: bool = True,
 ) -> dict:
     """Scores, then one train step, of the batch ``make`` builds."""
-    engine = MegatronEngine(spec, parallel, NO_CLIP, value_head=value_head, share_prompts=share)
+    engine = MegatronEngine(
+        spec, parallel, NO_CLIP, value_head=value_head, share_prompts=share, pack=pack
+    )
     engine.load_full_state_dict(named_weights(engine.param_layouts()))
     batch = make(spec.vocab_size)
     scored = engine.forward(batch, micro_batch_size=None, with_entropy=not value_head)
     loss = _value_loss if value_head else policy_loss
     metrics = engine.train_step(batch, loss, micro_batch_size=None, with_entropy=not value_head)
     result = {
-        "shares": engine.share_prompts,
+        "layout": (engine.packs, engine.share_prompts),
         "scored": scored,
         "loss": metrics["loss"],
         "tokens": (metrics["computed_tokens"], metrics["real_tokens"]),
@@ -64,29 +78,36 @@ def one_step(
     return result
 
 
+def in_every_mode(spec: GPTSpec, parallel: ParallelSpec, value_head: bool, **kwargs) -> dict:
+    import torch.distributed as dist
+
+    out = {}
+    for mode, (pack, share) in MODES.items():
+        out[mode] = one_step(spec, parallel, share, value_head, pack=pack, **kwargs)
+        dist.barrier()
+    return out
+
+
 def _value_loss(outputs: dict, batch: ResponseBatch, counts=None) -> torch.Tensor:
     return (outputs["values"] - batch.fields["advantages"]) ** 2
 
 
 def packed_and_plain(rank: int, world: int) -> dict:
-    """Both ways, policy and critic, at each layout the world allows: one rank; or TP2
-    (sequence parallel: the packed rows are padded to a multiple of 2) and PP2."""
-    import torch.distributed as dist
+    """Every mode, policy and critic, at each layout the world allows: one rank; or TP2
+    (sequence parallel: packed rows padded at the tail to a multiple of 2) and PP2. On
+    two ranks also the MoE model and the tiny DeepSeek-V3 (MLA: each layer's YaRN rotary
+    takes the packed positions) at TP2, policy only."""
+    from tests.megatron.deepseek_cases import tiny_spec
 
-    layouts = (
-        {"one": ParallelSpec()}
-        if world == 1
-        else {"tp2": ParallelSpec(tp=2), "pp2": ParallelSpec(pp=2)}
-    )
     out = {}
     if world == 1:
-        for share in (True, False):
-            out["short", "policy", share] = one_step(
-                DENSE, ParallelSpec(), share, False, short_responses_batch
-            )
+        out["short"] = in_every_mode(DENSE64, ParallelSpec(), False, make=short_responses_batch)
+        layouts = {"one": ParallelSpec()}
+    else:
+        layouts = {"tp2": ParallelSpec(tp=2), "pp2": ParallelSpec(pp=2)}
+        for name, spec in (("moe", MOE), ("deepseek", tiny_spec())):
+            out[name] = in_every_mode(replace(spec, dtype="float64"), ParallelSpec(tp=2), False)
     for name, parallel in layouts.items():
         for head in ("policy", "critic"):
-            for share in (True, False):
-                out[name, head, share] = one_step(DENSE, parallel, share, head == "critic")
-                dist.barrier()
+            out[name, head] = in_every_mode(DENSE64, parallel, head == "critic")
     return out
