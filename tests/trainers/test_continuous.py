@@ -18,13 +18,15 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 G = 16  # tiny's data.global_batch_size
 #: Responses of 1 to 8 tokens (the untrained policy mostly runs to the cap), one update
-#: of staleness allowed, checkpointed after iteration 1.
+#: of staleness allowed, a KL term (so the frozen reference scores finished groups while
+#: the worker decodes), checkpointed after iteration 1.
 CONTINUOUS = (
     *DISAGGREGATED,
     "rollout.continuous=true",
     "rollout.max_staleness=1",
     "data.source=synthetic:longtail",
     "rollout.max_response_length=8",
+    "algorithm.kl_coef=0.001",
     "iterations=4",
     "checkpoint.every=2",
 )
@@ -66,7 +68,9 @@ def test_the_worker_decodes_beside_training_and_takes_weights_between_steps(reco
     later = records[1:]
     assert all("weight_transfer" in r["time"] for r in later if r["iteration"] != 2)
     assert sum(r["weights_loaded_while_decoding"] for r in records) >= 2
-    assert all(r["overlap"]["reward"] > 0 for r in records)  # scored while it decoded
+    # Reward and the reference pass scored finished groups while the worker decoded.
+    assert all(r["overlap"]["reward"] > 0 and r["overlap"]["ref_logp"] > 0 for r in records)
+    assert all(r["busy"]["ref_logp"] == r["overlap"]["ref_logp"] for r in records)
 
 
 def test_a_run_resumed_from_a_checkpoint_that_interrupted_the_worker_trains_on(
