@@ -58,9 +58,10 @@ class MicroBatchShape:
 
 
 def shares_prompts(config: MindRLConfig, role: RoleConfig) -> bool:
-    """Whether the engine packs a group's responses behind one copy of its prompt
-    (``backends/megatron/shared_prompt.py``): the local attention takes the mask; MLA
-    does not."""
+    """Whether the plan counts a group's responses behind one copy of its prompt (the
+    engine's packed micro-batches share it, ``backends/megatron/packing.py``). MLA is
+    still planned unshared, every row at full length: an over-estimate, since its
+    engine shares prompts too."""
     return role.share_prompts and not config.model.uses_mla
 
 
