@@ -813,8 +813,8 @@ def print_measured(report: dict[str, Any]) -> None:
         f"disaggregated ones generate on {rollout} and train on {world - rollout}"
     )
     print(
-        f"  {'mode':<11} {'iter(med)':>9} {'TPS(med)':>9} {'samples/s':>9} {'staleness':<12}"
-        "  stage wall s / busy s / overlap s"
+        f"  {'mode':<11} {'iter(med)':>9} {'TPS(med)':>9} {'samples/s':>9} {'groups/s':>8} "
+        f"{'reward(final)':>13} {'staleness':<12}  stage wall s / busy s / overlap s"
     )
     for mode, s in report["modes"].items():
         stages = ", ".join(
@@ -833,7 +833,7 @@ def print_measured(report: dict[str, Any]) -> None:
         )
         print(
             f"  {mode:<11} {s['iteration_s']:>8.3f}s {s['tps']:>9.0f} {s['samples_per_s']:>9.1f} "
-            f"{stale:<12}  {stages}"
+            f"{s['groups_per_s']:>8.2f} {s['reward_final']:>13.3f} {stale:<12}  {stages}"
         )
     print(
         "  median iteration s of each repeat: "
@@ -845,14 +845,16 @@ def print_measured(report: dict[str, Any]) -> None:
     for pair, r in report["ratios"].items():
         print(
             f"  {pair}: iteration time {r['iteration_time']:.3f}x, TPS {r['throughput']:.3f}x, "
-            f"samples/s {r['samples_per_s']:.3f}x"
+            f"samples/s {r['samples_per_s']:.3f}x, trained groups/s {r['groups_per_s']:.3f}x"
         )
-    print(
-        f"  stream and sync trained on the same samples (every metric but timings equal): "
-        f"{report['same_samples']}; the disaggregated modes train on other samples "
-        "(generation is split differently, and async trains on samples one update old), "
-        "so only their times compare"
-    )
+    print(f"  reward(final): mean reward of each run's last {FINAL_REWARD_ITERATIONS} iterations")
+    if {"sync", "stream"} <= set(report["modes"]):
+        print(
+            f"  stream and sync trained on the same samples (every metric but timings equal): "
+            f"{report['same_samples']}; the disaggregated modes train on other samples "
+            "(generation is split differently, and async trains on samples one update old), "
+            "so only their times compare"
+        )
 
 
 def print_partial(report: dict[str, Any]) -> None:
