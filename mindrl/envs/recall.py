@@ -4,7 +4,8 @@ reads the environment's observation can solve.
 An episode:
 
 1. ``reset`` starts from the record's prompt (the tiny task's ``"next 3 1 4 ="``; its
-   answer is not used). The model takes a first turn: any text, unrewarded.
+   answer is not used) or from ``prompt`` (``configs/tiny_env.yaml``: ``"?"``). The model
+   takes a first turn: any text, unrewarded.
 2. ``step`` answers that turn with the observation ``"copy 7 ="``: the secret, ``length``
    digits drawn uniformly at random for this episode alone (not from the prompt, the
    record or anything the model wrote), reward 0, not done.
@@ -48,23 +49,27 @@ class RecallEnv:
 
     Args:
         length: Digits of the secret (``k = 10**length`` equally likely secrets).
+        prompt: The text every episode starts with; ``None``: the record's prompt. A
+            prompt without digits (``"?"``) leaves the secret the only digit the model
+            sees, so its attention is not split over the tiny task's prompt digits.
         seed: Seed of this episode's secret; ``None`` (the default) draws from the
             operating system's entropy so every episode's secret is independent.
     """
 
-    def __init__(self, length: int = 1, seed: int | None = None) -> None:
+    def __init__(self, length: int = 1, prompt: str | None = None, seed: int | None = None) -> None:
         if length < 1:
             raise ValueError(f"RecallEnv length must be >= 1 digit, got {length}")
         self.length = length
+        self.prompt = prompt
         self._rng = random.Random(seed)
         self.secret = ""
         self._turn = 0
 
     def reset(self, record: PromptRecord) -> str:
-        """The episode starts with the record's prompt; a new secret is drawn."""
+        """The episode starts with the record's prompt (or ``prompt``); a new secret is drawn."""
         self.secret = " ".join(str(self._rng.randrange(10)) for _ in range(self.length))
         self._turn = 0
-        return record.text
+        return record.text if self.prompt is None else self.prompt
 
     def step(self, action: str) -> tuple[str, float, bool]:
         """First turn: the secret as observation, reward 0. Second: the reward, done."""

@@ -69,6 +69,10 @@ def test_the_episode_reveals_the_secret_then_scores_the_answer():
     assert env.step(f"{env.secret} </s>") == ("", 1.0, True)
 
 
+def test_a_fixed_prompt_replaces_the_records():
+    assert RecallEnv(prompt="?").reset(RECORD) == "?"
+
+
 def test_the_second_turn_earns_partial_credit_for_extra_or_wrong_digits():
     env = RecallEnv(length=2, seed=3)
     env.reset(RECORD)
