@@ -520,8 +520,9 @@ def resolve(path: str | Path, role: str | None = None) -> Path:
 
 def resolve_run(path: str | Path, roles: list[str]) -> dict[str, Path]:
     """Each trained role's step folder for a run's checkpoint named by ``path``: the run's
-    checkpoints folder (every role's latest) or one role's step folder (that step of every
-    role, e.g. ``checkpoints/actor/step_00000012``).
+    checkpoints folder (every role's latest; where a failure between two roles' saves left
+    them at different iterations, the newest iteration all of them saved) or one role's
+    step folder (that step of every role, e.g. ``checkpoints/actor/step_00000012``).
 
     Raises:
         CheckpointError: a role with nothing to resume, or a corrupt step (naming it).
@@ -529,7 +530,28 @@ def resolve_run(path: str | Path, roles: list[str]) -> dict[str, Path]:
     path = Path(path)
     if path.name.startswith("step_") and path.parent.name in roles:
         return {role: resolve(path.parent.parent / role / path.name) for role in roles}
-    return {role: resolve(path / role) for role in roles}
+    latest = {role: resolve(path / role) for role in roles}
+    if len({_next_iteration(step) for step in latest.values()}) <= 1:
+        return latest
+    # A run that failed between two roles' saves: the newest iteration every role saved.
+    saved = {
+        role: {_next_iteration(s): s for s in step_dirs(path / role) if not problem_of(s)}
+        for role in roles
+    }
+    common = set.intersection(*(set(steps) for steps in saved.values())) - {None}
+    if not common:
+        return latest  # the caller names the disagreement
+    return {role: saved[role][max(common)] for role in roles}
+
+
+def _next_iteration(step_dir: Path) -> int | None:
+    """The run's next iteration recorded in ``step_dir`` (roles' step numbers differ when
+    their optimizer steps per iteration do, so the iteration is what they share)."""
+    try:
+        position = json.loads((step_dir / META).read_text()).get("data_position")
+    except (OSError, ValueError):
+        return None
+    return position.get("next_iteration") if isinstance(position, dict) else None
 
 
 class Checkpoint:

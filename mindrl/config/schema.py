@@ -532,6 +532,30 @@ class EnvConfig:
 
 
 @dataclass
+class ResilienceConfig:
+    """What the run does when a worker fails or it is told to stop (docs/architecture.md
+    §11, Failures and recovery)."""
+
+    max_restarts: int = option(
+        0,
+        "A worker process that dies, a stage or collective that times out, or a stage that "
+        "fails with an error that is not the user's: tear the workers down, start them "
+        "again and resume from the latest complete checkpoint, up to this many times per "
+        "run (0: the run stops in one line). Not restarted: a worker killed for memory, a "
+        "config or data error.",
+        ge=0,
+    )
+    preempt_timeout_s: float = option(
+        120.0,
+        "On SIGTERM (a scheduler's notice) the run finishes the current iteration, saves a "
+        "checkpoint and exits 0 with the resume command, all within this many seconds; an "
+        "iteration that cannot finish in time (with room for the save) is abandoned and the "
+        "last complete checkpoint stands. Set it below the scheduler's grace period.",
+        gt=0,
+    )
+
+
+@dataclass
 class MindRLConfig:
     """A whole run."""
 
@@ -554,6 +578,7 @@ class MindRLConfig:
     dock: DockConfig = section(DockConfig)
     logging: LoggingConfig = section(LoggingConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
+    resilience: ResilienceConfig = section(ResilienceConfig)
     env: EnvConfig = section(EnvConfig)
 
     @property

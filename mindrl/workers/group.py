@@ -45,11 +45,14 @@ class StageTimeoutError(RuntimeError):
 
 
 class StageFailedError(RuntimeError):
-    """A worker raised while serving a stage; ``details`` keeps its whole traceback."""
+    """A worker raised while serving a stage; ``details`` keeps its whole traceback.
+    ``user_error``: it raised a ``ValueError``, the type of this project's user mistakes
+    (a bad config, file or checkpoint), which running it again would not get past."""
 
-    def __init__(self, message: str, details: str) -> None:
+    def __init__(self, message: str, details: str, user_error: bool = False) -> None:
         super().__init__(message)
         self.details = details
+        self.user_error = user_error
 
 
 POLL_S = 1.0
@@ -219,8 +222,9 @@ def checked_get(ref: Any, name: str, stage: str) -> Any:
             f"worker {name} died during stage '{stage}': {first_line(exc)}"
         ) from None
     except ray.exceptions.RayTaskError as exc:
+        user_error = isinstance(getattr(exc, "cause", None), ValueError)
         raise StageFailedError(
-            f"worker {name} failed during stage '{stage}': {last_line(exc)}", str(exc)
+            f"worker {name} failed during stage '{stage}': {last_line(exc)}", str(exc), user_error
         ) from None
     except ray.exceptions.OutOfMemoryError as exc:
         raise WorkerOutOfMemoryError(name, stage, str(exc)) from None

@@ -184,16 +184,35 @@ def test_a_failed_write_on_one_rank_removes_the_partial_folder_and_the_ranks_sta
     assert checkpoint.resolve(root / "background").name == "step_00000004"
 
 
-def _fake_step(root: Path, step: int) -> Path:
+def _fake_step(root: Path, step: int, next_iteration: int | None = None) -> Path:
     """A minimal complete step folder written by the real writer's pieces."""
     step_dir = root / f"step_{step:08d}"
     checkpoint.save_tree(step_dir / "model", {"w": torch.arange(4.0)})
     files = {
         str(p.relative_to(step_dir)): p.stat().st_size for p in step_dir.rglob("*") if p.is_file()
     }
-    (step_dir / "meta.json").write_text(json.dumps({"format": checkpoint.FORMAT, "files": files}))
+    meta = {"format": checkpoint.FORMAT, "files": files}
+    if next_iteration is not None:
+        meta["data_position"] = {"next_iteration": next_iteration}
+    (step_dir / "meta.json").write_text(json.dumps(meta))
     (root / "latest").write_text(step_dir.name + "\n")
     return step_dir
+
+
+def test_roles_left_at_different_iterations_resume_at_the_newest_one_all_of_them_saved(tmp_path):
+    # The critic takes 2 optimizer steps per iteration; the run died between the actor's
+    # save of iteration 3 and the critic's.
+    for step, iteration in ((2, 2), (3, 3)):
+        _fake_step(tmp_path / "actor", step, iteration)
+    for step, iteration in ((2, 1), (4, 2)):
+        _fake_step(tmp_path / "critic", step, iteration)
+    steps = checkpoint.resolve_run(tmp_path, ["actor", "critic"])
+    assert steps == {
+        "actor": tmp_path / "actor" / "step_00000002",
+        "critic": tmp_path / "critic" / "step_00000004",
+    }
+    _fake_step(tmp_path / "critic", 6, 3)  # once both saved iteration 3, their latest
+    assert checkpoint.resolve_run(tmp_path, ["actor", "critic"])["actor"].name == "step_00000003"
 
 
 def test_a_corrupt_latest_checkpoint_names_the_file_and_the_previous_complete_step(tmp_path):

@@ -97,7 +97,7 @@ def dry_run(
     return 3 if plan["fit_problems"] else 0
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     algorithm = get_algorithm(args.trainer)
     config = load_config(args.config, [*args.sets, *args.overrides], algorithm=algorithm)
     requested = args.device or (None if config.device == "auto" else config.device)
@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     print("start-up: loading torch, Ray and Megatron-core", file=sys.stderr)
     from trainers.driver.train import train  # Ray, torch, Megatron: only when training
 
-    return train(config, args.trainer, device=requested, resume=args.resume_from or args.resume)
+    resume = args.resume_from or args.resume
+    return train(config, args.trainer, device=requested, resume=resume, command=argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse_args(argv)
     try:
-        return run(args)
+        return run(args, argv)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"mindrl-train: config error: {problem}", file=sys.stderr)

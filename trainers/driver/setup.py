@@ -101,11 +101,17 @@ def _resume_steps(checkpoint_dir: Path, resume: bool | str, plan: RunPlan) -> di
         raise RunSetupError(f"--resume: {exc}") from None
 
 
-def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
+def launch_run(
+    run: RunState,
+    device_name: str,
+    resume: bool | str,
+    on_connected: Callable[[], None] | None = None,
+) -> None:
     """Connect Ray, start the dock and the workers, and resume if asked.
 
     Each phase prints one line first: a large model's start-up takes minutes (imports,
-    weight conversion), and a hang should name the phase it hangs in.
+    weight conversion), and a hang should name the phase it hangs in. ``on_connected``
+    runs once Ray is connected (``ray.init`` replaces the driver's SIGTERM handler).
     """
     started = time.perf_counter()
 
@@ -115,6 +121,8 @@ def launch_run(run: RunState, device_name: str, resume: bool | str) -> None:
     run.plan = _offload_if_needed(run, device_name, phase)
     phase(f"connecting to Ray ({_ray_address(run.config) or 'local'})")
     run.ray_started_here = _connect_ray(run.config, device_name, run.plan)
+    if on_connected is not None:
+        on_connected()
     plan = run.plan
     reward = "" if plan.offline else ", reward"
     rollout = f", rollout x {plan.layout.rollout_devices}" if plan.mode == DISAGGREGATED else ""

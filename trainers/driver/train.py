@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 from backends.device.registry import get_device, resolve_device
@@ -23,7 +24,6 @@ from backends.megatron import checkpoint
 from mindrl.config.schema import MindRLConfig
 from mindrl.config.specs import ModelSetupError
 from mindrl.data import PromptSourceError
-from mindrl.dock import DockError
 from mindrl.metrics import MetricsLogger, format_progress_line, print_progress_line
 from mindrl.metrics.memory import peaks_by_role
 from mindrl.metrics.sinks import SinkError
@@ -36,21 +36,18 @@ from mindrl.planner.check import (
 )
 from mindrl.reshard import LayoutError
 from mindrl.workers.group import (
-    StageFailedError,
-    StageTimeoutError,
-    WorkerDiedError,
     WorkerOutOfMemoryError,
 )
 from mindrl.workers.placement import PlacementError
 from trainers.driver.iteration import IterationRunner
+from trainers.driver.preemption import Preempted, PreemptionNotice, resume_command
+from trainers.driver.restarts import RUN_FAILURES, Restarts
 from trainers.driver.runners import make_runner
 from trainers.driver.setup import RunSetupError, launch_run, prepare_run, stop_run
 from trainers.driver.state import RunState
 from trainers.driver.validation import Validator
 from trainers.export import export_checkpoint, write_tokenizer
 
-#: Failures of the run itself (exit 1), as opposed to user mistakes (exit 2).
-RUN_FAILURES = (WorkerDiedError, StageTimeoutError, StageFailedError, DockError)
 USER_MISTAKES = (
     RunSetupError,
     ModelSetupError,
@@ -72,44 +69,67 @@ HF_DIR = "hf"  # RUN_DIR/hf: the trained policy, loadable by transformers and vL
 
 
 def train(
-    config: MindRLConfig, trainer: str, device: str | None = None, resume: bool | str = False
+    config: MindRLConfig,
+    trainer: str,
+    device: str | None = None,
+    resume: bool | str = False,
+    command: Sequence[str] | None = None,
 ) -> int:
     """Run ``config`` with algorithm ``trainer``; returns the process exit code.
 
     ``resume``: True continues from the latest checkpoint, a path from that checkpoint (a
-    run's checkpoints folder or one role's step folder).
+    run's checkpoints folder or one role's step folder). ``command``: the ``mindrl-train``
+    arguments the run was started with, for the resume command a preempted run prints.
+    A run failure that :mod:`trainers.driver.restarts` may get past starts the workers
+    again from the latest complete checkpoint, up to ``resilience.max_restarts`` times.
     """
     device_name = resolve_device(device)
-    run: RunState | None = None
-    runner: IterationRunner | None = None
-    try:
-        run = prepare_run(config, trainer, resume)
-        validator = Validator.for_run(run)  # a bad val_source stops the run before Ray
-        launch_run(run, device_name, resume)
-        runner = make_runner(run)
-        if run.in_flight is not None:  # its samples are back in the dock (actor rank 0)
-            runner.restore_in_flight(run.in_flight)
-        code = _loop(run, runner, validator)
-        _print_memory_check(run, runner, device_name)
-        return code
-    except USER_MISTAKES as exc:
-        _error(str(exc))
-        return 2
-    except RUN_FAILURES as exc:
-        _report_failure(exc, run, runner)
-        return 1
-    except CheckpointWriteFailed as exc:
-        _error(str(exc))
-        return 1
-    except KeyboardInterrupt:
-        _on_interrupt(run, runner)
-        return 130
-    finally:
-        if run is not None:
-            stop_run(run)
+    notice = PreemptionNotice(config.resilience.preempt_timeout_s)
+    restarts = Restarts(config.resilience.max_restarts)
+    with notice:
+        while True:
+            run: RunState | None = None
+            runner: IterationRunner | None = None
+            try:
+                run = prepare_run(config, trainer, resume)
+                validator = Validator.for_run(run)  # a bad val_source stops it before Ray
+                launch_run(run, device_name, resume, on_connected=notice.listen)
+                runner = make_runner(run)
+                if run.in_flight is not None:  # its samples are back in the dock (rank 0)
+                    runner.restore_in_flight(run.in_flight)
+                code = _loop(run, runner, validator, notice, restarts)
+                _print_memory_check(run, runner, device_name)
+                return code
+            except USER_MISTAKES as exc:
+                _error(str(exc))
+                return 2
+            except Preempted:
+                _on_preempted(run, runner, notice, command)
+                return 0
+            except RUN_FAILURES as exc:
+                if run is None or not restarts.allow(exc):
+                    _report_failure(exc, run, runner)
+                    return 1
+                _write_error_log(exc, run, f"restart {restarts.done + 1} after")
+                resume = restarts.begin(exc, run.checkpoint_dir, resume)
+            except CheckpointWriteFailed as exc:
+                _error(str(exc))
+                return 1
+            except KeyboardInterrupt:
+                _on_interrupt(run, runner)
+                return 130
+            finally:
+                if run is not None:
+                    stop_run(run)
 
 
-def _loop(run: RunState, runner: IterationRunner, validator: Validator) -> int:
+def _loop(
+    run: RunState,
+    runner: IterationRunner,
+    validator: Validator,
+    notice: PreemptionNotice,
+    restarts: Restarts,
+) -> int:
     config = run.config
     resume_at = run.start_iteration if run.resumed else None
     sinks, settings = config.logging.backends, config.logging.sink_settings()
@@ -122,12 +142,20 @@ def _loop(run: RunState, runner: IterationRunner, validator: Validator) -> int:
             metrics |= validator.after(iteration)
             if run.checkpoint_failures:
                 metrics["checkpoint_write_failures"] = run.checkpoint_failures
+            if notes := restarts.take_notes():  # the first record after a restart says so
+                metrics["restarts"] = notes
             log.log(iteration, metrics)
             print_progress_line(format_progress_line(iteration, metrics))
+            if notice.received and iteration + 1 < config.iterations:
+                notice.disarm()
+                raise Preempted  # the save is train()'s, within the notice's bound
             every = config.checkpoint.every
             if every and (iteration + 1) % every == 0 and iteration + 1 < config.iterations:
+                started = time.perf_counter()  # a preemption's save gets twice this
                 save_checkpoint(run, runner, background=config.checkpoint.async_save)
+                notice.last_save_s = time.perf_counter() - started
         if run.finished_iteration >= run.start_iteration:
+            notice.disarm()  # the last iteration is done: its save finishes the run
             save_checkpoint(run, runner, final=True)  # waits for a background one first
             _write_hf(run)
     _plot(run.run_dir)
@@ -172,8 +200,9 @@ def save_checkpoint(
     timeout_s: float | None = None,
     background: bool = False,
     final: bool = False,
-) -> None:
-    """Every trained role saves; the the driver's position (next iteration, data, KL) rides
+) -> float:
+    """Every trained role saves; returns the seconds it took (a background save: until
+    the workers' host copies were made). The the driver's position (next iteration, data, KL) rides
     along. Between iterations the ``runner``'s samples in flight (partial rollout, an
     asynchronous run's next batch) are kept too: its bookkeeping in the position, their
     payloads written by actor rank 0 into its step folder. ``background``
@@ -212,6 +241,7 @@ def save_checkpoint(
             f"checkpoint: iteration {run.finished_iteration} -> {run.checkpoint_dir} "
             f"({seconds:.1f}s{writing})"
         )
+    return seconds
 
 
 def _after_failed_writes(
@@ -261,20 +291,70 @@ def _on_interrupt(run: RunState | None, runner: IterationRunner | None) -> None:
         )
 
 
+def _on_preempted(
+    run: RunState | None,
+    runner: IterationRunner | None,
+    notice: PreemptionNotice,
+    command: Sequence[str] | None,
+) -> None:
+    """Save the last finished iteration within what is left of the bound, or say which
+    complete checkpoint stands when the iteration in progress was abandoned; one line
+    ending with the command that resumes the run."""
+    notice.disarm()  # nothing may interrupt the save now
+    resume = resume_command(command) if command is not None else "the same command with --resume"
+    if run is None or run.iterating or run.finished_iteration < run.start_iteration:
+        latest = checkpoint.latest_dir(run.checkpoint_dir / "actor") if run is not None else None
+        where = (
+            "start-up"
+            if run is None or not run.iterating
+            else (f"iteration {run.finished_iteration + 1}")
+        )
+        if latest is None:
+            _say(f"preempted during {where}; no checkpoint yet: start the run again")
+        else:
+            _say(
+                f"preempted; {where} could not finish within resilience.preempt_timeout_s="
+                f"{notice.timeout_s:g}, the last complete checkpoint is {latest}; "
+                f"resume with: {resume}"
+            )
+        return
+    try:
+        seconds = save_checkpoint(run, runner, max(notice.remaining_s(), 1.0), final=True)
+    except (*RUN_FAILURES, CheckpointWriteFailed) as exc:
+        _say(
+            f"preempted; could not save iteration {run.finished_iteration} ({exc}); the last "
+            f"complete checkpoint under {run.checkpoint_dir} stands; resume with: {resume}"
+        )
+        return
+    elapsed = notice.timeout_s - notice.remaining_s()
+    _say(
+        f"preempted; saved iteration {run.finished_iteration} to {run.checkpoint_dir} "
+        f"({seconds:.1f} s; exit {elapsed:.1f} s after SIGTERM, bound "
+        f"{notice.timeout_s:g} s); resume with: {resume}"
+    )
+
+
 def _report_failure(
     exc: Exception, run: RunState | None, runner: IterationRunner | None = None
 ) -> None:
     _error(_failure_line(exc, run, runner))
-    details = getattr(exc, "details", None)
     if run is not None:
-        log = Path(run.run_dir) / "error.log"
-        # A worker can die during start-up, before the metrics logger made the folder.
-        log.parent.mkdir(parents=True, exist_ok=True)
-        # Stamped: a later successful run in the same folder leaves this file behind.
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-        header = f"mindrl-train failed at {stamp} after iteration {run.finished_iteration}\n"
-        log.write_text(header + (details or "".join(traceback.format_exception(exc))))
+        log = _write_error_log(exc, run, "failed")
         _error(f"details in {log}; the last complete checkpoint is under {run.checkpoint_dir}")
+
+
+def _write_error_log(exc: Exception, run: RunState, what: str) -> Path:
+    """``RUN_DIR/error.log``: a stamped header (``mindrl-train <what> at ...``) and the
+    failure's whole traceback (a worker's, when it raised)."""
+    log = Path(run.run_dir) / "error.log"
+    # A worker can die during start-up, before the metrics logger made the folder.
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # Stamped: a later successful run in the same folder leaves this file behind.
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    header = f"mindrl-train {what} at {stamp} after iteration {run.finished_iteration}\n"
+    details = getattr(exc, "details", None)
+    log.write_text(header + (details or "".join(traceback.format_exception(exc))))
+    return log
 
 
 def _failure_line(exc: Exception, run: RunState | None, runner: IterationRunner | None) -> str:
