@@ -209,20 +209,20 @@ def test_dapo_refills_dropped_groups_and_says_how_many_batches_it_drew(tmp_path)
         assert 0 <= record["kept_groups"] <= config.data.global_batch_size
 
 
-def _model_worker_pids() -> list[int]:
-    """PIDs of live model workers: Ray titles their processes ``ray::ModelWorker...``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            title = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if proc.name.isdigit() and title.startswith(b"ray::ModelWorker"):
-            pids.append(int(proc.name))
-    return pids
+def test_a_dead_worker_stops_the_run_within_60_s_naming_worker_and_stage(
+    tmp_path, capsys, monkeypatch
+):
+    import ray
 
+    from mindrl.workers.group import WorkerGroup
 
-def test_a_dead_worker_stops_the_run_within_60_s_naming_worker_and_stage(tmp_path, capsys):
+    groups, call_each = [], WorkerGroup.call_each
+
+    def recording_call_each(group, *args, **kwargs):  # this run's own workers, never a guess
+        groups.append(group)
+        return call_each(group, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerGroup, "call_each", recording_call_each)
     config = tiny_config(tmp_path, "grpo", "iterations=200")
     outcome = {}
     runner = threading.Thread(
@@ -234,9 +234,10 @@ def test_a_dead_worker_stops_the_run_within_60_s_naming_worker_and_stage(tmp_pat
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
         assert time.monotonic() < deadline, "the run never started iterating"
         time.sleep(0.2)
-    pids = _model_worker_pids()
-    assert pids and all(pid > 1 for pid in pids)  # never os.kill(0): that is our own group
-    os.kill(pids[0], signal.SIGKILL)
+    actor = next(group for group in groups if group.name == "actor").workers[0]
+    pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
+    assert pid > 1  # never os.kill(0): that is our own group
+    os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
     runner.join(timeout=60)
     assert not runner.is_alive(), "the driver hung after a worker died"
