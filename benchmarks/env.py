@@ -16,7 +16,9 @@ and 100 by default) and a stepping mode (benchmarks/harness/slow_env.py):
 Per cell, after ``--warmup`` iterations: median iteration seconds, episodes per second
 (episodes per iteration / median iteration), the engine's share of the iteration
 (``env_engine_s``: the rollout's wall seconds generating turns, slowest rank), the share
-spent waiting on steps (``env_wait_share``), and the measured mean step seconds. Ratios:
+spent waiting on steps (``env_wait_share``), and the mean step seconds as the environment
+worker timed them (``env_step_s_mean``: a one-at-a-time step's wait for the lock
+included, so there it grows with the episodes queued behind it). Ratios:
 each mode's episodes/s over one-at-a-time's at the same delay, and each delay's over the
 same mode at 0 ms. Cells run in alternating order (forwards, then backwards on the next
 repeat) so a drift in machine load hits all alike.
