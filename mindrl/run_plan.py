@@ -19,6 +19,11 @@ from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 
 #: Fields every model stage reads: the packed sequence is prompt + response.
 SEQUENCE = ("prompt_ids", "response_ids")
+#: A multi-turn run's trajectories also carry which tokens the model wrote (1) and which
+#: the environment did (0): every stage that scores or trains on them reads it.
+LOSS_MASK = "loss_mask"
+#: The sum of an episode's step rewards, which the rollout puts and the reward stage reads.
+ENV_REWARD = "env_reward"
 #: A stage's deadline is this many dock timeouts: a stage waits for the dock several
 #: times (claims, fetches) and a slow worker must not be declared dead too early.
 STAGE_DEADLINE_DOCK_TIMEOUTS = 5
@@ -79,6 +84,8 @@ class RunPlan:
         offloaded_roles: collocated roles whose state waits on the host between their
             stages, brought back to the device before each (the planner's fit check
             decides, mindrl/planner/offload.py); none until it has.
+        sequence: the fields a model stage reads to pack its rows (``SEQUENCE``, plus the
+            loss mask of a multi-turn run's trajectories).
     """
 
     trainer: str
@@ -99,6 +106,7 @@ class RunPlan:
     tokens_may_lag: bool = False
     group_local_advantages: bool = False
     offloaded_roles: tuple[str, ...] = ()
+    sequence: tuple[str, ...] = SEQUENCE
 
     @property
     def offline(self) -> bool:
@@ -192,6 +200,7 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
             needs_old,
             algorithm.advantage_inputs(options),
             tokens_may_lag(config),
+            config.env.enabled,
         ),
         needs_reference=needs_reference,
         needs_critic=needs_critic,
@@ -205,7 +214,14 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         options=options,
         tokens_may_lag=tokens_may_lag(config),
         group_local_advantages=algorithm.group_local_advantages,
+        sequence=sequence_fields(config),
     )
+
+
+def sequence_fields(config: MindRLConfig) -> tuple[str, ...]:
+    """What a model stage reads to pack its rows: prompt and response, and with an
+    environment the trajectory's loss mask (docs/architecture.md §12)."""
+    return (*SEQUENCE, LOSS_MASK) if config.env.enabled else SEQUENCE
 
 
 def runner_for(mode: str, config: MindRLConfig) -> str:
@@ -319,28 +335,37 @@ def _stages(
     needs_old: bool,
     advantage_inputs: tuple[str, ...],
     token_versions: bool = False,
+    multi_turn: bool = False,
 ) -> tuple[StagePlan, ...]:
-    update_reads = (*SEQUENCE, "advantages", "rollout_logprob")
+    """The stages in order. ``multi_turn``: the rollout runs episodes, so it also writes
+    each trajectory's loss mask and environment reward; the reward stage reads that reward
+    (no verifier), and every stage that packs rows or computes advantages reads the mask."""
+    sequence = (*SEQUENCE, LOSS_MASK) if multi_turn else SEQUENCE
+    update_reads = (*sequence, "advantages", "rollout_logprob")
     update_reads += ("old_logprob",) if needs_old else ()
     update_reads += ("ref_logprob",) if needs_reference else ()
     advantage_reads = ("reward", "response_ids") + (("values",) if needs_critic else ())
-    advantage_reads += advantage_inputs
+    advantage_reads += advantage_inputs + ((LOSS_MASK,) if multi_turn else ())
     advantage_writes = ("advantages",) + (("returns",) if needs_critic else ())
     # Where tokens may lag, each records the weights version that sampled it.
     rollout_writes = ("response_ids", "rollout_logprob")
     rollout_writes += ("rollout_version",) if token_versions else ()
+    reward_reads = ("response_ids", "record_id")
+    if multi_turn:
+        rollout_writes += (LOSS_MASK, ENV_REWARD)
+        reward_reads = ("response_ids", ENV_REWARD)
     stages = [
         StagePlan("rollout", "actor", ("prompt_ids",), rollout_writes),
-        StagePlan("reward", "reward", ("response_ids", "record_id"), ("reward",)),
+        StagePlan("reward", "reward", reward_reads, ("reward",)),
     ]
     if needs_reference:
-        stages.append(StagePlan("ref_logp", "reference", SEQUENCE, ("ref_logprob",)))
+        stages.append(StagePlan("ref_logp", "reference", sequence, ("ref_logprob",)))
     if needs_old:
-        stages.append(StagePlan("old_logp", "actor", SEQUENCE, ("old_logprob",)))
+        stages.append(StagePlan("old_logp", "actor", sequence, ("old_logprob",)))
     if needs_critic:
-        stages.append(StagePlan("values", "critic", SEQUENCE, ("values",)))
+        stages.append(StagePlan("values", "critic", sequence, ("values",)))
     stages.append(StagePlan("advantage", "reward", advantage_reads, advantage_writes))
     stages.append(StagePlan("update", "actor", update_reads, ()))
     if needs_critic:
-        stages.append(StagePlan("critic_update", "critic", (*SEQUENCE, "values", "returns"), ()))
+        stages.append(StagePlan("critic_update", "critic", (*sequence, "values", "returns"), ()))
     return tuple(stages)

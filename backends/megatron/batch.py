@@ -2,9 +2,13 @@
 
 A :class:`ResponseBatch` holds right-padded ``input_ids [B, S]`` (row ``i`` is
 ``prompt_i + response_i``), where each row's response starts (``response_start [B]``,
-at least 1: a prompt has a token) and ``response_mask [B, R]`` (1 on the first
-``len_i`` columns). Everything the engine returns and every ``fields`` tensor a loss
-reads is *response-aligned*: ``[B, R]`` with column ``j`` the ``j``-th response token.
+at least 1: a prompt has a token) and ``response_mask [B, R]``: 1 on the response
+tokens a loss counts, by default the first ``len_i`` columns. A multi-turn trajectory's
+"response" is every turn and every observation after the prompt; its mask is 0 on the
+observations (their tokens are context, never trained on), so ``response_lengths``
+then gives each row's span explicitly. Everything the engine returns and every
+``fields`` tensor a loss reads is *response-aligned*: ``[B, R]`` with column ``j`` the
+``j``-th response token.
 
 :meth:`ResponseBatch.response_window` is the one place where packed positions and
 response tokens meet, shift included.
@@ -35,6 +39,8 @@ class ResponseBatch:
     response_mask: torch.Tensor
     #: response-aligned ``[B, R]`` tensors a loss reads (advantages, old log-probs, ...).
     fields: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: ``[B]`` tokens after each row's prompt; None: the mask's count (no hole in it).
+    response_lengths: torch.Tensor | None = None
 
     @classmethod
     def continuation(
@@ -56,8 +62,13 @@ class ResponseBatch:
 
     @property
     def response_len(self) -> torch.Tensor:
-        """``[B]`` response tokens per row."""
+        """``[B]`` response tokens per row (a multi-turn row's observations included)."""
+        if self.response_lengths is not None:
+            return self.response_lengths.long()
         return self.response_mask.sum(1).long()
+
+    def _lengths(self, change) -> torch.Tensor | None:
+        return None if self.response_lengths is None else change(self.response_lengths)
 
     def rows(self, index: slice) -> ResponseBatch:
         """The rows ``index`` (same ``R``)."""
@@ -66,6 +77,7 @@ class ResponseBatch:
             self.response_start[index],
             self.response_mask[index],
             {name: value[index] for name, value in self.fields.items()},
+            self._lengths(lambda lengths: lengths[index]),
         )
 
     def split(self, size: int | None) -> list[ResponseBatch]:
@@ -79,6 +91,7 @@ class ResponseBatch:
             self.response_start.to(device),
             self.response_mask.to(device),
             {name: value.to(device) for name, value in self.fields.items()},
+            self._lengths(lambda lengths: lengths.to(device)),
         )
 
     def loss_inputs(self) -> dict[str, torch.Tensor]:
@@ -101,6 +114,7 @@ class ResponseBatch:
         return (columns - 1).clamp(0, last), self.input_ids.gather(1, columns.clamp(max=last))
 
     def spread(self, per_window: torch.Tensor) -> torch.Tensor:
-        """``[B, W]`` values of :meth:`response_window` -> ``[B, R]``, 0 past each response."""
+        """``[B, W]`` values of :meth:`response_window` -> ``[B, R]``, 0 wherever the mask
+        is (past each response, and on a trajectory's observations)."""
         padded = torch.nn.functional.pad(per_window, (0, self.width - per_window.shape[1]))
         return torch.where(self.response_mask > 0, padded, torch.zeros_like(padded))

@@ -148,6 +148,7 @@ NOT_YET_SUPPORTED: dict[str, Limits] = {
         (
             "partial rollout",
             "disaggregated",
+            "generation TP",
             "dynamic sampling",
             "offline",
             "validation",

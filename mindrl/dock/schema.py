@@ -53,6 +53,10 @@ RL_FIELDS: dict[str, FieldSpec] = {
     "paused_logprob": FieldSpec("float32", variable=True),
     "paused_version": FieldSpec("int64", variable=True),
     "token_rewards": FieldSpec("float32", variable=True),
+    # A multi-turn trajectory (mindrl/workers/episodes.py): 1 on the model's tokens, 0 on
+    # the environment's observations, response-aligned; and the sum of its step rewards.
+    "loss_mask": FieldSpec("float32", variable=True),
+    "env_reward": FieldSpec("float32"),
     "reward": FieldSpec("float32"),
     "ref_logprob": FieldSpec("float32", variable=True),
     "old_logprob": FieldSpec("float32", variable=True),

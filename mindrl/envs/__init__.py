@@ -2,8 +2,7 @@
 
 A run names its environment in the config's ``env`` section
 (``env: {cls: "package.module:ClassName", kwargs: {...}, max_turns: N, max_turn_tokens: M,
-workers: W}``); without ``env.cls`` a run is single-turn (docs/architecture.md,
-"Environments").
+workers: W}``); without ``env.cls`` a run is single-turn (docs/architecture.md §12).
 """
 
 from mindrl.envs.base import (

@@ -12,8 +12,9 @@ An environment is any class with these two methods (``async def`` versions accep
     prompts (``data.chat_template``) and replaces the prompt.
 
 ``step(self, action: str) -> tuple[str, float, bool]``
-    Called after each model turn with the turn's text (decoded, special tokens dropped;
-    a turn ends at the stop token or ``env.max_turn_tokens``). Returns ``(observation,
+    Called after each model turn with the turn's text (decoded as the verifiers decode
+    a response: cut at the stop token, other special tokens kept; a turn ends at the
+    stop token, ``env.max_turn_tokens`` or the trajectory's room). Returns ``(observation,
     reward, done)``: ``observation`` is text appended verbatim after the model's turn
     (its tokens are trained on nowhere: their loss mask is 0), ``reward`` this step's
     reward (the episode's reward is the sum over its steps), ``done`` ends the episode.
@@ -31,7 +32,7 @@ One instance per episode, built as ``cls(**env.kwargs)`` on an environment worke
 Ray actor, ``env.workers`` of them): the same instance sees the episode's ``reset`` and
 every ``step``, and nothing else. The class is named ``"package.module:ClassName"``
 and imported on the workers from any module on ``PYTHONPATH`` (the user's own file, not
-only mindrl's; docs/architecture.md, "Environments").
+only mindrl's; docs/architecture.md §12).
 
 A method that raises ends the run in one line naming the class and the episode's prompt
 (:class:`EnvironmentFailed`).
@@ -63,9 +64,12 @@ class EnvConfigError(ValueError):
     """``env.cls`` cannot be loaded or built; the message says what to change."""
 
 
-class EnvironmentFailed(RuntimeError):
+class EnvironmentFailed(ValueError):
     """An environment's ``reset`` or ``step`` raised or returned something else than the
-    interface says; the one-line message names the class and the episode's prompt."""
+    interface says; the one-line message names the class and the episode's prompt.
+
+    A ``ValueError``, this project's type of user mistakes: the run ends at once, never
+    restarted (``resilience.max_restarts``) into the same failing environment."""
 
 
 def split_class_path(path: str) -> tuple[str, str]:

@@ -21,7 +21,8 @@ from mindrl.data import load_tokenizer
 from mindrl.data.run_prompts import prompt_records
 from mindrl.dock import DockHandle
 from mindrl.rewards import decode_responses, score_batch
-from mindrl.workers.sequences import response_mask
+from mindrl.run_plan import ENV_REWARD, LOSS_MASK
+from mindrl.workers.sequences import last_counted, loss_mask
 from mindrl.workers.stage_report import stage_report
 from mindrl.workers.timed_dock import TimedDockClient
 
@@ -56,8 +57,11 @@ class RewardWorker:
         self.dock = TimedDockClient(dock)
 
     def score(self, indexes: np.ndarray) -> dict[str, float]:
-        """Put the sequence ``reward`` of every sample in ``indexes``."""
+        """Put the sequence ``reward`` of every sample in ``indexes``: the verifiers' (and
+        the reward model's) score, or with an environment the sum of its step rewards."""
         start = time.perf_counter()
+        if self.config.env.enabled:
+            return self._episode_rewards(indexes, start)
         fields = ["response_ids", "record_id"] + (["prompt_ids"] if self.reward_model else [])
         data = self.dock.fetch(indexes, fields)
         lengths = data["response_ids_lengths"].tolist()
@@ -77,6 +81,18 @@ class RewardWorker:
             "indexes": np.asarray(indexes),
             "sample_rewards": rewards.numpy().astype(np.float64),
             "sample_tokens": np.asarray(lengths, dtype=np.float64),
+            **self._timing(start),
+        }
+
+    def _episode_rewards(self, indexes: np.ndarray, start: float) -> dict[str, float]:
+        """A multi-turn run's rewards: what its environment gave each episode."""
+        data = self.dock.fetch(indexes, ["response_ids", ENV_REWARD])
+        rewards = data[ENV_REWARD].float()
+        self.dock.put(indexes, {"reward": rewards})
+        return {
+            "reward_sum": float(rewards.sum()),
+            "response_tokens": float(data["response_ids_lengths"].sum()),
+            "count": len(indexes),
             **self._timing(start),
         }
 
@@ -123,12 +139,13 @@ class RewardWorker:
         start = time.perf_counter()
         inputs = list(self.algorithm.advantage_inputs(self.options))
         fields = ["reward", "response_ids"] + (["values"] if with_values else []) + inputs
-        data = self.dock.fetch(indexes, fields)
+        multi_turn = self.config.env.enabled
+        data = self.dock.fetch(indexes, fields + ([LOSS_MASK] if multi_turn else []))
         lengths = data["response_ids_lengths"]
         width = data["response_ids"].shape[1]
-        mask = response_mask(lengths, width)
+        mask = loss_mask(lengths, width, data[LOSS_MASK] if multi_turn else None)
         token_rewards = torch.zeros(len(indexes), width)
-        token_rewards[torch.arange(len(indexes)), (lengths - 1).clamp(min=0)] = data["reward"]
+        token_rewards[torch.arange(len(indexes)), last_counted(mask)] = data["reward"]
         shaped = self.algorithm.shape_rewards(
             token_rewards * mask, mask, self.config.rollout.max_response_length, self.options
         )

@@ -14,6 +14,7 @@ import functools
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,15 +29,19 @@ from mindrl.algorithm import Algorithm
 from mindrl.config.layout import COLLOCATED, DISAGGREGATED
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig, RoleConfig
 from mindrl.config.specs import EngineSpecs
+from mindrl.data import load_tokenizer
+from mindrl.data.records import PromptRecord
+from mindrl.data.run_prompts import prompt_records
 from mindrl.dock import DockHandle, DockSlice, restore_samples, snapshot_samples
 from mindrl.reshard import grad_tensors
 from mindrl.reshard.swap import HostSwap
-from mindrl.run_plan import stage_deadline_s
+from mindrl.run_plan import LOSS_MASK, sequence_fields, stage_deadline_s
+from mindrl.workers.episodes import EnvSettings, TextCodec, run_episodes_into_dock
 from mindrl.workers.generation import PartialRollout, generate_into_dock
 from mindrl.workers.model_setup import initial_model
 from mindrl.workers.rendezvous import host_store, join_store
 from mindrl.workers.rollout import Rollout
-from mindrl.workers.sequences import pack_rows, response_mask
+from mindrl.workers.sequences import loss_mask, pack_rows
 from mindrl.workers.stage_report import memory_window, stage_report
 from mindrl.workers.timed_dock import TimedDockClient
 from mindrl.workers.updates import actor_update, critic_update
@@ -64,6 +69,17 @@ def on_device(method: Method) -> Method:
             self._offload()
 
     return with_state_on_device
+
+
+@dataclass(frozen=True)
+class EpisodeContext:
+    """What the actor's ranks run episodes with: the environment workers, the prompt
+    records (an episode's ``reset`` gets its record), the turn limits, the tokenizer."""
+
+    workers: list
+    records: list[PromptRecord]
+    settings: EnvSettings
+    codec: TextCodec
 
 
 class ModelWorker(WeightSource):
@@ -107,6 +123,7 @@ class ModelWorker(WeightSource):
         self.engine: MegatronEngine | None = None
         self.rollout: Rollout | None = None
         self._store: torch.distributed.TCPStore | None = None  # rank 0 hosts it
+        self.episodes: EpisodeContext | None = None  # a multi-turn run's environment
 
     # ---- set-up ------------------------------------------------------------------------
     def rendezvous(self) -> tuple[str, int, str]:
@@ -177,15 +194,23 @@ class ModelWorker(WeightSource):
         its budget of new tokens each, mindrl/workers/generation.py)."""
         start = time.perf_counter()
         self.rollout.refresh_weights(reshard=partial is None or not partial.weights_loaded)
-        report = generate_into_dock(
-            self.dock,
-            self.rollout.generate,
-            indexes,
-            params,
-            self.config.data.n_samples_per_prompt,
-            put=self.rank % self.config.rollout.tp == 0,  # TP peers sampled the same responses
-            partial=partial,
-        )
+        leader = self.rank % self.config.rollout.tp == 0  # TP peers sampled the same responses
+        if self.episodes is not None:  # multi-turn: an environment answers each turn
+            report = run_episodes_into_dock(
+                self.dock, self.rollout.generate, self.episodes.workers, indexes,
+                self.episodes.records, params, self.episodes.settings, self.episodes.codec,
+                put=leader,
+            )  # fmt: skip
+        else:
+            report = generate_into_dock(
+                self.dock,
+                self.rollout.generate,
+                indexes,
+                params,
+                self.config.data.n_samples_per_prompt,
+                put=leader,
+                partial=partial,
+            )
         self.rollout.restore_training_state()
         return {
             **report,
@@ -193,6 +218,15 @@ class ModelWorker(WeightSource):
             "swap_in_s": self.rollout.seconds.get("swap_in", 0.0),
             **self._timing(start),
         }
+
+    def attach_env_workers(self, workers: list) -> None:
+        """Run episodes with these environment workers from now on (a run with ``env``)."""
+        self.episodes = EpisodeContext(
+            workers,
+            prompt_records(self.config),
+            EnvSettings.of(self.config),
+            TextCodec(load_tokenizer(self.config.model.tokenizer), self.config.data.chat_template),
+        )
 
     def generate_held_out(
         self, prompts: list[list[int]], params: SamplingParams
@@ -234,20 +268,22 @@ class ModelWorker(WeightSource):
         return self._timing(start)
 
     def _rows(self, indexes: np.ndarray, fields: list[str]) -> ResponseBatch:
-        """Packed prompt + response rows with response-aligned ``fields``."""
-        data = self.dock.fetch(indexes, ["prompt_ids", "response_ids", *fields])
+        """Packed prompt + response rows with response-aligned ``fields``; a multi-turn
+        trajectory's mask is 0 on its observations, so no loss counts them."""
+        data = self.dock.fetch(indexes, [*sequence_fields(self.config), *fields])
+        lengths = data["response_ids_lengths"]
         packed = pack_rows(
-            data["prompt_ids"],
-            data["prompt_ids_lengths"],
-            data["response_ids"],
-            data["response_ids_lengths"],
+            data["prompt_ids"], data["prompt_ids_lengths"], data["response_ids"], lengths
         )
         width = data["response_ids"].shape[1]
+        # A TensorDict refuses `in` itself: its keys answer it.
+        trajectory = data[LOSS_MASK] if LOSS_MASK in data.keys() else None  # noqa: SIM118
         return ResponseBatch(
             packed["input_ids"],
             packed["response_start"],
-            response_mask(data["response_ids_lengths"], width),
+            loss_mask(lengths, width, trajectory),
             {name: data[name][:, :width].float().clone() for name in fields},
+            response_lengths=lengths.long(),
         )
 
     # ---- training -----------------------------------------------------------------------------

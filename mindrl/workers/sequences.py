@@ -49,3 +49,26 @@ def response_mask(response_len: torch.Tensor, width: int) -> torch.Tensor:
 def unpadded(rows: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
     """The first ``lengths[i]`` entries of each row (what the dock stores)."""
     return [rows[i, : int(lengths[i])] for i in range(rows.shape[0])]
+
+
+def loss_mask(
+    response_len: torch.Tensor, width: int, trajectory_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B, width]`` float mask of the tokens a loss counts: the response tokens, and of
+    a multi-turn trajectory only the model's (``trajectory_mask``, the dock's ``loss_mask``:
+    0 on the environment's observations)."""
+    mask = response_mask(response_len, width)
+    if trajectory_mask is None:
+        return mask
+    return mask * trajectory_mask[:, :width].float()
+
+
+def last_counted(mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` column of each row's last counted token, where its sequence reward goes: the
+    response's last token (a trajectory ends with a model token); 0 for an empty row."""
+    columns = torch.arange(mask.shape[1], device=mask.device)
+    return (
+        torch.where(mask > 0, columns, 0).amax(1)
+        if mask.shape[1]
+        else mask.new_zeros(mask.shape[0], dtype=torch.long)
+    )

@@ -26,7 +26,6 @@ from mindrl.data import PromptBatch
 from mindrl.dock import DockError, DockSlice
 from mindrl.metrics import generation_progress, mean_by_key, print_progress_line, tokens_per_second
 from mindrl.metrics.memory import MEMORY_KEYS, MEMORY_RECORD_KEY, book_peaks, peaks_by_role
-from mindrl.run_plan import SEQUENCE
 from trainers.driver.state import RunState
 from trainers.driver.streaming import StreamedStage, StreamScheduler, stage_call
 
@@ -92,7 +91,21 @@ class Sampled:
     reward_sum: float = 0.0
     response_tokens: float = 0.0
     prompt_tokens: float = 0.0
+    #: A multi-turn run's episode figures, summed over ranks and draws (``env_*`` keys
+    #: of the rollout's reports; the wall times, wait and engine, of the slowest rank).
+    episodes: dict[str, float] = field(default_factory=dict)
 
+    def book_episodes(self, reports: list[dict]) -> None:
+        """Add the actor ranks' rollout reports of one draw."""
+        for key in {k for r in reports for k in r if k.startswith("env_")}:
+            values = [r[key] for r in reports if key in r]
+            once = max(values) if key in EPISODE_WALL_TIMES else sum(values)
+            self.episodes[key] = self.episodes.get(key, 0.0) + once
+
+
+#: Rollout report keys that are a rank's wall time (ranks run in parallel: the slowest
+#: rank's counts), not a sum over its episodes.
+EPISODE_WALL_TIMES = frozenset({"env_wait_s", "env_engine_s"})
 
 #: Report keys that are timing or memory, booked by the ledger, not metrics of the iteration.
 TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"}) | MEMORY_KEYS
@@ -208,9 +221,14 @@ class IterationRunner:
             batch = self.run.dataset.next_batch()
             self._put_prompts(ledger, indexes, batch, sampled)
             if self.stream is not None:
-                scored = self._generate_streaming(ledger, indexes, iteration, sampled.draws)
+                scored = self._generate_streaming(
+                    ledger, indexes, iteration, sampled.draws, sampled
+                )
             else:
-                self._stage(ledger, "rollout", self._generate, indexes, iteration, sampled.draws)
+                generated = self._stage(
+                    ledger, "rollout", self._generate, indexes, iteration, sampled.draws
+                )
+                sampled.book_episodes(generated)
                 scored = self._stage(ledger, "reward", self._score_stage, "reward", indexes)
             sampled.draws += 1
             sampled.samples += len(indexes)
@@ -251,7 +269,7 @@ class IterationRunner:
             )
 
     def _generate_streaming(
-        self, ledger: Ledger, indexes: np.ndarray, iteration: int, draw: int
+        self, ledger: Ledger, indexes: np.ndarray, iteration: int, draw: int, sampled: Sampled
     ) -> list[dict]:
         """Generation with the streaming stages taking its samples as they come (see
         trainers/driver/streaming.py); returns the reward workers' reports."""
@@ -260,6 +278,7 @@ class IterationRunner:
         with self._progress(len(indexes)) as progress:
             outcome = self.stream.run_batch(args, len(indexes), progress)
         ledger.add_stage("rollout", outcome.generation_end - start, outcome.generated)
+        sampled.book_episodes(outcome.generated)
         for name, stage in outcome.stages.items():
             ledger.add_streamed(name, stage, outcome.generation_end)
         return outcome.stages["reward"].results
@@ -389,7 +408,7 @@ class IterationRunner:
 
     def _extra_reads(self, stage: str) -> list[str]:
         """What an update reads beyond the sequence (the worker packs the sequence itself)."""
-        return [f for f in self.plan.stage(stage).reads if f not in SEQUENCE]
+        return [f for f in self.plan.stage(stage).reads if f not in self.plan.sequence]
 
     def _minibatches(self, indexes: np.ndarray, role: str) -> int:
         prompts = len(indexes) // self.N
@@ -398,7 +417,8 @@ class IterationRunner:
 
     def _update(self, indexes: np.ndarray) -> list[dict]:
         extra = self._extra_reads("update")
-        parts = self._by_dp_rank("update", "actor", [*SEQUENCE, *extra], len(indexes))
+        sequence = list(self.plan.sequence)
+        parts = self._by_dp_rank("update", "actor", [*sequence, *extra], len(indexes))
         options = replace(self.run.options, kl_coef=self.run.kl.value)
         steps = self._minibatches(indexes, "actor")
         return self.run.groups["actor"].call_each(
@@ -408,7 +428,8 @@ class IterationRunner:
 
     def _critic_update(self, indexes: np.ndarray) -> list[dict]:
         extra = self._extra_reads("critic_update")
-        parts = self._by_dp_rank("critic_update", "critic", [*SEQUENCE, *extra], len(indexes))
+        sequence = list(self.plan.sequence)
+        parts = self._by_dp_rank("critic_update", "critic", [*sequence, *extra], len(indexes))
         steps = self._minibatches(indexes, "critic")
         return self.run.groups["critic"].call_each(
             "update", [(p, extra, steps, None) for p in parts], stage="critic_update",
@@ -437,6 +458,8 @@ class IterationRunner:
         }
         if self.run.options.dynamic_sampling:
             record |= {"sample_batches": sampled.draws, "kept_groups": len(sampled.kept)}
+        if sampled.episodes:
+            record |= episode_metrics(sampled.episodes, seconds)
         return record
 
     def _memory_record(self, ledger: Ledger) -> dict[str, dict[str, float]]:
@@ -449,3 +472,20 @@ class IterationRunner:
         prompts = sampled.samples // self.N
         world = self.config.world_size
         return tokens_per_second(prompts, self.N, prompt_len, response_len, world, seconds)
+
+
+def episode_metrics(totals: dict[str, float], seconds: float) -> dict[str, float]:
+    """A multi-turn iteration's episode figures (docs/architecture.md §12) from
+    the ranks' summed reports: per episode, per step, and the share of the iteration the
+    rollout spent waiting on environment steps (the engine idle)."""
+    episodes = max(totals["env_episodes"], 1.0)
+    return {
+        "env_turns_mean": totals["env_turns"] / episodes,
+        "env_observation_tokens_mean": totals["env_observation_tokens"] / episodes,
+        "env_step_s_mean": totals["env_step_s"] / max(totals["env_steps"], 1.0),
+        "env_wait_s": totals["env_wait_s"],
+        "env_wait_share": totals["env_wait_s"] / seconds,
+        "env_engine_s": totals["env_engine_s"],
+        "env_truncated_max_turns": totals["env_truncated_max_turns"],
+        "env_truncated_context": totals["env_truncated_context"],
+    }

@@ -32,10 +32,12 @@ from mindrl.data.pairs import pair_dataset
 from mindrl.data.run_prompts import prompt_dataset
 from mindrl.dock import DockClient, FieldSpec, create_dock, shutdown_dock
 from mindrl.dock.schema import RUN_FIELDS
+from mindrl.envs import EnvConfigError, load_env_class
 from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
 from mindrl.planner.offload import plan_offload
 from mindrl.rewards.registry import get_verifier
 from mindrl.run_plan import RunPlan, build_run_plan
+from mindrl.workers.env_worker import env_worker_class
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.placement import DevicePlacement
 from mindrl.workers.reward import RewardWorker
@@ -184,6 +186,11 @@ def _preflight(config: MindRLConfig) -> None:
             get_verifier(name)
     except KeyError as exc:
         raise RunSetupError(f"reward.verifiers: {exc.args[0]}") from None
+    if config.env.enabled:
+        try:
+            load_env_class(config.env.cls)  # the workers import it the same way
+        except EnvConfigError as exc:
+            raise RunSetupError(str(exc)) from None
     reward_model = config.reward.reward_model
     if reward_model and not Path(reward_model).is_dir():
         raise RunSetupError(f"reward.reward_model {reward_model!r} is not a folder")
@@ -255,8 +262,14 @@ def _connect_ray(config: MindRLConfig, device_name: str, plan: RunPlan) -> bool:
 
 def cpu_slots(config: MindRLConfig, plan: RunPlan) -> int:
     """Ray CPU slots a run on the CPU reserves: one per device of the plan (every process
-    on a device holds a share of its slot) and one per reward worker."""
-    return plan.layout.devices + config.reward.workers
+    on a device holds a share of its slot), one per reward worker and one per environment
+    worker."""
+    return plan.layout.devices + config.reward.workers + env_workers(config)
+
+
+def env_workers(config: MindRLConfig) -> int:
+    """Environment workers a run places (one CPU slot each): ``env.workers``, or none."""
+    return config.env.workers if config.env.enabled else 0
 
 
 def _controller_nodes(run: RunState) -> dict[str, str]:
@@ -314,6 +327,12 @@ def _place_workers(run: RunState, device_name: str) -> None:
     run.groups["reward"] = reward
     run.rank_nodes["reward"] = reward.call("node_id", stage="start-up", timeout_s=timeout)
     run.worker_nodes["reward"] = run.rank_nodes["reward"][0]
+    if config.env.enabled:
+        env = config.env
+        run.groups["env"] = WorkerGroup(
+            "env", env_worker_class(), env.workers, None, args=(env.cls, env.kwargs)
+        )
+        run.groups["env"].call("node_id", stage="start-up", timeout_s=timeout)
 
 
 def _model_placement(config: MindRLConfig) -> str:
@@ -343,6 +362,9 @@ def _setup_workers(run: RunState) -> None:
             run.gen_dp_ranks = [info["gen_dp_rank"] for info in infos]
     if "reward" in run.groups:
         run.groups["reward"].call("attach", run.dock_handle, stage="start-up", timeout_s=timeout)
+    if "env" in run.groups:  # the actor's ranks run the episodes with them
+        workers = run.groups["env"].workers
+        run.groups["actor"].call("attach_env_workers", workers, stage="start-up", timeout_s=timeout)
 
 
 def _steps(config: MindRLConfig, role: str) -> int | None:

@@ -1,0 +1,97 @@
+"""Environment workers: Ray actors that hold the episodes' environment instances.
+
+One worker holds many episodes, each its own instance of the run's ``env.cls`` built with
+``env.kwargs`` (mindrl/envs/base.py). The worker is an asyncio actor: an ``async def``
+method is awaited on its event loop and a plain one runs on a thread of its pool, so the
+steps of different episodes run concurrently and a slow ``step`` holds up only its own
+episode. Whatever an environment raises comes back as one line naming the class and the
+episode's prompt (:class:`~mindrl.envs.EnvironmentFailed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+
+from mindrl.data.records import PromptRecord
+from mindrl.envs import EnvironmentFailed, call_env, checked_reset, checked_step, load_env_class
+
+#: Threads for synchronous environments' methods: asyncio's default pool has cores + 4,
+#: which would queue the steps of a rank's episodes behind one another on a small host;
+#: an environment step mostly waits (a tool, a sandbox), so many threads cost little.
+STEP_THREADS = 256
+#: Calls one worker serves at once (Ray's async-actor concurrency).
+MAX_CONCURRENT_CALLS = 1024
+
+
+class EnvWorker:
+    """Rank ``rank`` of ``size`` environment workers of the class ``cls_path``."""
+
+    def __init__(self, rank: int, size: int, cls_path: str, kwargs: dict[str, Any]) -> None:
+        self.rank, self.path, self.kwargs = rank, cls_path, dict(kwargs)
+        self.cls = load_env_class(cls_path)  # fails here, at start-up, not mid-run
+        self.episodes: dict[int, tuple[Any, PromptRecord]] = {}
+        self._pool_set = False
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def _use_step_threads(self) -> None:
+        if not self._pool_set:
+            asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(STEP_THREADS))
+            self._pool_set = True
+
+    async def reset(self, key: int, record: PromptRecord) -> str:
+        """A fresh instance for episode ``key``; the text its episode starts with."""
+        self._use_step_threads()
+        try:
+            env = self.cls(**self.kwargs)
+        except Exception as exc:
+            raise self._failure("__init__", exc, record) from None
+        self.episodes[key] = (env, record)
+        try:
+            return checked_reset(await call_env(env.reset, record), self.path)
+        except EnvironmentFailed as exc:
+            raise EnvironmentFailed(f"{exc} (episode prompt {_shown(record)})") from None
+        except Exception as exc:
+            raise self._failure("reset", exc, record) from None
+
+    async def step(self, key: int, action: str) -> tuple[str, float, bool, float]:
+        """Episode ``key``'s step on ``action``: observation, reward, done and the seconds
+        the environment took."""
+        env, record = self.episodes[key]
+        start = time.perf_counter()
+        try:
+            result = checked_step(await call_env(env.step, action), self.path)
+        except EnvironmentFailed as exc:
+            raise EnvironmentFailed(f"{exc} (episode prompt {_shown(record)})") from None
+        except Exception as exc:
+            raise self._failure("step", exc, record) from None
+        return (*result, time.perf_counter() - start)
+
+    async def close(self, keys: list[int]) -> None:
+        """Drop finished episodes' instances (an instance never outlives its episode)."""
+        for key in keys:
+            self.episodes.pop(key, None)
+
+    def _failure(self, method: str, exc: Exception, record: PromptRecord) -> EnvironmentFailed:
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return EnvironmentFailed(
+            f"environment {self.path} raised in {method} ({error}) on the episode whose "
+            f"prompt is {_shown(record)}"
+        )
+
+
+def _shown(record: PromptRecord) -> str:
+    """The prompt as an error line shows it: quoted, one line, at most 80 characters."""
+    text = record.text.replace("\n", " ")
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+def env_worker_class() -> Any:
+    """The Ray actor class of :class:`EnvWorker` (async: its calls run concurrently)."""
+    return ray.remote(max_concurrency=MAX_CONCURRENT_CALLS)(EnvWorker)
