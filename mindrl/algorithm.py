@@ -54,7 +54,11 @@ class Algorithm(ABC):
     :class:`AlgorithmConfig` fields a recipe leaves unset, by field name); ``own_options``
     (options only this algorithm reads; switched on elsewhere they are refused);
     ``reads_options`` (all the options it reads, when only a few); ``offline`` (trains on
-    stored data, no generation); ``group_local_advantages`` (below).
+    stored data, no generation); ``group_local_advantages`` (below);
+    ``supports_partial_rollout`` and ``supports_stale_rollouts`` (what it trains on beside
+    fresh samples). The run plan, the config checks and the compatibility matrix
+    (mindrl/config/compat.py) read these, never an algorithm's name: adding one is its
+    file and a line in ``trainers/registry.py``.
     """
 
     name: ClassVar[str]
@@ -71,6 +75,12 @@ class Algorithm(ABC):
     #: Trains on stored data (preference pairs) instead of generating: no rollout,
     #: reward or advantage stage (mindrl/run_plan.py, trainers/driver/offline.py).
     offline: ClassVar[bool] = False
+    #: Trains on responses that partial rollout resumed over several iterations, each
+    #: token weighted by the policy that sampled it (rollout.partial_rollout_budget).
+    supports_partial_rollout: ClassVar[bool] = True
+    #: Trains on responses sampled by weights up to ``rollout.max_staleness`` updates old,
+    #: corrected by per-token behaviour weights (disaggregated rollout workers).
+    supports_stale_rollouts: ClassVar[bool] = True
     #: Metrics :meth:`actor_loss` reports as the micro-batch's share of the global batch's
     #: figure (normalised by the global counts, as the loss is): the update sums them over
     #: micro-batches and ranks into the exact figure (mindrl/workers/updates.py), where the

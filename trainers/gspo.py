@@ -54,6 +54,10 @@ class GSPO(GRPO):
 
     name = "gspo"
     needs_reference = False
+    # Its ratio is per sequence: the per-token behaviour weights that correct a resumed or
+    # a stale response do not apply to it.
+    supports_partial_rollout = False
+    supports_stale_rollouts = False
     # The paper's clip range: a sequence ratio (a mean of log-ratios) moves far less.
     defaults: ClassVar[dict[str, object]] = {
         "kl_coef": 0.0,

@@ -28,7 +28,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from transformers import PretrainedConfig
@@ -236,10 +236,34 @@ class ContinuousBatch(ABC):
 
 
 class GenerationEngine(ABC):
-    """A rollout engine: sampling with log-probs, weight refresh, sleep / wake."""
+    """A rollout engine: sampling with log-probs, weight refresh, sleep / wake.
+
+    An engine declares what it supports in the class attributes below; the config check,
+    the planner and ``rollout.engine: auto`` read them (never an engine's name), and they
+    read without the engine's library: an engine module imports it when an engine starts.
+    """
 
     #: Registry name (``"hf"``, ``"vllm"``).
-    name: str
+    name: ClassVar[str]
+    #: The distribution that must be installed for it (None: the base install's).
+    library: ClassVar[str | None] = None
+    #: How to install :attr:`library`, for the error when it is missing.
+    install_hint: ClassVar[str] = ""
+    #: ``rollout.engine: auto`` picks the installed engine ranked highest.
+    auto_rank: ClassVar[int] = 0
+    #: Splits one model over ``tensor_parallel_size`` ranks (generation TP).
+    tensor_parallel: ClassVar[bool] = False
+    #: Spreads the experts over ``expert_parallel_size`` ranks (generation EP).
+    expert_parallel: ClassVar[bool] = False
+    #: Continues a response from its prefix: given prompt + prefix as the prompt, samples
+    #: the rest and reports the raw log-probs of the new tokens only, which is how partial
+    #: rollout resumes a paused response. An engine that rewrites or truncates its prompt
+    #: (a text-in server with a chat template, a prompt cap below max_model_len) must not.
+    continues_prefix: ClassVar[bool] = False
+    #: Allocates its whole KV-cache budget when it starts and holds it while awake (the
+    #: planner counts it through the update); False: a KV cache per call, sized by the
+    #: rows it batches.
+    preallocates_kv_cache: ClassVar[bool] = False
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

@@ -46,6 +46,7 @@ class HFGenerationEngine(GenerationEngine):
     """Generation with transformers' ``generate`` on the device layer's device."""
 
     name = "hf"
+    continues_prefix = True
 
     def __init__(self, config: EngineConfig, model: PreTrainedModel | None = None) -> None:
         """Build the engine.

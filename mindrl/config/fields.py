@@ -20,11 +20,13 @@ def option(
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
-    choices: Sequence[Any] | None = None,
+    choices: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
     key: str | None = None,
 ) -> Any:
     """Declare a config field with its doc string and validation bounds; ``key``: its name
-    in YAML and overrides when that is no Python name (``checkpoint.async``)."""
+    in YAML and overrides when that is no Python name (``checkpoint.async``); ``choices``:
+    the allowed values, or a function giving them where a registry holds them (read when
+    a value is checked, so declaring the schema imports no registry)."""
     metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "choices": choices, "key": key}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)

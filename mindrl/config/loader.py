@@ -19,8 +19,8 @@ import yaml
 from mindrl.config.fields import config_key
 from mindrl.config.schema import MindRLConfig, ModelConfig
 
-if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
-    from mindrl.algorithm import Algorithm
+if TYPE_CHECKING:
+    from mindrl.config.compat import AlgorithmTraits
 
 
 class ConfigError(ValueError):
@@ -37,7 +37,7 @@ _MISSING = object()
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
-    algorithm: Algorithm | None = None,
+    algorithm: AlgorithmTraits | None = None,
 ) -> MindRLConfig:
     """Build the config from a YAML file (or the defaults) and ``key=value`` overrides,
     checked for ``algorithm`` (the run's; see :func:`mindrl.config.validate.validate_config`).
@@ -238,6 +238,8 @@ def type_name(hint: Any) -> str:
 def check_bounds(value: Any, meta: typing.Mapping[str, Any]) -> str | None:
     """A one-line reason ``value`` breaks the field's bounds, or None."""
     choices = meta.get("choices")
+    if callable(choices):  # a registry's names (model families, generation engines)
+        choices = choices()
     # A list field with choices (logging.backends) takes each item from them.
     for item in value if isinstance(value, list) else [value]:
         if choices is not None and item not in choices:

@@ -14,6 +14,21 @@ from mindrl.config.fields import option, section
 from mindrl.metrics.sinks import SINKS, SinkSettings
 
 
+def family_names() -> tuple[str, ...]:
+    """The model families ``backends/megatron/families`` registers (``model.family``)."""
+    from backends.megatron.families import FAMILIES
+
+    return tuple(FAMILIES)
+
+
+def engine_choices() -> tuple[str, ...]:
+    """``auto`` and the generation engines ``backends/generation/registry.py`` registers
+    (``rollout.engine``)."""
+    from backends.generation.registry import ENGINES
+
+    return ("auto", *ENGINES)
+
+
 @dataclass
 class ResourcesConfig:
     """Where the run executes."""
@@ -56,7 +71,7 @@ class ModelConfig:
     family: str = option(
         "llama",
         "Model family (backends/megatron/families). A checkpoint's architecture overrides it.",
-        choices=("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"),
+        choices=family_names,
     )
     hf_path: str | None = option(
         None,
@@ -201,7 +216,7 @@ class RolloutConfig:
     engine: str = option(
         "auto",
         "Generation engine: auto (vllm where installed, else hf), vllm or hf.",
-        choices=("auto", "vllm", "hf"),
+        choices=engine_choices,
     )
     tp: int = option(1, "Generation tensor parallel size (generation DP = world / tp).", ge=1)
     ep: int = option(1, "Generation expert parallel size.", ge=1)

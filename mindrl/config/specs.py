@@ -53,8 +53,8 @@ MODEL_TO_SPEC = {
 #: MoE widths: a dense spec leaves them at its defaults, so reading a dense spec back
 #: keeps the section's own values.
 MOE_FIELDS = {"moe_ffn_hidden_size": "moe_ffn_hidden_size", "moe_router_topk": "moe_router_topk"}
-#: DeepSeek-V3's options, which only its family builds (from the HF config,
-#: :func:`deepseek_v3_hf_config`), so they are only read back. Multi-latent attention's
+#: DeepSeek-V3's options, which only a multi-latent-attention family builds (from the HF
+#: config, :func:`mla_hf_config`), so they are only read back. Multi-latent attention's
 #: ranks (None: no MLA) and head widths (0 on a spec without MLA: the section's kept):
 MLA_RANKS = ("q_lora_rank", "kv_lora_rank")
 MLA_WIDTHS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
@@ -78,14 +78,17 @@ YARN_FIELDS = (
 def gpt_spec(model: ModelConfig) -> GPTSpec:
     """The engine's :class:`GPTSpec` for a ``model`` section built from scratch."""
     from backends.megatron import GPTSpec
+    from backends.megatron.families import FAMILIES
 
-    if model.family == "deepseek_v3":
-        # One reading of DeepSeek's options: the family's, from the HF config.
-        return spec_from_hf_config(deepseek_v3_hf_config(model), model.dtype)
+    hf_config = section_hf_config(model)
+    if hf_config is not None:
+        # One reading of an MLA family's options: the family's, from the HF config.
+        return spec_from_hf_config(hf_config, model.dtype)
     if model.uses_mla:
+        mla = " / ".join(name for name, family in FAMILIES.items() if family.mla)
         raise ModelSetupError(
-            f"model.kv_lora_rank (MLA) is built by the deepseek_v3 family only, not "
-            f"'{model.family}'; set model.family=deepseek_v3 or leave model.kv_lora_rank unset"
+            f"model.kv_lora_rank (MLA) is built by the {mla} family only, not "
+            f"'{model.family}'; set model.family={mla} or leave model.kv_lora_rank unset"
         )
     fields = {spec: getattr(model, name) for name, spec in (MODEL_TO_SPEC | MOE_FIELDS).items()}
     fields["dtype"] = model.dtype  # the run's choice, never read back from a checkpoint
@@ -153,8 +156,23 @@ def spec_from_hf_config(config: dict, dtype: str) -> GPTSpec:
         raise ModelSetupError(f"checkpoint architecture {architecture}: {exc}") from None
 
 
-def deepseek_v3_hf_config(model: ModelConfig) -> dict:
-    """The HF ``DeepseekV3Config`` dictionary of a DeepSeek-V3 ``model`` section."""
+def section_hf_config(model: ModelConfig) -> dict | None:
+    """The HF config a section of a multi-latent-attention family is built through (the
+    family reads its options from it); None for the other families, whose spec is the
+    section's fields (:func:`gpt_spec`)."""
+    from backends.megatron.families import get_family
+
+    family = get_family(model.family)
+    return (
+        mla_hf_config(model, family.hf_architectures[0], family.hf_model_type)
+        if family.mla
+        else None
+    )
+
+
+def mla_hf_config(model: ModelConfig, architecture: str, model_type: str) -> dict:
+    """The HF config dictionary (DeepSeek-V3's schema, ``model_type``) of an MLA family's
+    ``model`` section."""
     from transformers import AutoConfig
 
     rope = {"rope_type": "default", "rope_theta": model.rope_theta}
@@ -170,7 +188,7 @@ def deepseek_v3_hf_config(model: ModelConfig) -> dict:
             "mscale_all_dim": model.rope_yarn_mscale_all_dim,
         }
     fields = {
-        "architectures": ["DeepseekV3ForCausalLM"],
+        "architectures": [architecture],
         "vocab_size": model.vocab_size,
         "hidden_size": model.hidden_size,
         "intermediate_size": model.ffn_hidden_size,
@@ -201,7 +219,7 @@ def deepseek_v3_hf_config(model: ModelConfig) -> dict:
         "topk_method": "noaux_tc",
         "torch_dtype": model.dtype,
     }
-    return AutoConfig.for_model("deepseek_v3", **fields).to_dict()
+    return AutoConfig.for_model(model_type, **fields).to_dict()
 
 
 def parallel_spec(layout: TrainingLayout) -> ParallelSpec:

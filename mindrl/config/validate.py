@@ -4,15 +4,16 @@ Each check returns one-line problems naming the dotted keys and the fix; the loa
 prefixes the file name and reports them all together. The layout rules are the layout
 module's (mindrl/config/layout.py), what combines with what the compatibility matrix's
 (mindrl/config/compat.py); this module adds the batch, length, validation, partial
-rollout and per-algorithm checks.
+rollout, generation-engine and per-algorithm checks. What an engine supports is its
+class's declaration (backends/generation), imported by the checks that need it: the
+engines' module imports transformers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from mindrl.config.compat import RunFacts, unsupported_combinations
+from mindrl.config.compat import AlgorithmTraits, RunFacts, unsupported_combinations
 from mindrl.config.layout import (
     DISAGGREGATED,
     OFFLINE,
@@ -24,11 +25,8 @@ from mindrl.config.layout import (
 from mindrl.config.schema import DataConfig, DockConfig, MindRLConfig, RoleConfig
 from mindrl.envs.base import EnvConfigError, split_class_path
 
-if TYPE_CHECKING:  # mindrl.algorithm imports this package: a type-only import avoids a cycle
-    from mindrl.algorithm import Algorithm
 
-
-def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) -> list[str]:
+def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = None) -> list[str]:
     """All cross-field problems of ``config`` (empty when it is consistent).
 
     ``algorithm`` (the run's) decides the algorithm-dependent checks (a critic's layout,
@@ -53,6 +51,8 @@ def validate_config(config: MindRLConfig, algorithm: Algorithm | None = None) ->
     problems += check_partial_rollout(facts)
     problems += check_env(config) + unsupported_combinations("environment", facts)
     problems += check_continuous(facts)
+    if not offline:  # an offline run builds no generation engine
+        problems += check_generation_engine(config)
     if algorithm is not None:
         problems += check_algorithm_options(config, algorithm)
     if offline:
@@ -70,11 +70,16 @@ def check_partial_rollout(facts: RunFacts) -> list[str]:
         return []  # an offline run's rollout settings are refused by check_offline
     if budget is None:
         return _check_partial_rollout_groups(config)
-    key = f"rollout.partial_rollout_budget={budget}"
+    from backends.generation.registry import available_engines, engine_class, engines_with
+
+    requested = config.rollout.engine
+    candidates = available_engines() if requested == "auto" else [requested]
     problems = [
-        f"{key}: generation engine '{name}' cannot continue a response from its prefix; "
-        f"use rollout.engine {' or '.join(sorted(prefix_engines))}"
-        for name, prefix_engines in _engines_without_prefix_continuation(config.rollout.engine)
+        f"rollout.partial_rollout_budget={budget}: generation engine '{name}' cannot "
+        f"continue a response from its prefix; use rollout.engine "
+        f"{' or '.join(sorted(engines_with('continues_prefix')))}"
+        for name in candidates
+        if not engine_class(name).continues_prefix
     ]
     problems += _check_partial_rollout_groups(config)
     return problems + unsupported_combinations("partial rollout", facts)
@@ -123,16 +128,48 @@ def _check_partial_rollout_groups(config: MindRLConfig) -> list[str]:
     return []
 
 
-def _engines_without_prefix_continuation(requested: str) -> list[tuple[str, frozenset[str]]]:
-    """The engines ``rollout.engine`` may resolve to that cannot continue a prefix (with
-    the ones that can); imported here, as the engines' registry needs transformers."""
-    from backends.generation.registry import CONTINUES_PREFIX, available_engines
+def check_generation_engine(config: MindRLConfig) -> list[str]:
+    """The generation layout against what the engine the run builds here declares
+    (``rollout.engine: auto`` resolved as the run resolves it): generation TP and EP."""
+    from backends.generation.registry import (
+        engine_class,
+        engine_name,
+        engines_with,
+        is_installed,
+    )
 
-    candidates = available_engines() if requested == "auto" else [requested]
-    return [(name, CONTINUES_PREFIX) for name in candidates if name not in CONTINUES_PREFIX]
+    rollout = config.rollout
+    if rollout.tp == 1 and rollout.ep == 1:
+        return []  # one unsharded replica: every engine serves it
+    built = engine_name(rollout.engine)
+    engine = engine_class(built)
+    problems = []
+    if rollout.tp != 1 and not engine.tensor_parallel:
+        (splits, *_) = engines_with("tensor_parallel")
+        installed = is_installed(splits)
+        hint = "" if installed else f"; {engine_class(splits).install_hint}"
+        problems.append(
+            f"rollout.tp={rollout.tp} needs the {splits} engine (rollout.engine is "
+            f"{rollout.engine!r}, {splits} is {'' if installed else 'not '}installed here): "
+            f"set rollout.engine: {splits}, or rollout.tp: 1 for the {built} engine{hint}"
+        )
+    if rollout.ep != 1 and not engine.expert_parallel:
+        (spreads, *_) = engines_with("expert_parallel")
+        problems.append(
+            f"rollout.ep={rollout.ep} needs the {spreads} engine (rollout.engine is "
+            f"{rollout.engine!r}; the {built} engine keeps every expert on every rank): set "
+            f"rollout.ep: 1, or rollout.engine: {spreads} on GPU / NPU"
+        )
+    if rollout.ep > 1 and rollout.ep % rollout.tp:
+        problems.append(
+            f"rollout.ep={rollout.ep}: a vLLM expert-parallel group is whole TP groups "
+            f"(its data-parallel replicas), so set rollout.ep to a multiple of rollout.tp "
+            f"({rollout.tp}) or to 1"
+        )
+    return problems
 
 
-def check_algorithm_options(config: MindRLConfig, algorithm: Algorithm) -> list[str]:
+def check_algorithm_options(config: MindRLConfig, algorithm: AlgorithmTraits) -> list[str]:
     """The algorithm section as ``algorithm`` resolves it: an option it does not read, or
     one only another algorithm implements, is one problem line, not a traceback."""
     try:
@@ -157,7 +194,7 @@ OFFLINE_UNREAD_DATA = {
 }
 
 
-def check_offline(config: MindRLConfig, algorithm: Algorithm, layout: RunLayout) -> list[str]:
+def check_offline(config: MindRLConfig, algorithm: AlgorithmTraits, layout: RunLayout) -> list[str]:
     """Unread settings of an offline run, and batch sizes that would split a pair: the
     chosen and rejected rows of a pair must meet in one micro-batch on one rank."""
     name = algorithm.name
@@ -229,7 +266,9 @@ def check_ignored_role_settings(config: MindRLConfig) -> list[str]:
     return problems
 
 
-def check_batch(config: MindRLConfig, algorithm: Algorithm | None, layout: RunLayout) -> list[str]:
+def check_batch(
+    config: MindRLConfig, algorithm: AlgorithmTraits | None, layout: RunLayout
+) -> list[str]:
     data = config.data
     problems = []
     if algorithm is not None and algorithm.uses_groups and data.n_samples_per_prompt < 2:
@@ -254,7 +293,7 @@ def check_batch(config: MindRLConfig, algorithm: Algorithm | None, layout: RunLa
     return problems
 
 
-def check_validation(config: MindRLConfig, algorithm: Algorithm | None = None) -> list[str]:
+def check_validation(config: MindRLConfig, algorithm: AlgorithmTraits | None = None) -> list[str]:
     """Validation needs held-out prompts, and held-out prompts need validation to run.
 
     No default source: only a synthetic task could make a held-out split, and evaluating

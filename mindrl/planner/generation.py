@@ -15,7 +15,8 @@ beyond its weights.
 
 from __future__ import annotations
 
-from backends.generation.registry import engine_name
+from backends.generation.base import GenerationEngine
+from backends.generation.registry import engine_class, engine_name
 from backends.generation_memory import (
     LOGIT_BYTES,
     kv_bytes_per_token,
@@ -30,9 +31,9 @@ from mindrl.workers.chunks import chunk_samples
 MIB = 2**20
 
 
-def planned_engine(config: MindRLConfig) -> str:
-    """The engine a run of ``config`` builds here (``auto``: vLLM where installed)."""
-    return engine_name(config.rollout.engine)
+def planned_engine(config: MindRLConfig) -> type[GenerationEngine]:
+    """The engine class a run of ``config`` builds here (``auto``: vLLM where installed)."""
+    return engine_class(engine_name(config.rollout.engine))
 
 
 def samples_per_rank(config: MindRLConfig) -> int:
@@ -82,7 +83,7 @@ def generation_working_bytes(
     leaves for a KV cache when ``rollout.kv_cache_mib`` is not set."""
     rollout = config.rollout
     configured = None if rollout.kv_cache_mib is None else int(rollout.kv_cache_mib * MIB)
-    if planned_engine(config) == "vllm":
+    if planned_engine(config).preallocates_kv_cache:
         return configured if configured is not None else max(kv_budget, 0)
     # The hf engine's own budget: the configured cache, else the fraction less its weights.
     budget = rollout.memory_fraction * device_bytes - shard if configured is None else configured

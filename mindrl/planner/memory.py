@@ -328,7 +328,8 @@ def plan_memory(
 
 def engine_in_update(config: MindRLConfig, shard: int, working: int) -> int:
     """What the collocated engine keeps on the device through the update: all it holds
-    without the swap (vLLM its KV cache too), nothing with it (asleep on the host)."""
+    without the swap (an engine that preallocates its KV cache, vLLM, that too), nothing
+    with it (asleep on the host)."""
     if config.rollout.swap or placement_mode(config) == DISAGGREGATED:
         return 0
-    return shard + (working if planned_engine(config) == "vllm" else 0)
+    return shard + (working if planned_engine(config).preallocates_kv_cache else 0)

@@ -17,19 +17,10 @@ from backends.megatron.families import get_family
 from mindrl.config.schema import ModelConfig
 from mindrl.config.specs import (
     ModelSetupError,
-    deepseek_v3_hf_config,
     gpt_spec,
+    section_hf_config,
     spec_from_hf_config,
 )
-
-#: transformers ``model_type`` of each family file the pipeline can build.
-HF_MODEL_TYPES = {
-    "llama": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "qwen3_moe": "qwen3_moe",
-    "deepseek_v3": "deepseek_v3",
-}
 
 
 @dataclass
@@ -51,11 +42,9 @@ def hf_config_for(spec: GPTSpec) -> dict:
     """An HF ``config.json`` dictionary describing ``spec`` (for the generation engine)."""
     from transformers import AutoConfig
 
-    model_type = HF_MODEL_TYPES.get(spec.family)
-    if model_type is None:
-        raise ModelSetupError(f"no HF model type for family '{spec.family}'")
+    family = get_family(spec.family)
     fields = {
-        "architectures": [get_family(spec.family).hf_architectures[0]],
+        "architectures": [family.hf_architectures[0]],
         "vocab_size": spec.vocab_size,
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.ffn_hidden_size,
@@ -77,7 +66,7 @@ def hf_config_for(spec: GPTSpec) -> dict:
             "moe_intermediate_size": spec.moe_ffn_hidden_size,
             "norm_topk_prob": not spec.moe_router_pre_softmax,
         }
-    return AutoConfig.for_model(model_type, **fields).to_dict()
+    return AutoConfig.for_model(family.hf_model_type, **fields).to_dict()
 
 
 def pretrained_config(hf_config: dict):
@@ -101,8 +90,8 @@ def initial_model(model: ModelConfig) -> InitialModel:
         raise ModelSetupError("set model.hf_path or model.gguf_package, not both")
     if not (model.hf_path or model.gguf_package):
         spec = gpt_spec(model)
-        hf_config = deepseek_v3_hf_config(model) if model.family == "deepseek_v3" else None
-        return InitialModel(spec, hf_config or hf_config_for(spec), None)
+        hf_config = section_hf_config(model) or hf_config_for(spec)
+        return InitialModel(spec, hf_config, None)
     state, config = _read_checkpoint(model)
     return InitialModel(spec_from_hf_config(config, model.dtype), config, state)
 

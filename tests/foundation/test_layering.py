@@ -45,6 +45,22 @@ def test_imports_only_flow_downwards(package):
     assert violations == []
 
 
+#: What ``mindrl/config`` may import of ``mindrl``: itself and the sinks' settings below it.
+#: The algorithms, workers and plan import the config; it reads an algorithm through the
+#: protocol it declares (``mindrl.config.compat.AlgorithmTraits``).
+CONFIG_READS = ("mindrl.config", "mindrl.metrics")
+
+
+def test_the_config_imports_no_part_of_mindrl_above_it():
+    violations = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / "mindrl" / "config").rglob("*.py"))
+        for line, module in imported_modules(path)
+        if module.startswith("mindrl") and not module.startswith(CONFIG_READS)
+    ]
+    assert violations == []
+
+
 @pytest.mark.parametrize("package", ["mindrl", "trainers", "benchmarks"])
 def test_only_backends_names_a_device(package):
     violations = [

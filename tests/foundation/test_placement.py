@@ -107,8 +107,8 @@ def test_a_partial_rollout_budget_below_one_token_is_refused_in_one_line(budget)
 
 
 def test_partial_rollout_with_an_engine_that_cannot_continue_a_prefix_is_refused(monkeypatch):
-    # Both engines shipped continue a prefix; an engine registered without it is refused.
-    monkeypatch.setattr(registry, "CONTINUES_PREFIX", frozenset({"vllm"}))
+    # Both engines shipped continue a prefix; an engine declared without it is refused.
+    monkeypatch.setattr(registry.engine_class("hf"), "continues_prefix", False)
     assert problems_of(["rollout.partial_rollout_budget=2"]) == [
         "configs/tiny.yaml: rollout.partial_rollout_budget=2: generation engine 'hf' cannot "
         "continue a response from its prefix; use rollout.engine vllm"

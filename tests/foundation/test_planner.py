@@ -74,6 +74,7 @@ def test_generalised_eq3_matches_the_paper_form_for_the_figure3_layouts():
             "reference.parallel.ep=2",
             "critic.parallel.tp=2",
             "critic.parallel.ep=2",
+            "rollout.engine=vllm",  # generation EP is the vllm engine's
             "rollout.tp=1",
             "rollout.ep=4",
         ],

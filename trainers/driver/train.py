@@ -376,7 +376,8 @@ def _plot(run_dir: Path) -> None:
 
 
 def _error(message: str) -> None:
-    print(f"mindrl-train: error: {message}", file=sys.stderr)
+    for line in message.splitlines() or [message]:
+        print(f"mindrl-train: error: {line}", file=sys.stderr)
 
 
 def _say(message: str) -> None:

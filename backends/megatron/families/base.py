@@ -61,11 +61,21 @@ def pad_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
 class LlamaLikeFamily:
     """HF <-> canonical Megatron names for Llama-style decoders; subclasses rename.
 
-    Class attributes give the HF module names that differ between families.
+    Class attributes say what a family is and builds (its name, HF architectures and
+    ``model_type``, multi-latent attention) and give the HF module names that differ
+    between families; the config's family choices, the model setup and the generation
+    engines' HF config read them, never a family's name. Adding a family is its file and
+    a line in ``FAMILIES`` (``families/__init__.py``).
     """
 
     name = "llama"
     hf_architectures: tuple[str, ...] = ()
+    #: transformers' ``model_type`` (``AutoConfig.for_model``) of the HF config it reads.
+    hf_model_type = "llama"
+    #: Multi-latent attention (DeepSeek's): its options (MLA ranks, group-limited routing,
+    #: YaRN) are read the family's way, from an HF config of DeepSeek's schema, which the
+    #: config's model section is turned into first (mindrl/config/specs.py).
+    mla = False
     hf_router = "mlp.gate"
     hf_experts = "mlp.experts"
     hf_shared_experts = "mlp.shared_experts"

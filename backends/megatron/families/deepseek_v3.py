@@ -60,6 +60,8 @@ class DeepseekV3Family(LlamaLikeFamily):
 
     name = "deepseek_v3"
     hf_architectures = ("DeepseekV3ForCausalLM",)
+    hf_model_type = "deepseek_v3"
+    mla = True
 
     # ---- attention -------------------------------------------------------------------
     def _attention_to_megatron(self, hf: Tensors, spec: GPTSpec, attn: str, dst: str) -> Tensors:

@@ -10,6 +10,7 @@ class LlamaFamily(LlamaLikeFamily):
 
     name = "llama"
     hf_architectures = ("LlamaForCausalLM",)
+    hf_model_type = "llama"
 
 
 class Qwen2Family(LlamaLikeFamily):
@@ -17,6 +18,7 @@ class Qwen2Family(LlamaLikeFamily):
 
     name = "qwen2"
     hf_architectures = ("Qwen2ForCausalLM",)
+    hf_model_type = "qwen2"
 
     def _extra_spec_fields(self, hf_config: dict) -> dict:
         return {"add_qkv_bias": True}

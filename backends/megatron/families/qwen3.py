@@ -10,6 +10,7 @@ class Qwen3Family(LlamaLikeFamily):
 
     name = "qwen3"
     hf_architectures = ("Qwen3ForCausalLM",)
+    hf_model_type = "qwen3"
 
     def _extra_spec_fields(self, hf_config: dict) -> dict:
         return {"qk_layernorm": True, "add_qkv_bias": bool(hf_config.get("attention_bias", False))}
@@ -24,6 +25,7 @@ class Qwen3MoeFamily(Qwen3Family):
 
     name = "qwen3_moe"
     hf_architectures = ("Qwen3MoeForCausalLM",)
+    hf_model_type = "qwen3_moe"
 
     def _extra_spec_fields(self, hf_config: dict) -> dict:
         dense_only = set(hf_config.get("mlp_only_layers") or ())
