@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig, PreTrainedModel
 
 from backends.device import get_device
 from backends.generation.base import (
@@ -27,12 +27,18 @@ from backends.generation.base import (
 from backends.generation.hf_experts import fused_expert_view
 from backends.generation_memory import kv_bytes_per_token, prompts_per_call, sequence_bytes
 
+if TYPE_CHECKING:  # transformers' model classes load when an engine starts, not with its
+    # capabilities (the config check and the planner read them)
+    from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+
 #: Left-padding id; any valid id works since padded positions are masked out.
 _PAD_ID = 0
 
 
 def build_hf_model(config: EngineConfig) -> PreTrainedModel:
     """The causal LM named by ``config.model`` (a directory or a ``PretrainedConfig``)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
     if isinstance(config.model, str):
         model = AutoModelForCausalLM.from_pretrained(config.model, dtype=config.dtype)
     else:
@@ -64,6 +70,8 @@ class HFGenerationEngine(GenerationEngine):
             )
         self.device = get_device(config.device)
         self.model = (model or build_hf_model(config)).to(self.device.device())
+        from transformers import GenerationConfig
+
         self.model.generation_config = GenerationConfig()
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
         # Persistent buffers are weights too (DeepSeek's router expert bias): they load
@@ -246,6 +254,8 @@ class HFGenerationEngine(GenerationEngine):
             return None
         ids, mask = distinct[:, : width - 1], distinct[:, width:-1]  # all but the last token
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        from transformers import DynamicCache
+
         cache = DynamicCache(config=self.model.config)
         self.model(
             input_ids=ids,
@@ -276,6 +286,8 @@ class HFGenerationEngine(GenerationEngine):
                 "top_p": params.top_p,
                 "top_k": params.top_k or None,
             }
+        from transformers import GenerationConfig
+
         return GenerationConfig(
             max_new_tokens=max_new_tokens,
             do_sample=not params.greedy,
