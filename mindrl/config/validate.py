@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from mindrl.config.class_path import EnvConfigError, split_class_path
 from mindrl.config.compat import AlgorithmTraits, RunFacts, unsupported_combinations
 from mindrl.config.layout import (
     DISAGGREGATED,
@@ -23,7 +24,6 @@ from mindrl.config.layout import (
     resolve_layout,
 )
 from mindrl.config.schema import DataConfig, DockConfig, MindRLConfig, RoleConfig
-from mindrl.envs.base import EnvConfigError, split_class_path
 
 
 def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = None) -> list[str]:
@@ -319,8 +319,9 @@ def check_validation(config: MindRLConfig, algorithm: AlgorithmTraits | None = N
 
 
 def check_env(config: MindRLConfig) -> list[str]:
-    """The environment's name has the loader's form and a turn fits the trajectory (the
-    class itself is imported at start-up, mindrl/envs/base.py)."""
+    """The environment's name has the loader's form (mindrl/config/class_path.py) and a
+    turn fits the trajectory (the class itself is imported at start-up,
+    mindrl/envs/base.py)."""
     env = config.env
     if not env.enabled:
         return []

@@ -45,6 +45,7 @@ import importlib
 import inspect
 from typing import Any, Protocol, runtime_checkable
 
+from mindrl.config.class_path import EnvConfigError, split_class_path
 from mindrl.data.records import PromptRecord
 
 #: A step's result: the observation text, this step's reward, whether the episode ended.
@@ -60,31 +61,12 @@ class Environment(Protocol):
     def step(self, action: str) -> StepResult: ...
 
 
-class EnvConfigError(ValueError):
-    """``env.cls`` cannot be loaded or built; the message says what to change."""
-
-
 class EnvironmentFailed(ValueError):
     """An environment's ``reset`` or ``step`` raised or returned something else than the
     interface says; the one-line message names the class and the episode's prompt.
 
     A ``ValueError``, this project's type of user mistakes: the run ends at once, never
     restarted (``resilience.max_restarts``) into the same failing environment."""
-
-
-def split_class_path(path: str) -> tuple[str, str]:
-    """``"package.module:ClassName"`` -> ``("package.module", "ClassName")``.
-
-    Raises:
-        EnvConfigError: ``path`` is not of that form.
-    """
-    module, sep, name = path.partition(":")
-    if not sep or not module or not name.isidentifier() or ":" in name:
-        raise EnvConfigError(
-            f"env.cls {path!r}: expected 'package.module:ClassName' (a module on PYTHONPATH, "
-            "a colon, the class)"
-        )
-    return module, name
 
 
 def load_env_class(path: str) -> type:
