@@ -61,7 +61,8 @@ def test_nothing_is_left_after_ctrl_c():
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"mrc{token}n1" in names  # it was built
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) != 0
+    # Generous: tearing the namespaces down took over 30 s on the 2-core box under load.
+    assert proc.wait(timeout=120) != 0
     cluster = ShapedCluster(2, token=token)
     cluster.tmp = Path(tmp)
     assert cluster.leftovers() == []

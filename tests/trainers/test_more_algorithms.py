@@ -204,7 +204,8 @@ class MicroBatchingEngine:
         for micro in batch.split(micro_batch_size):
             policy = micro.fields["policy"]
             loss_fn({"logprobs": policy, "entropy": torch.zeros_like(policy)}, micro, counts)
-        return {"loss": 0.0}
+        tokens = float(batch.input_ids.numel())  # no padding: every position computed is real
+        return {"loss": 0.0, "computed_tokens": tokens, "real_tokens": tokens}
 
 
 def dpo_rank_update(pairs: list[tuple[float, float]], total_pairs: int, dp_size: int) -> dict:
