@@ -54,9 +54,12 @@ def test_nothing_is_left_after_ctrl_c():
         "    print(cluster.token, cluster.tmp, flush=True)\n"
         "    time.sleep(60)\n"
     )
+    # A suite started in the background (`cmd &`) inherits SIGINT ignored, and Python then
+    # never turns it into KeyboardInterrupt: give the child the default disposition.
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     token, tmp = proc.stdout.readline().split()
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"mrc{token}n1" in names  # it was built
