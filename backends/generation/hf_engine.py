@@ -35,6 +35,18 @@ if TYPE_CHECKING:  # transformers' model classes load when an engine starts, not
 _PAD_ID = 0
 
 
+def left_padded(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows right-aligned in one ``[rows, longest]`` tensor with their attention mask
+    (pads on the left, so every row's next token is the last column), on ``device``."""
+    longest = max(len(r) for r in rows)
+    ids = torch.full((len(rows), longest), _PAD_ID, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, longest - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, longest - len(row) :] = 1
+    return ids.to(device), mask.to(device)
+
+
 def build_hf_model(config: EngineConfig) -> PreTrainedModel:
     """The causal LM named by ``config.model`` (a directory or a ``PretrainedConfig``)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -269,14 +281,7 @@ class HFGenerationEngine(GenerationEngine):
         return cache
 
     def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        longest = max(len(r) for r in rows)
-        ids = torch.full((len(rows), longest), _PAD_ID, dtype=torch.long)
-        mask = torch.zeros((len(rows), longest), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, longest - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[i, longest - len(row) :] = 1
-        device = self.device.device()
-        return ids.to(device), mask.to(device)
+        return left_padded(rows, self.device.device())
 
     def _generation_config(self, params: SamplingParams, max_new_tokens: int) -> GenerationConfig:
         sampling = {}

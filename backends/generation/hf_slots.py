@@ -38,12 +38,10 @@ from backends.generation.base import (
     SequenceOutput,
     SequenceRequest,
 )
+from backends.generation.hf_engine import left_padded
 
 if TYPE_CHECKING:
     from backends.generation.hf_engine import HFGenerationEngine
-
-#: Id fed at padded positions; masked out, so any valid id works.
-_PAD_ID = 0
 
 
 @dataclass
@@ -124,7 +122,7 @@ class HFContinuousBatch(ContinuousBatch):
         contexts = [tuple(r.context) for r in requests]
         distinct = list(dict.fromkeys(contexts))
         copy_of = torch.tensor([distinct.index(c) for c in contexts], device=self.device)
-        ids, mask = self._left_pad([list(c) for c in distinct])
+        ids, mask = left_padded([list(c) for c in distinct], self.device)
         cache = DynamicCache(config=self.model.config)
         logits = self.model(
             input_ids=ids,
@@ -208,15 +206,6 @@ class HFContinuousBatch(ContinuousBatch):
             row.token_ids.append(token)
             row.logprobs.append(logprob)
         return tokens
-
-    def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        longest = max(len(r) for r in rows)
-        ids = torch.full((len(rows), longest), _PAD_ID, dtype=torch.long)
-        mask = torch.zeros((len(rows), longest), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, longest - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[i, longest - len(row) :] = 1
-        return ids.to(self.device), mask.to(self.device)
 
     @staticmethod
     def _output(row: _Row, reason: str) -> SequenceOutput:
