@@ -68,9 +68,12 @@ def test_the_worker_decodes_beside_training_and_takes_weights_between_steps(reco
     later = records[1:]
     assert all("weight_transfer" in r["time"] for r in later if r["iteration"] != 2)
     assert sum(r["weights_loaded_while_decoding"] for r in records) >= 2
-    # Reward and the reference pass scored finished groups while the worker decoded.
-    assert all(r["overlap"]["reward"] > 0 and r["overlap"]["ref_logp"] > 0 for r in records)
-    assert all(r["busy"]["ref_logp"] == r["overlap"]["ref_logp"] for r in records)
+    # Reward and the reference pass scored finished groups while the worker decoded. An
+    # update whose whole batch was scored before the previous record books none, so the
+    # run as a whole scored beside decoding, and every streamed second counts as overlap.
+    assert sum(r["overlap"]["reward"] for r in records) > 0
+    assert sum(r["overlap"]["ref_logp"] for r in records) > 0
+    assert all(r["busy"][s] == r["overlap"][s] for r in records for s in ("reward", "ref_logp"))
 
 
 def test_a_run_resumed_from_a_checkpoint_that_interrupted_the_worker_trains_on(
