@@ -25,26 +25,12 @@ from backends.generation.base import (
     SamplingParams,
 )
 from backends.generation.hf_experts import fused_expert_view
+from backends.generation.padding import PAD_ID, left_padded
 from backends.generation_memory import kv_bytes_per_token, prompts_per_call, sequence_bytes
 
 if TYPE_CHECKING:  # transformers' model classes load when an engine starts, not with its
     # capabilities (the config check and the planner read them)
     from transformers import DynamicCache, GenerationConfig, PreTrainedModel
-
-#: Left-padding id; any valid id works since padded positions are masked out.
-_PAD_ID = 0
-
-
-def left_padded(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows right-aligned in one ``[rows, longest]`` tensor with their attention mask
-    (pads on the left, so every row's next token is the last column), on ``device``."""
-    longest = max(len(r) for r in rows)
-    ids = torch.full((len(rows), longest), _PAD_ID, dtype=torch.long)
-    mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, longest - len(row) :] = torch.tensor(row, dtype=torch.long)
-        mask[i, longest - len(row) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def build_hf_model(config: EngineConfig) -> PreTrainedModel:
@@ -156,7 +142,7 @@ class HFGenerationEngine(GenerationEngine):
             if p is param and other in self._storage_bytes:
                 param.untyped_storage().resize_(self._storage_bytes.pop(other))
 
-    def _check_ready(self) -> None:
+    def check_ready(self) -> None:
         if self._asleep:
             raise EngineStateError("the engine is asleep: call wake_up() before generate()")
         if self._storage_bytes:
@@ -168,12 +154,14 @@ class HFGenerationEngine(GenerationEngine):
 
     # ---- generation -------------------------------------------------------------------
     def continuous(self, params: SamplingParams) -> ContinuousBatch:
+        # Loaded here, not with the module: the slots import transformers' cache classes.
         from backends.generation.hf_slots import HFContinuousBatch
 
-        return HFContinuousBatch(self, params)
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        return HFContinuousBatch(self, params, self.device.device(), seed)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
-        self._check_ready()
+        self.check_ready()
         self.validate_prompts(prompts)
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         shortest_first = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -297,7 +285,7 @@ class HFGenerationEngine(GenerationEngine):
             max_new_tokens=max_new_tokens,
             do_sample=not params.greedy,
             eos_token_id=list(params.stop_token_ids) or None,
-            pad_token_id=_PAD_ID,
+            pad_token_id=PAD_ID,
             return_dict_in_generate=True,
             output_logits=True,
             **sampling,

@@ -26,7 +26,7 @@ its window by transformers, which left padding would break): such a model is ref
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -38,10 +38,21 @@ from backends.generation.base import (
     SequenceOutput,
     SequenceRequest,
 )
-from backends.generation.hf_engine import left_padded
+from backends.generation.padding import left_padded
 
 if TYPE_CHECKING:
-    from backends.generation.hf_engine import HFGenerationEngine
+    from transformers import PreTrainedModel
+
+
+class SlotHost(Protocol):
+    """What the slots take from their engine: its model and its two checks (prompts that
+    fit, weights present), so the engine's rules are not written twice."""
+
+    model: PreTrainedModel
+
+    def validate_prompts(self, prompts: list[list[int]]) -> None: ...
+
+    def check_ready(self) -> None: ...
 
 
 @dataclass
@@ -56,11 +67,12 @@ class _Row:
 class HFContinuousBatch(ContinuousBatch):
     """Continuous batching on a transformers model (module docstring)."""
 
-    def __init__(self, engine: HFGenerationEngine, params: SamplingParams) -> None:
+    def __init__(
+        self, engine: SlotHost, params: SamplingParams, device: torch.device, seed: int
+    ) -> None:
         self.engine, self.params = engine, params
         self.model = engine.model
-        self.device = engine.device.device()
-        seed = params.seed if params.seed is not None else engine._seeds.getrandbits(63)
+        self.device = device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.stops = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long)
         self.queue: list[SequenceRequest] = []
@@ -82,7 +94,7 @@ class HFContinuousBatch(ContinuousBatch):
 
     @torch.no_grad()
     def step(self) -> list[SequenceOutput]:
-        self.engine._check_ready()
+        self.engine.check_ready()
         if self.rows:
             self._decode()
         if self.queue:
