@@ -10,15 +10,16 @@ and 100 by default) and a stepping mode (benchmarks/harness/slow_env.py):
   every episode's wait.
 * ``threads``: a blocking ``step`` sleeping the delay; the worker runs it on a thread, so
   waits overlap as far as the worker's threads go.
-* ``one-at-a-time``: the blocking step under a lock shared by the worker's episodes:
+* ``one-at-a-time``: the blocking step, its class declaring ``max_concurrent_steps = 1``:
   with ``env.workers`` 1, one step at a time (the baseline).
 
 Per cell, after ``--warmup`` iterations: median iteration seconds, episodes per second
 (episodes per iteration / median iteration), the engine's share of the iteration
 (``env_engine_s``: the rollout's wall seconds generating turns, slowest rank), the share
-spent waiting on steps (``env_wait_share``), and the mean step seconds as the environment
-worker timed them (``env_step_s_mean``: a one-at-a-time step's wait for the lock
-included, so there it grows with the episodes queued behind it). Ratios:
+spent waiting on steps (``env_wait_share``), the mean seconds inside the environment's
+step (``env_step_s_mean``: the delay itself in every mode) and the mean seconds a step
+waited for its turn before it (``env_step_queue_s_mean``: one-at-a-time's queue, which
+grows with the episodes ahead of it). Ratios:
 each mode's episodes/s over one-at-a-time's at the same delay, and each delay's over the
 same mode at 0 ms. Cells run in alternating order (forwards, then backwards on the next
 repeat) so a drift in machine load hits all alike.
@@ -98,6 +99,7 @@ def summarize(records: list[dict], episodes_per_iteration: int) -> dict[str, flo
         ),
         "wait_share": statistics.median(r["env_wait_share"] for r in records),
         "step_s_mean": statistics.fmean(r["env_step_s_mean"] for r in records),
+        "step_queue_s_mean": statistics.fmean(r["env_step_queue_s_mean"] for r in records),
         "turns_mean": statistics.fmean(r["env_turns_mean"] for r in records),
         "reward_mean": statistics.fmean(r["reward_mean"] for r in records),
     }
@@ -180,13 +182,14 @@ def print_report(report: dict[str, Any]) -> None:
     )
     print(
         f"  {'mode':<14} {'delay':>6} {'iter(med)':>9} {'episodes/s':>10} {'engine':>7} "
-        f"{'wait':>6} {'step(mean)':>10} {'turns':>5} {'reward':>6}"
+        f"{'wait':>6} {'step(mean)':>10} {'queue(mean)':>11} {'turns':>5} {'reward':>6}"
     )
     for r in report["rows"]:
         print(
             f"  {r['mode']:<14} {r['delay_ms']:>4g}ms {r['iteration_s']:>8.3f}s "
             f"{r['episodes_per_s']:>10.1f} {r['engine_share']:>7.1%} {r['wait_share']:>6.1%} "
-            f"{r['step_s_mean'] * 1000:>8.1f}ms {r['turns_mean']:>5.2f} {r['reward_mean']:>6.3f}"
+            f"{r['step_s_mean'] * 1000:>8.1f}ms {r['step_queue_s_mean'] * 1000:>9.1f}ms "
+            f"{r['turns_mean']:>5.2f} {r['reward_mean']:>6.3f}"
         )
     for name, value in report["ratios"].items():
         print(f"  episodes/s {name}: {value:.2f}x")

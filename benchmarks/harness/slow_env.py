@@ -5,9 +5,10 @@
 * :class:`ThreadSlowRecallEnv`: a plain ``step`` that sleeps ``delay_s`` (a blocking
   tool); the environment worker runs it on a thread, so its waits overlap as far as the
   worker's threads go.
-* :class:`SerialSlowRecallEnv`: the same sleep under a lock shared by every instance in
-  the worker process, so with ``env.workers: 1`` episodes step one at a time: the
-  baseline that concurrent stepping is measured against.
+* :class:`SerialSlowRecallEnv`: the same sleep, declared ``max_concurrent_steps = 1``,
+  so each environment worker runs one of its steps at a time and with ``env.workers: 1``
+  episodes step one at a time: the baseline that concurrent stepping is measured
+  against. The worker times a step's wait for its turn apart from the step.
 
 Named in a config as ``benchmarks.harness.slow_env:AsyncSlowRecallEnv`` with the
 repository root on ``PYTHONPATH``; ``delay_s`` comes from ``env.kwargs``.
@@ -16,13 +17,10 @@ repository root on ``PYTHONPATH``; ``delay_s`` comes from ``env.kwargs``.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
+from typing import ClassVar
 
 from mindrl.envs.recall import RecallEnv
-
-# One lock per worker process: every episode's step in that process waits its turn.
-_ONE_AT_A_TIME = threading.Lock()
 
 
 class AsyncSlowRecallEnv(RecallEnv):
@@ -50,8 +48,6 @@ class ThreadSlowRecallEnv(RecallEnv):
 
 
 class SerialSlowRecallEnv(ThreadSlowRecallEnv):
-    """:class:`ThreadSlowRecallEnv` stepping one episode at a time per worker process."""
+    """:class:`ThreadSlowRecallEnv` stepping one episode at a time per environment worker."""
 
-    def step(self, action: str) -> tuple[str, float, bool]:
-        with _ONE_AT_A_TIME:
-            return super().step(action)
+    max_concurrent_steps: ClassVar[int] = 1

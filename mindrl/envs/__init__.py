@@ -15,7 +15,9 @@ from mindrl.envs.base import (
     checked_step,
     load_env_class,
     make_env,
+    max_concurrent_steps,
     split_class_path,
+    timed_call_env,
 )
 
 __all__ = [
@@ -28,5 +30,7 @@ __all__ = [
     "checked_step",
     "load_env_class",
     "make_env",
+    "max_concurrent_steps",
     "split_class_path",
+    "timed_call_env",
 ]

@@ -28,6 +28,14 @@ environment worker's event loop, so an environment that waits on I/O (a sandbox,
 HTTP tool) gives way to the other episodes while it waits. A plain method runs on a
 thread of the worker, so a slow synchronous ``step`` delays its own episode only.
 
+An optional class attribute:
+
+``max_concurrent_steps: int | None`` (default None: no limit)
+    How many ``step`` calls one environment worker runs at once (1: one at a time, for
+    an environment whose instances share something that is not safe to use from two
+    threads). A step waiting for its turn is timed apart from the step itself
+    (``env_step_queue_s_mean`` and ``env_step_s_mean``).
+
 One instance per episode, built as ``cls(**env.kwargs)`` on an environment worker (a
 Ray actor, ``env.workers`` of them): the same instance sees the episode's ``reset`` and
 every ``step``, and nothing else. The class is named ``"package.module:ClassName"``
@@ -43,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import time
 from typing import Any, Protocol, runtime_checkable
 
 from mindrl.config.class_path import EnvConfigError, split_class_path
@@ -96,6 +105,22 @@ def load_env_class(path: str) -> type:
     return cls
 
 
+def max_concurrent_steps(cls: type, path: str) -> int | None:
+    """How many steps of ``cls`` one worker runs at once (``max_concurrent_steps``; None:
+    no limit).
+
+    Raises:
+        EnvConfigError: the attribute is neither None nor a positive integer.
+    """
+    value = getattr(cls, "max_concurrent_steps", None)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise EnvConfigError(
+            f"env.cls {path!r}: max_concurrent_steps must be None or an integer >= 1, "
+            f"got {value!r:.80}"
+        )
+    return value
+
+
 def make_env(path: str, kwargs: dict[str, Any]) -> Any:
     """One episode's instance: ``cls(**kwargs)`` of the class ``path`` names.
 
@@ -112,12 +137,26 @@ def make_env(path: str, kwargs: dict[str, Any]) -> Any:
 async def call_env(method: Any, *args: Any) -> Any:
     """Run an environment method: awaited when it is a coroutine function, else on a thread
     (so a blocking ``step`` holds up its own episode, not the worker's event loop)."""
+    return (await timed_call_env(method, *args))[0]
+
+
+async def timed_call_env(method: Any, *args: Any) -> tuple[Any, float]:
+    """:func:`call_env`, and the seconds the method itself ran: timed on the thread that
+    runs a plain method, so the wait for a free thread is not counted."""
     if inspect.iscoroutinefunction(method):
-        return await method(*args)
-    result = await asyncio.to_thread(method, *args)
+        start = time.perf_counter()
+        return await method(*args), time.perf_counter() - start
+    result, seconds = await asyncio.to_thread(_timed, method, *args)
     if inspect.isawaitable(result):  # a sync wrapper that hands back a coroutine
-        return await result
-    return result
+        start = time.perf_counter()
+        result = await result
+        seconds += time.perf_counter() - start
+    return result, seconds
+
+
+def _timed(method: Any, *args: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    return method(*args), time.perf_counter() - start
 
 
 def checked_reset(result: Any, path: str) -> str:

@@ -4,13 +4,16 @@ One worker holds many episodes, each its own instance of the run's ``env.cls`` b
 ``env.kwargs`` (mindrl/envs/base.py). The worker is an asyncio actor: an ``async def``
 method is awaited on its event loop and a plain one runs on a thread of its pool, so the
 steps of different episodes run concurrently and a slow ``step`` holds up only its own
-episode. Whatever an environment raises comes back as one line naming the class and the
-episode's prompt (:class:`~mindrl.envs.EnvironmentFailed`).
+episode, unless the class limits how many of its steps one worker runs at once
+(``max_concurrent_steps``): a step then waits for a free slot, and that wait is timed
+apart from the step itself. Whatever an environment raises comes back as one line naming
+the class and the episode's prompt (:class:`~mindrl.envs.EnvironmentFailed`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -18,7 +21,15 @@ from typing import Any
 import ray
 
 from mindrl.data.records import PromptRecord
-from mindrl.envs import EnvironmentFailed, call_env, checked_reset, checked_step, load_env_class
+from mindrl.envs import (
+    EnvironmentFailed,
+    call_env,
+    checked_reset,
+    checked_step,
+    load_env_class,
+    max_concurrent_steps,
+    timed_call_env,
+)
 
 #: Threads for synchronous environments' methods: asyncio's default pool has cores + 4,
 #: which would queue the steps of a rank's episodes behind one another on a small host;
@@ -34,6 +45,8 @@ class EnvWorker:
     def __init__(self, rank: int, size: int, cls_path: str, kwargs: dict[str, Any]) -> None:
         self.rank, self.path, self.kwargs = rank, cls_path, dict(kwargs)
         self.cls = load_env_class(cls_path)  # fails here, at start-up, not mid-run
+        limit = max_concurrent_steps(self.cls, cls_path)
+        self._step_slots = asyncio.Semaphore(limit) if limit else None
         self.episodes: dict[int, tuple[Any, PromptRecord]] = {}
         self._pool_set = False
 
@@ -60,18 +73,21 @@ class EnvWorker:
         except Exception as exc:
             raise self._failure("reset", exc, record) from None
 
-    async def step(self, key: int, action: str) -> tuple[str, float, bool, float]:
-        """Episode ``key``'s step on ``action``: observation, reward, done and the seconds
-        the environment took."""
+    async def step(self, key: int, action: str) -> tuple[str, float, bool, float, float]:
+        """Episode ``key``'s step on ``action``: observation, reward, done, the seconds
+        inside the environment's ``step``, and the seconds it waited before it (for a step
+        slot when the class limits them, and for a thread)."""
         env, record = self.episodes[key]
-        start = time.perf_counter()
-        try:
-            result = checked_step(await call_env(env.step, action), self.path)
-        except EnvironmentFailed as exc:
-            raise EnvironmentFailed(f"{exc} (episode prompt {_shown(record)})") from None
-        except Exception as exc:
-            raise self._failure("step", exc, record) from None
-        return (*result, time.perf_counter() - start)
+        arrived = time.perf_counter()
+        async with self._step_slots or contextlib.nullcontext():
+            try:
+                result, inside = await timed_call_env(env.step, action)
+                result = checked_step(result, self.path)
+            except EnvironmentFailed as exc:
+                raise EnvironmentFailed(f"{exc} (episode prompt {_shown(record)})") from None
+            except Exception as exc:
+                raise self._failure("step", exc, record) from None
+        return (*result, inside, max(time.perf_counter() - arrived - inside, 0.0))
 
     async def close(self, keys: list[int]) -> None:
         """Drop finished episodes' instances (an instance never outlives its episode)."""

@@ -109,7 +109,6 @@ class Episode:
     reward: float = 0.0
     turns: int = 0
     observation_tokens: int = 0
-    step_s: float = 0.0
     end: str | None = None
     action: list[int] = field(default_factory=list)  # the last turn's tokens
 
@@ -132,7 +131,8 @@ class EpisodeReport:
     turns: int = 0
     observation_tokens: int = 0
     response_tokens: int = 0
-    step_s: float = 0.0  # summed over steps (latency as each episode saw it)
+    step_s: float = 0.0  # summed over steps: seconds inside the environment's step
+    step_queue_s: float = 0.0  # summed over steps: seconds a step waited to start
     steps: int = 0
     wait_s: float = 0.0  # the loop idle, every live episode waiting on its step
     engine_s: float = 0.0
@@ -203,8 +203,12 @@ def run_episodes_into_dock(
         finished = []
         for ref in stepped:
             episode, _ = pending.pop(ref)
-            observation, reward, done, seconds = _get(ref)
-            report.step_s, report.steps = report.step_s + seconds, report.steps + 1
+            observation, reward, done, inside, queued = _get(ref)
+            report.step_s, report.step_queue_s = (
+                report.step_s + inside,
+                report.step_queue_s + queued,
+            )
+            report.steps += 1
             if _after_step(episode, observation, reward, done, settings, codec):
                 ready.append(episode)
             else:

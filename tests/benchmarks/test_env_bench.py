@@ -11,7 +11,8 @@ import pytest
 from benchmarks import env as bench
 from mindrl.config import load_config
 from mindrl.data.records import PromptRecord
-from mindrl.envs.base import call_env, make_env
+from mindrl.envs import load_env_class, max_concurrent_steps
+from mindrl.workers.env_worker import EnvWorker
 from trainers.registry import get_algorithm
 
 
@@ -25,20 +26,32 @@ def test_every_cell_is_a_valid_run_of_the_recipe(mode):
     assert (config.env.kwargs, config.env.workers) == ({"delay_s": 0.01}, 2)
 
 
-def test_slow_environments_overlap_their_waits_unless_one_at_a_time():
+def test_only_the_one_at_a_time_environment_limits_its_worker_to_one_step():
+    limits = {
+        mode: max_concurrent_steps(load_env_class(path), path)
+        for mode, path in ((m, f"benchmarks.harness.slow_env:{c}") for m, c in bench.MODES.items())
+    }
+    assert limits == {"async": None, "threads": None, "one-at-a-time": 1}
+
+
+@pytest.mark.parametrize("mode", list(bench.MODES))
+def test_every_step_spends_its_delay_inside_the_environment(mode):
+    delay_s, episodes = 0.05, 4
     record = PromptRecord(uid="u", text="next 1 =", answer="2")
 
-    async def seconds_to_step(mode: str, episodes: int = 4) -> float:
-        envs = [make_env(f"benchmarks.harness.slow_env:{bench.MODES[mode]}", {"delay_s": 0.2})
-                for _ in range(episodes)]  # fmt: skip
-        for env in envs:
-            env.reset(record)
+    async def step_all() -> tuple[float, list]:
+        path = f"benchmarks.harness.slow_env:{bench.MODES[mode]}"
+        worker = EnvWorker(0, 1, path, {"delay_s": delay_s})
+        for key in range(episodes):
+            await worker.reset(key, record)
         start = time.perf_counter()
-        await asyncio.gather(*(call_env(env.step, "1") for env in envs))
-        return time.perf_counter() - start
+        results = await asyncio.gather(*(worker.step(key, "1") for key in range(episodes)))
+        return time.perf_counter() - start, results
 
-    assert asyncio.run(seconds_to_step("async")) < 0.6
-    assert asyncio.run(seconds_to_step("one-at-a-time")) >= 0.8
+    elapsed, results = asyncio.run(step_all())
+    assert all(inside >= delay_s for *_, inside, _ in results)
+    if mode == "one-at-a-time":  # the sleeps ran one after another
+        assert elapsed >= episodes * delay_s
 
 
 def test_ratios_compare_modes_at_one_delay_and_delays_within_one_mode():

@@ -129,6 +129,9 @@ def test_a_trajectory_is_turns_and_observations_with_the_observations_masked(doc
         INDEXES
     )
     assert report["env_truncated_max_turns"] == report["env_truncated_context"] == 0
+    # Every episode stepped twice; each step timed inside the environment and before it.
+    assert report["env_steps"] == 2 * len(INDEXES)
+    assert report["env_step_s"] > 0 and report["env_step_queue_s"] >= 0
 
 
 @pytest.mark.parametrize(

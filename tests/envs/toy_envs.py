@@ -98,3 +98,28 @@ class Restart:
 
     def step(self, action: str) -> tuple[str, float, bool]:
         return "", 1.0, True
+
+
+class Gated:
+    """Steps that wait, inside ``step``, until the test opens ``gate``; counts how many are
+    inside at once (``peak``). Class-level state: one test at a time uses it."""
+
+    gate: asyncio.Event | None = None
+    inside = peak = 0
+
+    def reset(self, record) -> str:
+        return record.text
+
+    async def step(self, action: str) -> tuple[str, float, bool]:
+        cls = type(self)
+        cls.inside += 1
+        cls.peak = max(cls.peak, cls.inside)
+        await cls.gate.wait()
+        cls.inside -= 1
+        return "", 1.0, True
+
+
+class GatedOneAtATime(Gated):
+    """:class:`Gated` whose worker runs one of its steps at a time."""
+
+    max_concurrent_steps = 1

@@ -483,6 +483,7 @@ def episode_metrics(totals: dict[str, float], seconds: float) -> dict[str, float
         "env_turns_mean": totals["env_turns"] / episodes,
         "env_observation_tokens_mean": totals["env_observation_tokens"] / episodes,
         "env_step_s_mean": totals["env_step_s"] / max(totals["env_steps"], 1.0),
+        "env_step_queue_s_mean": totals["env_step_queue_s"] / max(totals["env_steps"], 1.0),
         "env_wait_s": totals["env_wait_s"],
         "env_wait_share": totals["env_wait_s"] / seconds,
         "env_engine_s": totals["env_engine_s"],
