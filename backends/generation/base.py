@@ -15,7 +15,9 @@ Conventions shared by every engine:
   training engine's recomputed log-probs, which never see sampling settings.
 * A stop token that ends a response is part of ``token_ids`` (and has a log-prob):
   the policy produced it and the loss must see it. Engines stop only on
-  ``params.stop_token_ids``; pass the tokenizer's EOS there.
+  ``params.stop_token_ids`` (pass the tokenizer's EOS there) and on
+  ``params.stop_sequences`` (a response that ends with one of these id sequences, which
+  it keeps: a tool call's closing tag as the tokenizer spells it).
 * Prompts that are empty, longer than the engine's ``max_model_len - 1`` or hold ids
   outside the vocabulary are refused with :class:`InvalidPromptError`; they are never
   truncated. A response cut by the context window says so: finish reason
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -55,6 +57,8 @@ class SamplingParams:
         top_k: keep only the ``top_k`` most likely tokens; ``0`` disables it.
         max_tokens: most tokens generated per response.
         stop_token_ids: generation of a response ends after any of these ids.
+        stop_sequences: generation of a response ends once it ends with any of these id
+            sequences (kept in the response, like a stop token).
         seed: fixes the sampling RNG for this call; ``None`` draws fresh randomness.
     """
 
@@ -64,10 +68,15 @@ class SamplingParams:
     top_k: int = 0
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    stop_sequences: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
     seed: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        sequences = tuple(tuple(int(t) for t in seq) for seq in self.stop_sequences)
+        object.__setattr__(self, "stop_sequences", sequences)
+        if any(not seq for seq in sequences):
+            raise ValueError("SamplingParams.stop_sequences must not hold an empty sequence")
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
         if self.temperature < 0 or not math.isfinite(self.temperature):
@@ -83,6 +92,27 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when decoding is argmax (``temperature == 0``)."""
         return self.temperature == 0
+
+
+def ends_with_stop(token_ids: Sequence[int], params: SamplingParams) -> bool:
+    """True when ``token_ids`` ends with a stop token or a stop sequence of ``params``."""
+    if not token_ids:
+        return False
+    if token_ids[-1] in params.stop_token_ids:
+        return True
+    return any(
+        len(token_ids) >= len(seq) and tuple(token_ids[-len(seq) :]) == seq
+        for seq in params.stop_sequences
+    )
+
+
+def stop_end(token_ids: Sequence[int], params: SamplingParams) -> int | None:
+    """How many of ``token_ids`` a response keeps when it ends at its first stop (the stop
+    token or the last id of the stop sequence included); None when it holds no stop."""
+    return next(
+        (end for end in range(1, len(token_ids) + 1) if ends_with_stop(token_ids[:end], params)),
+        None,
+    )
 
 
 @dataclass

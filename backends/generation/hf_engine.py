@@ -23,6 +23,7 @@ from backends.generation.base import (
     GenerationEngine,
     GenerationResult,
     SamplingParams,
+    stop_end,
 )
 from backends.generation.hf_experts import fused_expert_view
 from backends.generation.padding import PAD_ID, left_padded
@@ -211,6 +212,7 @@ class HFGenerationEngine(GenerationEngine):
             attention_mask=attention_mask,
             past_key_values=self._shared_prompt_cache(input_ids, attention_mask),
             generation_config=self._generation_config(params, min(params.max_tokens, room)),
+            stopping_criteria=_stop_sequence_criteria(params, input_ids.shape[1]),
         )
         response_ids = out.sequences[:, input_ids.shape[1] :]  # (B*n, T)
         logprobs = _sampled_logprobs(out.logits, response_ids)  # (B*n, T)
@@ -302,13 +304,33 @@ class HFGenerationEngine(GenerationEngine):
     ) -> GenerationResult:
         """Cut one padded row at its stop token or its own length cap."""
         cap = min(params.max_tokens, room)
-        stops = set(params.stop_token_ids)
-        end = next((t + 1 for t, tok in enumerate(token_ids[:cap]) if tok in stops), None)
+        end = stop_end(token_ids[:cap], params)
         reason: FinishReason = "stop"
         if end is None:
             end = cap
             reason = "length" if cap == params.max_tokens else "context_limit"
         return GenerationResult(prompt_index, sample_index, token_ids[:end], logprobs[:end], reason)
+
+
+def _stop_sequence_criteria(params: SamplingParams, prompt_width: int) -> list | None:
+    """``generate``'s stopping criterion for ``params.stop_sequences`` (None without any):
+    a row is done once its response ends with one. transformers' own ``stop_strings``
+    needs a tokenizer, which engines never hold; ``eos_token_id`` takes single ids only."""
+    if not params.stop_sequences:
+        return None
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class _EndsWithStopSequence(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            generated = input_ids.shape[1] - prompt_width
+            for seq in params.stop_sequences:
+                if generated >= len(seq):
+                    tail = torch.tensor(seq, device=input_ids.device)
+                    done |= (input_ids[:, -len(seq) :] == tail).all(dim=1)
+            return done
+
+    return StoppingCriteriaList([_EndsWithStopSequence()])
 
 
 def _sampled_logprobs(step_logits: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:

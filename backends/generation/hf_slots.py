@@ -37,6 +37,7 @@ from backends.generation.base import (
     SamplingParams,
     SequenceOutput,
     SequenceRequest,
+    ends_with_stop,
 )
 from backends.generation.padding import left_padded
 
@@ -74,7 +75,6 @@ class HFContinuousBatch(ContinuousBatch):
         self.model = engine.model
         self.device = device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.stops = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long)
         self.queue: list[SequenceRequest] = []
         self.rows: list[_Row] = []
         self.cache: DynamicCache | None = None
@@ -172,9 +172,8 @@ class HFContinuousBatch(ContinuousBatch):
     def _retire(self) -> list[SequenceOutput]:
         """The rows whose last token ended them leave; columns no row needs are cut."""
         ended, keep = [], []
-        stops = set(self.stops.tolist())
         for i, row in enumerate(self.rows):
-            if row.token_ids[-1] in stops:
+            if ends_with_stop(row.token_ids, self.params):
                 ended.append(self._output(row, "stop"))
             elif len(row.token_ids) >= row.request.max_tokens:
                 reason = "context_limit" if row.request.room_limited else "length"

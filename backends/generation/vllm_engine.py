@@ -60,6 +60,7 @@ from backends.generation.base import (
     SequenceOutput,
     SequenceRequest,
     expert_group_launch,
+    stop_end,
 )
 from backends.generation.hf_experts import is_expert_name, unfuse_experts
 
@@ -458,6 +459,11 @@ class VLLMGenerationEngine(GenerationEngine):
         token_ids = list(sample.token_ids)
         # logprobs[t] maps token id -> Logprob; the sampled token is always present.
         logprobs = [step[tok].logprob for step, tok in zip(sample.logprobs, token_ids, strict=True)]
+        end = _stop_sequence_end(token_ids, params)
+        if end is not None:
+            return GenerationResult(
+                prompt_index, sample.index, token_ids[:end], logprobs[:end], "stop"
+            )
         reason: FinishReason = "stop"
         if sample.finish_reason != "stop":
             reason = "length" if cap == params.max_tokens else "context_limit"
@@ -511,7 +517,13 @@ class VLLMContinuousBatch(ContinuousBatch):
             new = list(sample.token_ids)
             tokens += new
             logprobs += [step[t].logprob for step, t in zip(sample.logprobs, new, strict=True)]
-            if output.finished:
+            end = _stop_sequence_end(tokens, self.params)
+            if end is not None:  # vLLM does not know the sequence: the request ends here
+                if not output.finished:
+                    self.core.abort_request([output.request_id])
+                del self.running[output.request_id]
+                ended.append(SequenceOutput(request.key, tokens[:end], logprobs[:end], "stop"))
+            elif output.finished:
                 del self.running[output.request_id]
                 reason: FinishReason = "stop"
                 if sample.finish_reason != "stop":
@@ -531,6 +543,13 @@ class VLLMContinuousBatch(ContinuousBatch):
         ]
         self.running = {}
         return outputs
+
+
+def _stop_sequence_end(token_ids: list[int], params: SamplingParams) -> int | None:
+    """Where a response ends at its first stop sequence (None: none in it). vLLM stops on
+    single ids and on text only (it runs here without detokenizing), so a stop sequence
+    is found in its output: the tokens sampled after it are dropped."""
+    return stop_end(token_ids, params) if params.stop_sequences else None
 
 
 def _prepare_external_launch(tp: int, env_rank: int) -> None:

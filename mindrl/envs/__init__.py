@@ -17,6 +17,7 @@ from mindrl.envs.base import (
     make_env,
     max_concurrent_steps,
     split_class_path,
+    stop_strings,
     timed_call_env,
 )
 
@@ -32,5 +33,6 @@ __all__ = [
     "make_env",
     "max_concurrent_steps",
     "split_class_path",
+    "stop_strings",
     "timed_call_env",
 ]

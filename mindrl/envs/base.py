@@ -28,7 +28,15 @@ environment worker's event loop, so an environment that waits on I/O (a sandbox,
 HTTP tool) gives way to the other episodes while it waits. A plain method runs on a
 thread of the worker, so a slow synchronous ``step`` delays its own episode only.
 
-An optional class attribute:
+Two optional class attributes:
+
+``stop_strings: tuple[str, ...]`` (default none)
+    Texts that end a model turn as soon as the model writes one (``("</calc>",)``: the
+    turn ends when the model closes its tool call, not at ``env.max_turn_tokens``). The
+    turn keeps the stop string (the policy produced it, the loss sees it) and nothing
+    after it; ``step`` gets that text. The engine stops a row when it samples one of
+    them as the tokenizer spells it, and the episode loop cuts any turn whose decoded
+    text contains one however it was spelled (docs/architecture.md §12).
 
 ``max_concurrent_steps: int | None`` (default None: no limit)
     How many ``step`` calls one environment worker runs at once (1: one at a time, for
@@ -103,6 +111,21 @@ def load_env_class(path: str) -> type:
             "has reset(record) -> str and step(action) -> (observation, reward, done))"
         )
     return cls
+
+
+def stop_strings(cls: type, path: str) -> tuple[str, ...]:
+    """The turn-ending texts ``cls`` declares (``stop_strings``; none by default).
+
+    Raises:
+        EnvConfigError: the attribute is not a tuple or list of non-empty strings.
+    """
+    value = getattr(cls, "stop_strings", ())
+    if not isinstance(value, tuple | list) or not all(isinstance(s, str) and s for s in value):
+        raise EnvConfigError(
+            f"env.cls {path!r}: stop_strings must be a tuple of non-empty strings, "
+            f"got {value!r:.80}"
+        )
+    return tuple(value)
 
 
 def max_concurrent_steps(cls: type, path: str) -> int | None:

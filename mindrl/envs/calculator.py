@@ -18,6 +18,7 @@ import math
 import operator
 import re
 from collections.abc import Callable
+from typing import ClassVar
 
 from mindrl.data.math_tasks import FEW_SHOT_HEADER
 from mindrl.data.records import PromptRecord
@@ -122,6 +123,9 @@ TOOL_FEW_SHOT = (
 class CalculatorEnv:
     """The maths word problem with a calculator: call it, read the result, answer.
 
+    A turn ends when the model closes its call (``stop_strings``), so the result comes
+    right after the call instead of text the model made up in its place.
+
     Each turn is read in order: a turn that states a final answer (``Answer: n``) before
     any call ends the episode with the maths reward of that first answer line (what the
     model writes after it, a next question of its own, is not scored); a turn whose first
@@ -134,6 +138,8 @@ class CalculatorEnv:
         few_shot: Start from worked examples of the tool (the record's own few-shot
             example, if any, is replaced). Without it the record's prompt is used as is.
     """
+
+    stop_strings: ClassVar[tuple[str, ...]] = ("</calc>",)
 
     def __init__(self, few_shot: bool = True) -> None:
         self.few_shot = few_shot

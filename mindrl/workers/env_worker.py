@@ -28,6 +28,7 @@ from mindrl.envs import (
     checked_step,
     load_env_class,
     max_concurrent_steps,
+    stop_strings,
     timed_call_env,
 )
 
@@ -45,6 +46,7 @@ class EnvWorker:
     def __init__(self, rank: int, size: int, cls_path: str, kwargs: dict[str, Any]) -> None:
         self.rank, self.path, self.kwargs = rank, cls_path, dict(kwargs)
         self.cls = load_env_class(cls_path)  # fails here, at start-up, not mid-run
+        self.stop_strings = stop_strings(self.cls, cls_path)
         limit = max_concurrent_steps(self.cls, cls_path)
         self._step_slots = asyncio.Semaphore(limit) if limit else None
         self.episodes: dict[int, tuple[Any, PromptRecord]] = {}
@@ -52,6 +54,10 @@ class EnvWorker:
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+    def turn_stop_strings(self) -> tuple[str, ...]:
+        """The texts that end a model turn (the class's ``stop_strings``)."""
+        return self.stop_strings
 
     def _use_step_threads(self) -> None:
         if not self._pool_set:

@@ -2,7 +2,8 @@
 
 Each index the rank generates is one episode (docs/architecture.md §12): the
 environment's ``reset`` gives the text it starts with, then turn by turn the model writes
-(until the stop token, ``env.max_turn_tokens`` or the trajectory's room), the environment
+(until the stop token, one of the class's ``stop_strings``, ``env.max_turn_tokens`` or the
+trajectory's room), the environment
 ``step``s on the turn's text, and its observation's tokens are appended, until ``done``,
 ``env.max_turns`` turns, or no room for the observation and one more token (the context:
 ``rollout.max_response_length`` tokens after the prompt). The observation of the last
@@ -72,6 +73,21 @@ class TextCodec:
         """A model turn's text for ``step``, decoded as the verifiers decode a response
         (cut at the stop token; other special tokens kept as written)."""
         return decode_responses([ids], self.tokenizer)[0]
+
+    def stop_sequences(self, stops: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """The stop strings as the tokenizer spells them: the engine stops a row on these."""
+        return tuple(tuple(self.encode(text)) for text in stops)
+
+    def stop_end(self, ids: Sequence[int], stops: Sequence[str]) -> int:
+        """How many of a turn's ``ids`` it keeps: through the token whose text completes the
+        first stop string, however the model spelled it (a spelling other than the
+        tokenizer's own, e.g. a token that also carries the next character, does not stop
+        the engine); all of them when the turn holds none."""
+        if not stops or not any(text in self.decode(ids) for text in stops):
+            return len(ids)
+        return next(
+            end for end in range(1, len(ids) + 1) if any(t in self.decode(ids[:end]) for t in stops)
+        )
 
     def render(self, text: str) -> list[int]:
         """A start ``reset`` made, as the dataset makes a prompt's ids (chat template)."""
@@ -183,13 +199,17 @@ def run_episodes_into_dock(
         EnvironmentFailed: an environment raised; the line names its class and the prompt.
     """
     report = EpisodeReport()
+    stops = ray.get(workers[0].turn_stop_strings.remote())
+    params = dataclasses.replace(
+        params, stop_sequences=(*params.stop_sequences, *codec.stop_sequences(stops))
+    )
     episodes = _start(dock, workers, indexes, records, codec, settings.max_prompt)
     ready, pending = list(episodes), {}
     turn = 0
     while ready or pending:
         if ready:
             start = time.perf_counter()
-            _model_turn(generate, ready, params, settings, turn)
+            _model_turn(generate, ready, params, settings, turn, codec, stops)
             report.engine_s += time.perf_counter() - start
             submitted = time.perf_counter()
             pending |= {
@@ -260,15 +280,19 @@ def _model_turn(
     params: SamplingParams,
     settings: EnvSettings,
     turn: int,
+    codec: TextCodec,
+    stops: Sequence[str],
 ) -> None:
-    """One engine call for every ready episode's next turn, each cut to its own room."""
+    """One engine call for every ready episode's next turn, each cut to its own room and
+    after its first stop string."""
     rooms = [ep.room(settings) for ep in ready]
     seed = None if params.seed is None else params.seed + ready[0].index + turn * TURN_SEED_STRIDE
     call = dataclasses.replace(params, max_tokens=max(rooms), seed=seed)
     results = generate([ep.prompt + ep.tokens for ep in ready], call)
     for episode, result, room in zip(ready, results, rooms, strict=True):
         ids = list(result.token_ids[:room])
-        episode.add(ids, result.logprobs[:room])
+        ids = ids[: codec.stop_end(ids, stops)]
+        episode.add(ids, result.logprobs[: len(ids)])
         episode.turns += 1
         episode.action = ids
 

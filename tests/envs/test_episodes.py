@@ -155,6 +155,27 @@ def test_an_episode_cut_by_max_turns_or_the_context_is_counted_and_ends_on_a_mod
     assert got["reward"] == [reward] * len(INDEXES)
 
 
+def test_a_turn_ends_at_its_first_stop_string_in_the_engine_and_in_the_trajectory(dock, engine):
+    calls = []
+
+    def recorded(prompts, params):
+        results = engine.generate(prompts, params)
+        calls.append((params, results))
+        return results
+
+    run(dock, engine, "StopsAtDigit", turns=1, turn_tokens=8, room=8, generate=recorded)
+    digits = {TOKENIZER.convert_tokens_to_ids(d) for d in "0123456789"}
+    ((params, results),) = calls
+    assert set(params.stop_sequences) == {(d,) for d in digits}  # the engine was told
+    got = trajectories(dock)
+    stopped = [ids[-1] in digits for ids in got["ids"]]
+    assert any(stopped)
+    for ids, result, reward, stop in zip(got["ids"], results, got["reward"], stopped, strict=True):
+        assert ids == result.token_ids  # the engine itself ended the turn there
+        assert not digits & set(ids[:-1])  # at the first digit, nothing after it
+        assert reward == float(stop) and (stop or len(ids) == 8 or ids[-1] == EOS)
+
+
 def test_a_start_the_environment_makes_replaces_the_prompt(dock, engine):
     run(dock, engine, "Restart", turns=1, turn_tokens=2, room=4)
     data = dock.fetch(INDEXES, ["prompt_ids"])

@@ -123,3 +123,16 @@ class GatedOneAtATime(Gated):
     """:class:`Gated` whose worker runs one of its steps at a time."""
 
     max_concurrent_steps = 1
+
+
+class StopsAtDigit:
+    """One turn that ends at its first digit (``stop_strings``); reward 1 when the text it
+    steps on ends with a digit, so the reward shows what ``step`` was given."""
+
+    stop_strings = tuple("0123456789")
+
+    def reset(self, record) -> str:
+        return record.text
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        return "", float(action[-1:].isdigit()), True

@@ -73,6 +73,14 @@ def test_a_stop_token_or_the_context_window_ends_a_sequence(engine, reference_a)
     assert room > 4 and outputs[1].finish_reason == "context_limit"
 
 
+def test_a_stop_sequence_ends_a_sequence_after_it(engine, reference_a):
+    whole = argmax_decode(reference_a, PROMPTS[2], 10)
+    stop = SamplingParams(temperature=0, stop_sequences=(tuple(whole[4:6]),))
+    first = next(i + 2 for i in range(9) if whole[i : i + 2] == whole[4:6])
+    outputs, _ = run(engine.continuous(stop), {0: [SequenceRequest(0, PROMPTS[2], 10)]})
+    assert (outputs[0].token_ids, outputs[0].finish_reason) == (whole[:first], "stop")
+
+
 def test_weights_loaded_between_steps_serve_the_next_tokens(engine, weights_a, weights_b):
     batch = engine.continuous(GREEDY)
     batch.add([SequenceRequest(0, PROMPTS[0], 8)])

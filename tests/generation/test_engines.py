@@ -17,6 +17,7 @@ from backends.generation import (
     SamplingParams,
     get_engine_class,
 )
+from backends.generation.base import ends_with_stop, stop_end
 from tests.generation.conftest import MAX_MODEL_LEN, reference_model, tiny_llama_config
 
 PROMPTS = [[5, 17, 42], [9, 8, 7, 6, 5, 4, 3, 2, 1], [200]]
@@ -158,6 +159,52 @@ def test_a_stop_token_ends_the_response_with_reason_stop(engine, reference_a):
     assert result.token_ids == greedy_tokens[: first_stop + 1]
     assert result.finish_reason == "stop"
     assert len(result.logprobs) == len(result.token_ids)
+
+
+def first_end_of(tokens: list[int], sequence: list[int]) -> int | None:
+    """Where ``tokens`` ends if cut after the first occurrence of ``sequence``."""
+    n = len(sequence)
+    return next((i + n for i in range(len(tokens) - n + 1) if tokens[i : i + n] == sequence), None)
+
+
+def test_a_stop_sequence_ends_its_response_after_it_and_leaves_the_others(engine, reference_a):
+    whole = [argmax_decode(reference_a, p, 12) for p in PROMPTS]
+    sequence = whole[1][3:5]
+    params = SamplingParams(temperature=0, max_tokens=12, stop_sequences=(tuple(sequence),))
+
+    results = engine.generate(PROMPTS, params)
+
+    ends = [first_end_of(tokens, sequence) for tokens in whole]
+    assert ends[1] == 5 and None in ends  # one row stops, another runs to max_tokens
+    for tokens, end, result in zip(whole, ends, results, strict=True):
+        assert result.token_ids == tokens[: end or 12]
+        assert result.finish_reason == ("stop" if end else "length")
+        assert len(result.logprobs) == len(result.token_ids)
+
+
+def test_the_hf_engine_stops_generating_once_every_row_met_its_stop_sequence(weights_a):
+    engine = get_engine_class("hf")(
+        EngineConfig(model=tiny_llama_config(), max_model_len=MAX_MODEL_LEN)
+    )
+    engine.load_weights(weights_a.items())
+    whole = argmax_decode(reference_model(weights_a), PROMPTS[1], 12)
+    params = SamplingParams(temperature=0, max_tokens=12, stop_sequences=(tuple(whole[3:5]),))
+    forwards = []
+    hook = engine.model.register_forward_hook(lambda *_: forwards.append(1))
+    (result,) = engine.generate([PROMPTS[1]], params)
+    hook.remove()
+    assert result.token_ids == whole[:5]
+    assert len(forwards) == 5  # one forward per token; none after the stop
+
+
+def test_stop_rules_find_the_first_stop_token_or_sequence_end():
+    params = SamplingParams(stop_token_ids=(9,), stop_sequences=((4, 5), (7,)))
+    assert [stop_end(ids, params) for ids in ([1, 4, 5, 9], [1, 9, 4, 5], [4, 4, 1], [7])] == [
+        3, 2, None, 1,
+    ]  # fmt: skip
+    assert ends_with_stop([3, 4, 5], params) and not ends_with_stop([5, 4], params)
+    with pytest.raises(ValueError, match="empty sequence"):
+        SamplingParams(stop_sequences=((),))
 
 
 def test_hitting_max_tokens_gives_reason_length(engine):
