@@ -1,4 +1,5 @@
-"""Reward / KL / response-length curves of a run, rendered to a PNG.
+"""Reward / KL / response-length curves of a run, rendered to a PNG, and the largest
+worker's peak host memory beside them when the run recorded memory.
 
 Console script: ``mindrl-plot RUN_DIR_OR_JSONL [-o out.png]`` (entry point
 ``mindrl.metrics.plot:main``).
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mindrl.metrics.logger import METRICS_FILE, read_metrics
+from mindrl.metrics.memory import MEMORY_RECORD_KEY
 
 # (metric key, panel title) of each panel, left to right.
 PANELS: tuple[tuple[str, str], ...] = (
@@ -26,6 +28,10 @@ PREFERENCE_PANELS: tuple[tuple[str, str], ...] = (
     ("reward_margin", "reward margin (chosen - rejected)"),
     ("loss", "loss"),
 )
+#: Drawn after the panels when the records carry memory (``record["memory"]``, per role):
+#: the largest role's peak host RSS, the curve a soak or leak check reads.
+HOST_PEAK_PANEL = ("largest_host_peak_mib", "largest peak host RSS (MiB)")
+HOST_PEAK_MIB = "host_peak_mib"  # mindrl.metrics.memory's key of a role's peak host RSS
 #: Curves drawn over a panel's own when a run recorded them: validation beside training.
 OVERLAYS: dict[str, tuple[str, str]] = {"reward_mean": ("val/reward_mean", "validation")}
 FIGURE_SIZE_IN = (12.0, 3.5)
@@ -33,8 +39,19 @@ DPI = 100  # -> a 1200 x 350 pixel PNG
 
 
 def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    points = [(r["iteration"], float(r[key])) for r in records if r.get(key) is not None]
+    points = [(r["iteration"], v) for r in records if (v := _value(r, key)) is not None]
     return [p[0] for p in points], [p[1] for p in points]
+
+
+def _value(record: dict[str, Any], key: str) -> float | None:
+    if key == HOST_PEAK_PANEL[0]:
+        peaks = [
+            role[HOST_PEAK_MIB]
+            for role in record.get(MEMORY_RECORD_KEY, {}).values()
+            if HOST_PEAK_MIB in role
+        ]
+        return float(max(peaks)) if peaks else None
+    return None if record.get(key) is None else float(record[key])
 
 
 def plot_metrics(jsonl_path: str | Path, png_path: str | Path) -> Path:
@@ -54,6 +71,8 @@ def plot_metrics(jsonl_path: str | Path, png_path: str | Path) -> Path:
     records = read_metrics(jsonl_path)
     preference = any("preference_accuracy" in r for r in records)
     panels = PREFERENCE_PANELS if preference else PANELS
+    if any(_value(r, HOST_PEAK_PANEL[0]) is not None for r in records):
+        panels = (*panels, HOST_PEAK_PANEL)
     figure, axes = plt.subplots(1, len(panels), figsize=FIGURE_SIZE_IN, dpi=DPI)
     for axis, (key, title) in zip(axes, panels, strict=True):
         iterations, values = _series(records, key)

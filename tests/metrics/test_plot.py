@@ -86,3 +86,22 @@ def test_validation_reward_is_drawn_over_the_training_reward(tmp_path, monkeypat
     assert list(reward.lines[1].get_ydata()) == [0.2, 0.5]
     assert reward.get_legend().get_texts()[0].get_text() == "validation"
     assert len(kl.lines) == 1
+
+
+def test_a_run_that_recorded_memory_gets_its_largest_workers_peak_rss_panel(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    with MetricsLogger(tmp_path / "run", backends=()) as logger:
+        for iteration in range(4):
+            memory = {"actor": {"host_peak_mib": 4000.0 + iteration}, "reward": {}}
+            memory["reward"]["host_peak_mib"] = 500.0
+            record = {"reward_mean": 0.5, "response_length_mean": 2.0, "memory": memory}
+            logger.log(iteration, record)
+    drawn, subplots = [], plt.subplots
+    monkeypatch.setattr(
+        plt, "subplots", lambda *a, **k: drawn.append(subplots(*a, **k)) or drawn[-1]
+    )
+    plot_metrics(tmp_path / "run" / "metrics.jsonl", tmp_path / "run.png")
+    ((_, axes),) = drawn
+    assert axes[-1].get_title() == "largest peak host RSS (MiB)"
+    assert list(axes[-1].lines[0].get_ydata()) == [4000.0, 4001.0, 4002.0, 4003.0]
