@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from backends.device import Device
@@ -109,26 +109,14 @@ class WorkerGroup:
             bundle = device.ray_bundle(1, cpus_per_worker)
             options = device.ray_actor_options(cpus_per_worker)
         self._pg = placement_group([dict(bundle) for _ in range(self.size)], strategy=strategy)
-        self._wait_for_placement(timeout_s, bundle)
-        return [
-            {
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=i
-                ),
-                **options,
-            }
-            for i in range(self.size)
-        ]
-
-    def _wait_for_placement(self, timeout_s: float, bundle: dict[str, float]) -> None:
-        ready, _ = ray.wait([self._pg.ready()], timeout=timeout_s)
-        if not ready:
-            remove_placement_group(self._pg)
-            raise StageTimeoutError(
-                f"{self.name}: the cluster cannot place {self.size} workers of {bundle} within "
-                f"{timeout_s:.0f} s; check `ray status` for free resources or lower "
-                "resources.devices_per_node / resources.nodes"
-            )
+        wait_for_placement(
+            self._pg,
+            timeout_s,
+            f"{self.name}: the cluster cannot place {self.size} workers of {bundle} within "
+            f"{timeout_s:.0f} s; check `ray status` for free resources or lower "
+            "resources.devices_per_node / resources.nodes",
+        )
+        return [on_bundle(self._pg, i, options) for i in range(self.size)]
 
     def call(
         self,
@@ -185,6 +173,23 @@ class WorkerGroup:
             ray.kill(worker, no_restart=True)
         if self._pg is not None:  # the run's device placement is removed by its owner
             remove_placement_group(self._pg)
+
+
+def on_bundle(group: PlacementGroup, bundle: int, options: Mapping[str, Any]) -> dict:
+    """Ray actor options that schedule an actor into ``bundle`` of placement ``group``,
+    with ``options`` (its CPUs and device share) on top."""
+    strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
+    return {"scheduling_strategy": strategy, **options}
+
+
+def wait_for_placement(group: PlacementGroup, timeout_s: float, refusal: str) -> None:
+    """Wait until the cluster grants placement ``group``; if it does not within
+    ``timeout_s``, remove the group (its reservation would block other jobs) and raise
+    :class:`StageTimeoutError` with ``refusal``."""
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise StageTimeoutError(refusal)
 
 
 def wait_all(

@@ -18,11 +18,10 @@ from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from backends.device import Device
 from mindrl.config.layout import RunLayout
-from mindrl.workers.group import StageTimeoutError, WorkerGroup
+from mindrl.workers.group import WorkerGroup, on_bundle, wait_for_placement
 
 #: Ray keeps resource amounts in units of 1e-4; a share is rounded down to one, so k
 #: shares of a bundle's device never add up to more than the one device it holds.
@@ -89,14 +88,13 @@ class DevicePlacement:
         self.processes = layout.device_processes()
         bundles = [device.ray_bundle(len(roles), cpus_per_worker) for roles in self.processes]
         self.group = placement_group(bundles, strategy=strategy)
-        ready, _ = ray.wait([self.group.ready()], timeout=ready_timeout_s)
-        if not ready:
-            remove_placement_group(self.group)
-            raise StageTimeoutError(
-                f"the cluster did not grant the plan's {len(bundles)} devices as bundles "
-                f"of {bundles[0]} within {ready_timeout_s:.0f} s; check `ray status` for "
-                "resources other jobs hold"
-            )
+        wait_for_placement(
+            self.group,
+            ready_timeout_s,
+            f"the cluster did not grant the plan's {len(bundles)} devices as bundles "
+            f"of {bundles[0]} within {ready_timeout_s:.0f} s; check `ray status` for "
+            "resources other jobs hold",
+        )
 
     def bundles_of(self, role: str) -> list[int]:
         """The bundle (device) of each rank of ``role``, in rank order."""
@@ -104,19 +102,16 @@ class DevicePlacement:
 
     def actor_options(self, role: str) -> list[dict]:
         """Ray actor options for each rank of ``role``: its device's bundle and its share."""
-        options = []
-        for bundle in self.bundles_of(role):
-            share = device_share(len(self.processes[bundle]))
-            strategy = PlacementGroupSchedulingStrategy(
-                self.group, placement_group_bundle_index=bundle
+        return [
+            on_bundle(
+                self.group,
+                bundle,
+                self.device.ray_actor_options(
+                    self.cpus_per_worker, device_share(len(self.processes[bundle]))
+                ),
             )
-            options.append(
-                {
-                    "scheduling_strategy": strategy,
-                    **self.device.ray_actor_options(self.cpus_per_worker, share),
-                }
-            )
-        return options
+            for bundle in self.bundles_of(role)
+        ]
 
     def start(self, role: str, worker_cls: Any, args: Sequence[Any] = ()) -> WorkerGroup:
         """The worker group of ``role``: rank ``r`` on its device's bundle, with its share
