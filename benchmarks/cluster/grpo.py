@@ -1,5 +1,5 @@
 """GRPO on the tiny recipe across 4 namespaced nodes on shaped links, against the same run
-on one host, with the bytes each iteration puts on each link (issue 26).
+on one host, with the bytes each iteration puts on each link.
 
 One actor rank per node (``resources.nodes=4 resources.devices_per_node=1``, TP 1, so 4
 data-parallel ranks), a TD warehouse per node, each stage's controller beside the first

@@ -1,4 +1,4 @@
-"""Transfer dock vs centralized buffer as nodes are added, on shaped links (issue 26).
+"""Transfer dock vs centralized buffer as nodes are added, on shaped links.
 
 For each N in ``--nodes``: builds an N-node shaped cluster (benchmarks/cluster/netns.py),
 runs the GRPO sample flow of benchmarks/cluster/flow.py through the dock and the

@@ -1,7 +1,6 @@
 """Argument handling of benchmarks/e2e.py: bad input ends at once with one line, exit 2.
 
-No benchmark runs here (no TRL, no Ray, no training); the figures go in the closing
-note of issue 8.
+No benchmark runs here (no TRL, no Ray, no training).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Generation engines fed with weights from the Megatron training engine reproduce its
-greedy decode and its log-probs (issue 6). Weights go Megatron -> HF names directly (the
+greedy decode and its log-probs. Weights go Megatron -> HF names directly (the
 resharder's TP=1 output is the same full tensors)."""
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,13 @@ def test_the_registry_finds_each_algorithm_and_lists_the_known_ones():
     }
     with pytest.raises(ValueError, match=f"unknown algorithm 'sft'; known: {', '.join(NAMES)}"):
         get_algorithm("sft")
+
+
+def test_the_package_docstring_names_every_registered_algorithm_and_its_file():
+    import trainers
+
+    listed = re.findall(r"``(\w+)`` \((\w+)\.py", trainers.__doc__)
+    assert sorted(listed) == sorted((name, name) for name in ALGORITHMS)
 
 
 @pytest.mark.parametrize("name", NAMES)

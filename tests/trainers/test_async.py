@@ -1,4 +1,4 @@
-"""Disaggregated placement with bounded staleness (issue 15) on the shared Ray cluster:
+"""Disaggregated placement with bounded staleness on the shared Ray cluster:
 one rollout worker beside one trainer rank, the next batch generating while this one
 trains, what the update stage's TD controller says about the samples it trained on, and
 a run resumed while a batch was in flight.
