@@ -3,43 +3,24 @@ Ray CPU slots, the planner's choice of roles to offload, the device-count refusa
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from backends.device.cuda import CudaDevice
-from mindrl.config import load_config
 from mindrl.planner.capacity import host_bytes
 from mindrl.planner.offload import plan_offload
-from mindrl.run_plan import build_run_plan
 from mindrl.workers.placement import PlacementError, check_capacity, device_share
+from tests.foundation.plans import DISAGGREGATED, TINY, dry_run
+from tests.foundation.plans import config_and_plan as plan_of
 from trainers.driver.setup import cpu_slots
-from trainers.registry import get_algorithm
 
-TINY = "configs/tiny.yaml"
 #: One tiny device of 5.9 MB: the actor's update (5.48 MB planned) fits, and nothing more.
 SMALL_DEVICE = int(0.0055 * 2**30)
-
-
-def plan_of(trainer: str, *overrides: str):
-    algorithm = get_algorithm(trainer)
-    config = load_config(TINY, list(overrides), algorithm)
-    return config, build_run_plan(algorithm, config)
 
 
 def test_every_model_role_has_a_process_on_every_training_device():
     _, ppo = plan_of("ppo", "algorithm.kl_coef=0.05")
     assert ppo.layout.device_processes() == [("actor", "reference", "critic")] * 2
-    _, disaggregated = plan_of(
-        "grpo",
-        "rollout.placement=disaggregated",
-        "rollout.devices=1",
-        "actor.parallel.tp=1",
-        "reference.parallel.tp=1",
-        "critic.parallel.tp=1",
-    )
+    _, disaggregated = plan_of("grpo", *DISAGGREGATED)
     assert disaggregated.layout.device_processes() == [("actor",), ("rollout",)]
 
 
@@ -57,14 +38,7 @@ def test_k_shares_of_a_device_never_add_up_to_more_than_the_device():
 
 
 def test_a_plan_that_needs_more_devices_than_the_cluster_names_both_counts():
-    _, plan = plan_of(
-        "grpo",
-        "rollout.placement=disaggregated",
-        "rollout.devices=1",
-        "actor.parallel.tp=1",
-        "reference.parallel.tp=1",
-        "critic.parallel.tp=1",
-    )
+    _, plan = plan_of("grpo", *DISAGGREGATED)
     check_capacity(plan.layout, CudaDevice(), 2.0)  # exactly enough
     with pytest.raises(PlacementError) as err:
         check_capacity(plan.layout, CudaDevice(), 1.0)
@@ -89,16 +63,8 @@ def test_the_fit_check_offloads_the_reference_first_then_the_critic():
 
 
 def test_the_dry_run_shows_the_processes_per_device_and_what_waits_on_the_host():
-    args = ["--trainer", "ppo", "--config", TINY, "--dry-run", "--json"]
     sets = ["algorithm.kl_coef=0.05", f"resources.device_memory_gib={SMALL_DEVICE / 2**30}"]
-    out = subprocess.run(
-        [sys.executable, "-m", "trainers.driver.cli", *args, *sets],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    plan = json.loads(out.stdout)
+    plan = dry_run("ppo", TINY, *sets)
     assert plan["device_processes"] == [
         {
             "devices": 2,

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from backends.generation import registry
 from mindrl.config import ConfigError, load_config
 from mindrl.run_plan import build_run_plan
+from tests.foundation.plans import DISAGGREGATED, TINY, config_and_plan
+from tests.foundation.plans import dry_run as dry_run_of
 from trainers.registry import get_algorithm
-
-TINY = "configs/tiny.yaml"
-DISAGGREGATED = [
-    "rollout.placement=disaggregated",
-    "rollout.devices=1",
-    "actor.parallel.tp=1",
-    "reference.parallel.tp=1",
-    "critic.parallel.tp=1",
-]
 
 TP1 = ["actor.parallel.tp=1", "reference.parallel.tp=1", "critic.parallel.tp=1"]
 
@@ -75,8 +64,7 @@ def test_what_disaggregated_runs_cannot_do_yet_is_refused_as_not_yet_supported(
 
 
 def plan_of(overrides: list[str], trainer: str = "grpo"):
-    algorithm = get_algorithm(trainer)
-    return build_run_plan(algorithm, load_config(TINY, overrides, algorithm))
+    return config_and_plan(trainer, *overrides)[1]
 
 
 def test_disaggregated_roles_train_on_the_devices_the_rollout_leaves():
@@ -167,15 +155,7 @@ def test_the_loss_corrects_token_lag_with_partial_rollout_or_staleness_only():
 
 
 def dry_run(*overrides: str) -> dict:
-    args = ["--trainer", "grpo", "--config", "configs/qwen25_7b.yaml", "--dry-run", "--json"]
-    out = subprocess.run(
-        [sys.executable, "-m", "trainers.driver.cli", *args, *overrides],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return dry_run_of("grpo", "configs/qwen25_7b.yaml", *overrides)
 
 
 def test_the_planner_shows_which_devices_train_and_which_generate_per_mode():

@@ -8,12 +8,15 @@ does not hinge on float rounding differences between engines.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from backends.generation import EngineConfig, GenerationEngine, get_engine_class
+from mindrl.dock import RL_FIELDS, DockClient, create_dock, shutdown_dock
 
 MAX_MODEL_LEN = 64
 
@@ -96,3 +99,23 @@ def engine(request, weights_a) -> GenerationEngine:
     close = getattr(engine, "shutdown", None)
     if close is not None:
         close()
+
+
+#: Responses per prompt of the dock tests: the prompts below are two groups of two.
+N = 2
+PROMPTS = [[5, 17, 33], [5, 17, 33], [200, 4], [200, 4]]
+INDEXES = np.arange(len(PROMPTS))
+NOTHING = np.zeros(0, dtype=np.int64)
+
+
+def dock_with_prompts(reward_reads: list[str]) -> Iterator[DockClient]:
+    """A one-warehouse dock (on the shared Ray cluster) holding :data:`PROMPTS` for the
+    rollout stage, whose reward stage reads ``reward_reads``; shut down after the test."""
+    stages = {"rollout": ["prompt_ids"], "reward": reward_reads}
+    handle = create_dock(
+        RL_FIELDS, stages, n_samples=len(PROMPTS), group_size=N, warehouses=1, timeout_s=30
+    )
+    client = DockClient(handle)
+    client.put(INDEXES, {"prompt_ids": [torch.tensor(p) for p in PROMPTS]})
+    yield client
+    shutdown_dock(handle)

@@ -9,35 +9,31 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from backends.generation import SamplingParams
-from mindrl.dock import RL_FIELDS, DockClient, create_dock, shutdown_dock
+from mindrl.dock import DockClient
 from mindrl.workers.continuous import ContinuousGenerator, Feed
 from mindrl.workers.generation import paused_prefixes
-from tests.generation.conftest import MAX_MODEL_LEN, reference_model
+from tests.generation.conftest import (
+    INDEXES,
+    MAX_MODEL_LEN,
+    NOTHING,
+    PROMPTS,
+    N,
+    dock_with_prompts,
+    reference_model,
+)
 from tests.generation.test_engines import argmax_decode
 
 pytestmark = pytest.mark.ray
 
-N = 2  # responses per prompt
-PROMPTS = [[5, 17, 33], [5, 17, 33], [200, 4], [200, 4]]  # two groups of two
-INDEXES = np.arange(len(PROMPTS))
 LENGTH = 40  # no stop token: every response runs to this length
 GREEDY = SamplingParams(temperature=0, max_tokens=LENGTH)
-NOTHING = np.zeros(0, dtype=np.int64)
 
 
 @pytest.fixture
 def dock(ray_cluster):
-    stages = {"rollout": ["prompt_ids"], "reward": ["response_ids"]}
-    handle = create_dock(
-        RL_FIELDS, stages, n_samples=len(PROMPTS), group_size=N, warehouses=1, timeout_s=30
-    )
-    client = DockClient(handle)
-    client.put(INDEXES, {"prompt_ids": [torch.tensor(p) for p in PROMPTS]})
-    yield client
-    shutdown_dock(handle)
+    yield from dock_with_prompts(["response_ids"])
 
 
 class StopAfterSteps:

@@ -9,29 +9,24 @@ import pytest
 import torch
 
 from backends.generation import SamplingParams
-from mindrl.dock import RL_FIELDS, DockClient, create_dock, shutdown_dock
 from mindrl.workers.generation import PartialRollout, generate_into_dock, paused_prefixes
-from tests.generation.conftest import reference_model
+from tests.generation.conftest import (
+    INDEXES,
+    NOTHING,
+    PROMPTS,
+    N,
+    dock_with_prompts,
+    reference_model,
+)
 
 pytestmark = pytest.mark.ray
 
-N = 2  # responses per prompt
-PROMPTS = [[5, 17, 33], [5, 17, 33], [200, 4], [200, 4]]  # two groups of two
-INDEXES = np.arange(len(PROMPTS))
 LENGTH = 9  # a whole response; no stop token, so each runs to this length
-NOTHING = np.zeros(0, dtype=np.int64)
 
 
 @pytest.fixture
 def dock(ray_cluster):
-    stages = {"rollout": ["prompt_ids"], "reward": ["prompt_ids", "response_ids"]}
-    handle = create_dock(
-        RL_FIELDS, stages, n_samples=len(PROMPTS), group_size=N, warehouses=1, timeout_s=30
-    )
-    client = DockClient(handle)
-    client.put(INDEXES, {"prompt_ids": [torch.tensor(p) for p in PROMPTS]})
-    yield client
-    shutdown_dock(handle)
+    yield from dock_with_prompts(["prompt_ids", "response_ids"])
 
 
 def one_iteration(dock, engine, budget: int, resumed: np.ndarray, seed: int) -> dict:
