@@ -262,9 +262,11 @@ class RolloutConfig:
         "keeps up to continuous_slots sequences decoding, refills a finished one's slots at "
         "once from the prompts the dock holds for it, sends finished groups to the dock as "
         "they complete (reward and reference score them while it decodes) and loads new "
-        "weights between decode steps; the update trains the oldest finished groups and "
-        "refuses any whose tokens lag more than max_staleness updates. With max_staleness 0 "
-        "nothing is sampled ahead: the run is the on-policy one.",
+        "weights between decode steps; the update trains groups in the order their prompts "
+        "were drawn, waiting for any that would lag more than max_staleness updates at the "
+        "next one (so long responses are not refused) and taking the oldest finished younger "
+        "groups for the rest. With max_staleness 0 nothing is sampled ahead: the run is the "
+        "on-policy one.",
     )
     continuous_slots: int | None = option(
         None,

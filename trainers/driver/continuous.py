@@ -13,11 +13,15 @@ shares: a group's draw order, paused responses, the in-flight checkpoint):
 * ``reward`` and ``ref_logp`` (the frozen reference) score finished groups as they
   arrive, with chunked claims open all the time (trainers/driver/streaming.py's calls),
   while the workers decode and the trainer updates.
-* An iteration waits until ``G`` finished groups are scored, refuses every group with a
-  token more than ``max_staleness`` updates older than the trained weights (its slots
-  are freed and refilled; ``dropped_stale_groups`` counts them), trains the ``G`` oldest
-  by draw order and holds the others out of the training stages' claims meanwhile;
-  ``old_logp`` and ``values`` (models that train) score the kept groups then, as today.
+* An update trains ``G`` groups picked by draw order, not by finishing order
+  (:meth:`ContinuousRunner._pick`): every group that would pass the staleness bound at
+  the next update is *due* and waited for, finished or not; the rest of the batch is
+  the oldest finished younger groups. So no group is refused for its length, and every
+  drawn group trains within ``max_staleness`` updates; a scored group past the bound
+  all the same (none in a steady run) is refused, its slots freed and refilled
+  (``dropped_stale_groups``). Finished groups not picked are held out of the training
+  stages' claims meanwhile; ``old_logp`` and ``values`` (models that train) score the
+  kept groups then, as today.
 * After the update the new weights go to the workers without waiting (the actor's
   gather and broadcast run beside the next scoring and the workers' decoding; the next
   update waits for the actor's part); the record shows the hand-over apart
@@ -221,8 +225,7 @@ class ContinuousRunner(PartialRolloutRunner):
 
     # ---- waiting for G scored groups ----------------------------------------------------------
     def _gather(self, ledger: Ledger, iteration: int) -> list[int]:
-        """Stream, score and refill until ``G`` groups within the bound are scored; the
-        ``G`` oldest of them."""
+        """Stream, score and refill until the groups :meth:`_pick` trains are scored."""
         deadline = time.perf_counter() + self.timeout
         for stream in self.streams.values():
             if stream.claim is None:
@@ -230,8 +233,10 @@ class ContinuousRunner(PartialRolloutRunner):
         while True:
             self._refill(ledger)
             ready = self._within_bound(ledger, iteration)
-            if len(ready) >= self.G:
-                return ready[: self.G]
+            kept = self._pick(list(ready), iteration)
+            if kept is not None:
+                self.lags = np.array([ready[slot] for slot in kept])
+                return kept
             refs = [*self.chunks, *(s.claim.ref for s in self.streams.values() if s.claim)]
             refs += [] if self.push is None else self.push.refs
             done, _ = ray.wait(refs, num_returns=1, timeout=POLL_S)
@@ -246,21 +251,54 @@ class ContinuousRunner(PartialRolloutRunner):
             else:
                 self._claim_answered(done[0])
 
-    def _within_bound(self, ledger: Ledger, iteration: int) -> list[int]:
-        """Scored groups by draw order, after refusing those whose oldest token lags the
-        trained weights by more than ``max_staleness`` updates (their slots freed)."""
+    def _within_bound(self, ledger: Ledger, iteration: int) -> dict[int, int]:
+        """Scored groups by draw order -> their lag (updates between their oldest token
+        and the trained weights), after refusing those past ``max_staleness`` (their
+        slots freed)."""
         ready = [slot for slot, done in self.scored.items() if len(done) == len(self.streams)]
         ready.sort(key=lambda slot: self.flights[slot].order)
         if not ready:
-            return []
+            return {}
         firsts = np.asarray(ready, dtype=np.int64) * self.N  # a group is put whole: one version
         lag = iteration - self._timed_dock(ledger, self.run.dock.versions, "update", firsts)
         stale = [slot for slot, late in zip(ready, lag, strict=True) if late > self.max_staleness]
         if stale:
             self._drop(ledger, stale)
-        keep = [slot for slot, late in zip(ready, lag, strict=True) if late <= self.max_staleness]
-        self.lags = np.array([lag[ready.index(slot)] for slot in keep[: self.G]])
-        return keep
+        return {
+            slot: int(late)
+            for slot, late in zip(ready, lag, strict=True)
+            if late <= self.max_staleness
+        }
+
+    def _pick(self, ready: list[int], iteration: int) -> list[int] | None:
+        """The ``G`` groups this update trains, by draw order; None while one is missing.
+
+        Taking the oldest *finished* groups starves long responses: the short ones finish
+        first, train first, and a long one ages past the bound while it decodes and is
+        refused, so the trained batch is skewed to short responses (and easy prompts)
+        and a prompt whose responses always take longer than the bound never trains.
+        The async RL systems that bound staleness (AReaL's admission control, verl's
+        fully-async staleness threshold, tinker's ``sampling_steps_ahead``) bound it by
+        how far generation may run ahead and train oldest first, refusing nothing: the
+        trained lengths then follow the drawn ones. Here the pool and the admission rule
+        (module docstring) bound the run-ahead; this picks, by draw order, every group
+        drawn more than ``max_staleness - 1`` updates ago (it would pass the bound at
+        the next update, so it is *due* now and the update waits for it, however long its
+        responses), then the oldest finished younger groups, which may go ahead of an
+        unfinished group of their age only while that one can still train within the
+        bound. Its stale tokens keep their behaviour log-probs and the loss weights each
+        by its ratio (trainers/core.py). The wait costs throughput only where a due
+        group's responses outlast the ``max_staleness`` updates it had to finish; with
+        ``max_staleness: 0`` every group is due: the on-policy batch."""
+        edge = iteration + 1 - self.max_staleness
+        flights = sorted(self.flights, key=lambda slot: self.flights[slot].order)
+        due = [slot for slot in flights if self.flights[slot].iteration < edge][: self.G]
+        finished = set(ready)
+        if not finished.issuperset(due):
+            return None
+        younger = [slot for slot in ready if slot not in due][: self.G - len(due)]
+        kept = due + younger
+        return kept if len(kept) == self.G else None
 
     def _drop(self, ledger: Ledger, slots: list[int]) -> None:
         indexes = self._indexes(slots)
