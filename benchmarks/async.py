@@ -11,7 +11,10 @@ in alternating order so a shift in machine load hits all alike:
   ``--rollout-devices`` (default half the world) generate and the rest train,
   ``rollout.max_staleness: 0``: on-policy, so it shows the placement's cost alone;
 * ``async``: the same placement with ``max_staleness: 1``: the next batch generates while
-  this one trains (docs/architecture.md section 8).
+  this one trains (docs/architecture.md section 8);
+* ``continuous``: the same with ``rollout.continuous: true``: the rollout worker keeps
+  its slots decoding, refilling each as its sequence ends, and the update trains groups
+  in draw order (trainers/driver/continuous.py).
 
 Every mode uses the same devices (TPS, paper Eq. 5, is per device of the whole world) and
 trains its roles at ``--train-tp`` (default 1: the disaggregated modes train on
@@ -31,12 +34,19 @@ Qwen2.5-7B, G=256 prompts x N=16 responses; host<->device 50 GB/s, 300 MB/s betw
 servers; MindSpeed RL paper, "Experiments"). The paper gives no per-stage times, so
 they come from this cost model (every constant is a flag, printed with the result):
 
-* generation: vLLM, TP1 x DP16, all of a replica's responses decoded together; a
-  decode step reads the weights and the live KV cache from HBM,
-  ``t_step = (2P + kv_bytes) / (HBM_BW * eff)``, a prefill costs
-  ``2P * L_p / (peak * mfu)`` per prompt; response lengths are log-normal (mean
-  ``--sim-response-mean``, capped at ``--sim-response-max``) -- the long tail the paper
-  and AReaL describe. A response is ready when its replica has decoded its last token.
+* generation: vLLM, TP1 x DP16, a replica decoding as many sequences at once as its KV
+  cache holds (HBM x 0.9 less the bf16 weights, over the length-weighted live context;
+  Qwen2.5-7B's K and V are 2 x 28 layers x 4 KV heads x 128 x 2 B = 56 KiB per token),
+  admitting the next as one ends. A decode step is bound by its HBM reads, the bf16
+  weights (2P bytes, the same for one live sequence as for 200) plus the live
+  sequences' KV cache, ``t_step = (2P + kv_bytes) / (HBM_BW * eff)``, unless its FLOPs
+  (``2P`` per live sequence, attention ``4 x layers x q_heads x head_dim`` per context
+  token) take longer at ``--sim-decode-mfu``; at these batch sizes they never do. So a
+  drain with few sequences live pays the whole weight read per token of each. A prefill
+  costs ``2P * L_p / (peak * prefill_mfu)`` per prompt; response lengths are log-normal
+  (mean ``--sim-response-mean``, sigma ``--sim-response-sigma``, capped at
+  ``--sim-response-max``) -- the long tail the paper and AReaL describe. A response is
+  ready when its replica has decoded its last token.
 * reward: rule-based, ``--sim-reward-ms`` per response on ``--sim-reward-workers`` CPU
   workers, served first-come first-served.
 * reference log-probs: a forward pass, ``2P`` FLOPs per token at ``--sim-mfu``;
@@ -66,24 +76,34 @@ batch k's reward, weight transfer and reference pass and runs beside batch k's u
 so an iteration takes reward + transfer + reference + dock + max(generation, update) in
 steady state. ``async, best split`` is the async row at the number of generating devices
 (1..15) with the shortest iteration; memory and the KV cache's capacity are not checked.
+``continuous async`` (trainers/driver/continuous.py) generates at a replica's steady
+full-slot rate (no drain: a slot is refilled the step its sequence ends), scores and
+hands weights over beside decoding, and takes the slowest of generation, the training
+side (update + the longer of the reference pass and the transfer) and the reward. The
+*overlap ceiling* is what no placement beats: the same work at the full-slot rate with
+every device busy all the time; beside it, how much longer sync's batched generation
+takes than that work at the full-slot rate (its drain). The long-CoT comparison is also
+run with each accelerator's figures (``DEVICES``: Ascend 910B, H100 SXM5, H200 SXM; the
+other constants unchanged).
 
-What the model predicts, and why peers report more. With the defaults (figures below),
-async is 0.88x sync at 8 + 8 and 0.90x at its best split (7 + 9): the asynchrony itself
-gains 1.65x over the same placement on-policy (async / disagg-sync 0.606x), but the
-placement costs more. Each side has half the devices; the update and the reference
-scale linearly with devices and generation nearly so (decode is bound by reading the KV
-cache, which fewer replicas do not shrink; only the weight reads amortize: 780 s on 8
-devices vs 473 s on 16); the reference pass and the 48 s transfer stay on the critical
-path. Where every stage scales linearly, splitting a fixed pool hands the overlap's gain
-back: generation + update on all devices equals max(generation, update) at the balanced
-split. verl's fully-async trainer (2.35-2.67x on Qwen2.5-7B, 128 GPUs) and AReaL (2.77x
-vs synchronous) gain elsewhere: their generation is continuous (partial / interruptible
-rollout: no rollout device waits for a batch's longest response), their synchronous
-baselines idle through that long tail on every device (their long-CoT responses run to
-tens of thousands of tokens), and weights move in seconds over NVLink / RDMA. mindrl's
-runner, and so this model, collects whole batches: the tail stays on the generation
-side. With long-CoT lengths (``--sim-response-mean 8192 --sim-response-max 32768``) the
-model gives 0.68x at 8 + 8 and 0.85x at its best split (12 + 4).
+What the model predicts, and why peers report more. With the defaults, async is 0.77x
+sync at 8 + 8 and 0.95x at its best split (6 + 10): the asynchrony itself gains 1.45x
+over the same placement on-policy (async / disagg-sync 0.688x), but each side has half
+the devices and the update and the reference scale linearly with them (generation
+nearly so: 546 s on 8 devices vs 338 s on 16). Continuous async is 1.10x at its best
+split (5 + 11), and with long-CoT lengths (mean 8K, max 32K) 1.27x at 8 + 8, against an
+overlap ceiling of 1.29x; the issue's goal, 2x, is out of reach at 16 devices in this
+model, on every accelerator (910B 1.27x, H100 1.24x, H200 1.26x at their best splits;
+ceilings 1.29x, 1.31x, 1.30x). Continuous refill removes the batch's drain, not work:
+sync's long-CoT generation takes 1.57x the same work at the full-slot rate (2287 s of
+3721 s), since each of 16 replicas holds 256 of the batch's 4096 sequences against 84
+KV slots, so its batch stays full for two waves and only the third drains; the update
+and the reference pass (1416 s) are the same work either way. verl's fully-async
+trainer reports 2.35-2.67x with Qwen2.5-7B on 128 GPUs: with ``--sim-devices 128
+--sim-rollout-devices 64`` this model gives 2.45x (2.58x at 68 + 60), a ceiling of
+2.72x and a drain of 4.48x, as each replica then holds 32 sequences, fewer than its
+slots, and the whole batch is one wave waiting for its longest response. The gain is
+the drain's, and the drain grows with devices per sample.
 
 Figures of the four modes (2026-11-25, this 2-core x86_64 box, quiet: load 1.0 at start;
 ``--iterations 20 --repeats 4``; tiny at TP 1, 128 samples per iteration; disaggregated:
@@ -92,9 +112,11 @@ stream 0.183 s (1.04x the time: the tiny task's reward is ~10 ms, nothing to hid
 disagg-sync 0.202 s (1.15x), async 0.164 s (0.93x; TPS 1.08x, samples/s 1.07x; 0.81x of
 disagg-sync): the next batch's generation (0.082 s busy) ran wholly during the update,
 collection waited 0 s, staleness 1. Each repeat's median stayed within 0.02 s of the
-others. Simulated (defaults): sync 1053.9 s per iteration, stream 1048.7 s (x1.005),
-disagg-sync 1980.8 s (x0.53), async 8 + 8 1200.8 s (x0.88), best split 7 + 9 1168.2 s
-(x0.90); with the transfer at 25 GB/s async is x0.91, its best split x0.94.
+others. Simulated (defaults, 2026-11-26): sync 918.6 s per iteration, stream 913.5 s
+(x1.006), disagg-sync 1746.4 s (x0.53), async 8 + 8 1200.8 s (x0.77), best split 6 + 10
+972.0 s (x0.95), continuous async 8 + 8 1147.4 s (x0.80), best split 5 + 11 835.4 s
+(x1.10); with the transfer at 25 GB/s async is x0.80, its best split x0.99. Measured
+continuous vs sync on the long-tail task: docs/pipeline.md, "Continuous generation".
 
 **Partial rollout** (``--partial-budget B``): instead of the four modes, the same config
 trains with every response generated to its end (``whole``) and with
@@ -214,8 +236,9 @@ def summarize(records: list[dict], samples_per_iteration: int, groups: int) -> d
     (every group the updates trained over the timed wall seconds; a record without
     ``trained_groups`` trained ``groups``) and the mean reward of the trained samples; as
     means, each stage's wall, busy and overlap seconds and the overhead inside the
-    iteration (dock operations, resharding, scheduling); the staleness of what trained,
-    where the records carry it."""
+    iteration (dock operations, resharding, scheduling); the mean response and prompt
+    length of the trained samples; the staleness of what trained and the groups refused
+    as stale, where the records carry them."""
     iteration_s = run_median(records)
     wall = sum(r["iteration_time_s"] for r in records)
 
@@ -235,9 +258,15 @@ def summarize(records: list[dict], samples_per_iteration: int, groups: int) -> d
         "overlap_s": mean_of("overlap"),
         "overhead_s": mean_of("overhead"),
     }
+    trained = [r.get("trained_groups", groups) for r in records]
+    for key in ("response_length_mean", "prompt_length_mean"):  # per trained sample
+        summary[key] = sum(r[key] * n for r, n in zip(records, trained, strict=True)) / sum(trained)
     if any("staleness_max" in r for r in records):  # a disaggregated run's records
         summary["staleness_max"] = max(r["staleness_max"] for r in records)
         summary["staleness_mean"] = statistics.fmean(r["staleness_mean"] for r in records)
+    if any("dropped_stale_groups" in r for r in records):  # a continuous run's records
+        summary["drawn_groups"] = sum(r["drawn_groups"] for r in records)
+        summary["dropped_stale_groups"] = sum(r["dropped_stale_groups"] for r in records)
     return summary
 
 
@@ -460,18 +489,21 @@ class ClusterModel:
     devices: int = 16
     params: float = 7.6e9  # Qwen2.5-7B
     layers: int = 28
+    q_heads: int = 28
     kv_heads: int = 4
     head_dim: int = 128
     prompts: int = 256
     responses_per_prompt: int = 16
     prompt_len: int = 2048
     response_mean: float = 2048.0
+    response_sigma: float = 0.8
     response_max: int = 8192
     peak_flops: float = 313e12  # assumed bf16 peak of one NPU
     hbm_bytes_per_s: float = 1.6e12  # assumed HBM bandwidth of one NPU
     hbm_efficiency: float = 0.6
     mfu: float = 0.35  # training and forward passes
     prefill_mfu: float = 0.5
+    decode_mfu: float = 0.5
     reward_ms: float = 20.0
     reward_workers: int = 16
     host_bytes_per_s: float = 50e9  # paper: H2D / D2H
@@ -500,18 +532,21 @@ SOURCES = {
     "devices": "paper: 2 nodes x 8 NPUs",
     "params": "Qwen2.5-7B parameter count",
     "layers": "Qwen2.5-7B config",
+    "q_heads": "Qwen2.5-7B config (num_attention_heads)",
     "kv_heads": "Qwen2.5-7B config (GQA)",
     "head_dim": "Qwen2.5-7B config",
     "prompts": "paper's GRPO setting, G",
     "responses_per_prompt": "paper's GRPO setting, N",
     "prompt_len": "paper's maximum prompt length",
-    "response_mean": "assumed: log-normal, sigma 0.8, mean of the paper's lengths",
+    "response_mean": "assumed: log-normal, mean of the paper's lengths",
+    "response_sigma": "assumed spread (sigma of log length) of the log-normal lengths",
     "response_max": "paper's maximum response length",
-    "peak_flops": "assumed bf16 peak of one NPU",
-    "hbm_bytes_per_s": "assumed HBM bandwidth of one NPU",
+    "peak_flops": "assumed bf16 dense peak of one Ascend 910B (DEVICES)",
+    "hbm_bytes_per_s": "assumed HBM bandwidth of one Ascend 910B (DEVICES)",
     "hbm_efficiency": "assumed share of HBM bandwidth a decode step reaches",
     "mfu": "assumed MFU of training and forward passes",
     "prefill_mfu": "assumed MFU of prefill",
+    "decode_mfu": "assumed MFU of a decode step's FLOPs (binds only where they outlast its reads)",
     "reward_ms": "assumed rule-based reward per response",
     "reward_workers": "assumed CPU reward workers",
     "host_bytes_per_s": "paper: host <-> device",
@@ -527,10 +562,30 @@ SOURCES = {
 }
 
 
+#: The accelerators the long-CoT comparison is also simulated on: what each sets in the
+#: model (bf16 dense peak FLOP/s, HBM bytes/s, HBM GB) and where the figures come from.
+DEVICES: dict[str, tuple[dict[str, float], str]] = {
+    "910b": (
+        {"peak_flops": 313e12, "hbm_bytes_per_s": 1.6e12, "device_memory_gb": 64.0},
+        "Ascend 910B: 64 GB HBM2e; ~1.6 TB/s and ~313 TFLOPS bf16 are the commonly quoted "
+        "figures (assumed: Huawei publishes no full datasheet)",
+    ),
+    "h100": (
+        {"peak_flops": 989e12, "hbm_bytes_per_s": 3.35e12, "device_memory_gb": 80.0},
+        "NVIDIA H100 SXM5 datasheet: 989 TFLOPS dense bf16, 3.35 TB/s HBM3, 80 GB",
+    ),
+    "h200": (
+        {"peak_flops": 989e12, "hbm_bytes_per_s": 4.8e12, "device_memory_gb": 141.0},
+        "NVIDIA H200 SXM datasheet: 989 TFLOPS dense bf16, 4.8 TB/s HBM3e, 141 GB",
+    ),
+}
+
+
 def response_lengths(m: ClusterModel) -> np.ndarray:
-    """Log-normal lengths with mean ``response_mean`` (sigma 0.8), capped at the max."""
+    """Log-normal lengths with mean ``response_mean`` (``response_sigma``), capped at the
+    max."""
     rng = np.random.default_rng(m.seed)
-    sigma = 0.8
+    sigma = m.response_sigma
     mu = np.log(m.response_mean) - sigma**2 / 2
     return np.clip(rng.lognormal(mu, sigma, m.samples), 1, m.response_max).astype(np.int64)
 
@@ -561,11 +616,19 @@ def decode_replica(m: ClusterModel, lengths: np.ndarray, slots: int) -> np.ndarr
     to ``slots`` sequences decoding and admits the next one as one ends (its prefill
     costs that moment). Every step gives each live sequence one token and reads the
     weights plus the live sequences' KV cache (prompt and tokens so far; an ended
-    sequence's cache is freed). Steps between two ends hold the same sequences, so they
-    are summed in closed form: O(sequences log sequences)."""
+    sequence's cache is freed): the weight read is the same for 1 live sequence as for
+    200, so a step's cost is nearly flat in the live count until the KV reads dominate,
+    and a drain with few sequences live pays the whole weight read per token of each.
+    Where the step's FLOPs (``2P`` per live token for the matmuls, ``4 x layers x q_heads
+    x head_dim`` per token of context for attention) take longer at ``decode_mfu`` the
+    step is compute-bound and costs that instead. Steps between two ends hold the same
+    sequences, so they are summed in closed form (the slower of the two sums, per run of
+    steps): O(sequences log sequences)."""
     prefill = 2 * m.params * m.prompt_len / (m.peak_flops * m.prefill_mfu)
+    flops = m.peak_flops * m.decode_mfu
     bandwidth = m.hbm_bytes_per_s * m.hbm_efficiency
     kv = m.kv_bytes_per_token
+    attention = 4 * m.layers * m.q_heads * m.head_dim  # FLOPs per token per context token
     ends: list[tuple[int, int, int]] = []  # (step it ends at, its position, step it started)
     ready = np.empty(len(lengths))
     queue = iter(enumerate(lengths.tolist()))
@@ -584,7 +647,9 @@ def decode_replica(m: ClusterModel, lengths: np.ndarray, slots: int) -> np.ndarr
         # The context at step j (0-based) is live * (prompt + 1) + live * j - started_sum.
         base = live * (m.prompt_len + 1) - started_sum
         tokens = k * base + live * (k * step + k * (k - 1) // 2)
-        clock += (k * 2 * m.params + kv * tokens) / bandwidth
+        memory = (k * 2 * m.params + kv * tokens) / bandwidth  # bf16 weights: 2 B/param
+        compute = (k * live * 2 * m.params + attention * tokens) / flops
+        clock += max(memory, compute)
         step += k
         ended = 0
         while ends and ends[0][0] == step:
@@ -739,6 +804,21 @@ def continuous_row(
     }
 
 
+def overlap_ceiling(m: ClusterModel, lengths: np.ndarray, costs: dict) -> dict[str, float]:
+    """What no placement of the same work beats: every device busy all the time, the
+    generation at its continuous (full-slot) rate, the reference and the update at their
+    FLOPs, spread over all ``devices`` (the dock dispatch added). Beside it the share of
+    sync's generation that is the drain (its generation over the same work at the
+    full-slot rate on the same devices)."""
+    rate = continuous_replica_rate(m, lengths, kv_slots(m, lengths))  # per device
+    generation = m.samples / rate  # device-seconds
+    train = float(costs["forward"].sum() + costs["update"].sum())
+    return {
+        "iteration_s": (generation + train) / m.devices + costs["dock_s"],
+        "full_slot_generation_s": generation / m.devices,
+    }
+
+
 def best_continuous_split(m: ClusterModel, lengths: np.ndarray, costs: dict) -> dict[str, Any]:
     rows = [continuous_row(m, lengths, costs, d) for d in range(1, m.devices)]
     return min(rows, key=lambda row: row["iteration_s"])
@@ -767,6 +847,7 @@ def simulate_lengths(m: ClusterModel) -> dict[str, Any]:
         "continuous async, best split": best_continuous_split(m, lengths, costs),
     }
     tokens = m.samples * (m.prompt_len + lengths.mean())
+    ceiling = overlap_ceiling(m, lengths, costs)
     for row in rows.values():
         row |= {
             "tps": tokens / (m.devices * row["iteration_s"]),
@@ -775,7 +856,13 @@ def simulate_lengths(m: ClusterModel) -> dict[str, Any]:
             "reward_busy_s": float(costs["reward"].sum()),
             "dock_dispatch_s": costs["dock_s"],
         }
-    return {"mean_response_len": float(lengths.mean()), "rows": rows}
+    return {
+        "mean_response_len": float(lengths.mean()),
+        "rows": rows,
+        "ceiling_vs_sync": rows["sync"]["iteration_s"] / ceiling["iteration_s"],
+        "sync_generation_vs_full_slots": rows["sync"]["generation_s"]
+        / ceiling["full_slot_generation_s"],
+    }
 
 
 def simulate(m: ClusterModel) -> dict[str, Any]:
@@ -790,7 +877,36 @@ def simulate(m: ClusterModel) -> dict[str, Any]:
         "mean_response_len": paper["mean_response_len"],
         "long_cot_mean_response_len": cot["mean_response_len"],
         "rows": rows,
+        "ceiling_vs_sync": {"paper": paper["ceiling_vs_sync"], "long-cot": cot["ceiling_vs_sync"]},
+        "sync_generation_vs_full_slots": {
+            "paper": paper["sync_generation_vs_full_slots"],
+            "long-cot": cot["sync_generation_vs_full_slots"],
+        },
+        "by_device": by_device(long_cot),
     }
+
+
+def by_device(m: ClusterModel) -> dict[str, dict[str, Any]]:
+    """The long-CoT comparison with each of ``DEVICES``' figures in ``m`` (the rest as
+    ``m`` has it): continuous async vs sync at ``m.rollout_devices`` and at its best
+    split, the overlap ceiling, and how much longer sync's generation takes than the
+    same work at the full-slot rate."""
+    out = {}
+    for name, (figures, source) in DEVICES.items():
+        sim = simulate_lengths(replace(m, **figures))
+        rows = sim["rows"]
+        out[name] = {
+            **figures,
+            "source": source,
+            "slots_per_device": rows["continuous async"]["slots_per_device"],
+            "sync_iteration_s": rows["sync"]["iteration_s"],
+            "continuous_vs_sync": rows["continuous async"]["throughput_vs_sync"],
+            "best_split": rows["continuous async, best split"]["devices"],
+            "best_split_vs_sync": rows["continuous async, best split"]["throughput_vs_sync"],
+            "ceiling_vs_sync": sim["ceiling_vs_sync"],
+            "sync_generation_vs_full_slots": sim["sync_generation_vs_full_slots"],
+        }
+    return out
 
 
 # ---------------------------------------------------------------- report
@@ -814,7 +930,8 @@ def print_measured(report: dict[str, Any]) -> None:
     )
     print(
         f"  {'mode':<11} {'iter(med)':>9} {'TPS(med)':>9} {'samples/s':>9} {'groups/s':>8} "
-        f"{'reward(final)':>13} {'staleness':<12}  stage wall s / busy s / overlap s"
+        f"{'reward(final)':>13} {'resp/prompt':>11} {'stale':>7} {'staleness':<12}  "
+        "stage wall s / busy s / overlap s"
     )
     for mode, s in report["modes"].items():
         stages = ", ".join(
@@ -831,9 +948,12 @@ def print_measured(report: dict[str, Any]) -> None:
         stale = (
             f"{s['staleness_mean']:.2f} (max {s['staleness_max']})" if "staleness_max" in s else "-"
         )
+        lengths = f"{s['response_length_mean']:.1f}/{s['prompt_length_mean']:.1f}"
+        refused = f"{s['dropped_stale_groups']}/{s['drawn_groups']}" if "drawn_groups" in s else "-"
         print(
             f"  {mode:<11} {s['iteration_s']:>8.3f}s {s['tps']:>9.0f} {s['samples_per_s']:>9.1f} "
-            f"{s['groups_per_s']:>8.2f} {s['reward_final']:>13.3f} {stale:<12}  {stages}"
+            f"{s['groups_per_s']:>8.2f} {s['reward_final']:>13.3f} {lengths:>11} {refused:>7} "
+            f"{stale:<12}  {stages}"
         )
     print(
         "  median iteration s of each repeat: "
@@ -847,7 +967,11 @@ def print_measured(report: dict[str, Any]) -> None:
             f"  {pair}: iteration time {r['iteration_time']:.3f}x, TPS {r['throughput']:.3f}x, "
             f"samples/s {r['samples_per_s']:.3f}x, trained groups/s {r['groups_per_s']:.3f}x"
         )
-    print(f"  reward(final): mean reward of each run's last {FINAL_REWARD_ITERATIONS} iterations")
+    print(
+        f"  reward(final): mean reward of each run's last {FINAL_REWARD_ITERATIONS} iterations; "
+        "resp/prompt: mean response / prompt tokens of the trained samples; stale: groups "
+        "refused past the staleness bound / groups drawn (timed iterations)"
+    )
     if {"sync", "stream"} <= set(report["modes"]):
         print(
             f"  stream and sync trained on the same samples (every metric but timings equal): "
@@ -916,6 +1040,23 @@ def print_simulated(sim: dict[str, Any]) -> None:
         print(
             f"  {prefix}async / disagg-sync (asynchrony alone, same placement): iteration time "
             f"{alone:.3f}x"
+        )
+    for lengths, ceiling in sim["ceiling_vs_sync"].items():
+        drain = sim["sync_generation_vs_full_slots"][lengths]
+        print(
+            f"  {lengths} lengths: sync's generation takes {drain:.2f}x the same work at the "
+            f"full-slot rate (the drain); overlap ceiling (every device busy) x{ceiling:.3f}"
+        )
+    print(f"  long-cot by device ({m['devices']} devices; the other constants as above):")
+    for name, d in sim["by_device"].items():
+        print(
+            f"    {name:<5} {d['peak_flops'] / 1e12:.0f} TFLOPS, {d['hbm_bytes_per_s'] / 1e12:.2f} "
+            f"TB/s, {d['device_memory_gb']:.0f} GB ({d['source']}): {d['slots_per_device']} "
+            f"slots/device, sync {d['sync_iteration_s']:.0f}s, continuous async "
+            f"x{d['continuous_vs_sync']:.3f} at {m['rollout_devices']} gen, "
+            f"x{d['best_split_vs_sync']:.3f} at {d['best_split']}, ceiling "
+            f"x{d['ceiling_vs_sync']:.3f}; sync generation "
+            f"{d['sync_generation_vs_full_slots']:.2f}x full-slot"
         )
 
 

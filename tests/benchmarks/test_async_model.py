@@ -84,7 +84,9 @@ def test_the_partial_rollout_summary_gives_iteration_time_percentiles_and_traine
 
 
 #: A case small enough to work out by hand: 4 devices, 2 prompts x 2 responses of one
-#: token after a 99-token prompt (every length clipped to 1), 1e9 params, round constants.
+#: token after a 99-token prompt (every length clipped to 1), 1e9 params, round constants;
+#: 0.5e12 FLOP/s for training and prefill, and decode steps bound by their reads (as real
+#: ones are at these batch sizes: the compute floor is tested on its own).
 HAND = bench.ClusterModel(
     devices=4,
     rollout_devices=2,
@@ -97,9 +99,10 @@ HAND = bench.ClusterModel(
     prompt_len=99,
     response_mean=1.0,
     response_max=1,
-    peak_flops=1e12,
-    mfu=0.5,
-    prefill_mfu=0.5,
+    peak_flops=1e14,
+    mfu=0.005,
+    prefill_mfu=0.005,
+    decode_mfu=0.5,
     hbm_bytes_per_s=1e12,
     hbm_efficiency=1.0,
     reward_ms=100.0,
@@ -167,6 +170,31 @@ def test_the_decode_steps_cost_what_the_live_sequences_hold():
     np.testing.assert_allclose(ready, expected, rtol=1e-12)
 
 
+def test_a_decode_step_costs_its_flops_where_they_take_longer_than_its_reads():
+    # One sequence of 1 token after a 1-token prompt at 1e6 FLOP/s: the prefill and the
+    # step's 2e9 FLOPs (plus attention, 4 x 1 x 1 x 250 per context token, 2 tokens) are
+    # far slower than reading 2e9 B at 1e12 B/s.
+    m = dataclasses.replace(HAND, prompt_len=1, q_heads=1, peak_flops=2e6, prefill_mfu=0.5)
+    ready = bench.decode_replica(m, np.array([1]), slots=1)
+    flops = 2e6 * 0.5
+    np.testing.assert_allclose(ready, [2e9 / flops + (2e9 + 1000 * 2) / flops], rtol=1e-12)
+
+
+def test_no_placement_beats_the_overlap_ceiling_and_each_device_is_simulated():
+    sim = bench.simulate(SMALL)
+    rows = sim["rows"]
+    for prefix, lengths in (("", "paper"), ("long-cot: ", "long-cot")):
+        best = rows[prefix + "continuous async, best split"]["throughput_vs_sync"]
+        assert best <= sim["ceiling_vs_sync"][lengths] + 1e-9
+        # The sync batch's drain: its generation is slower than the full-slot rate's.
+        assert sim["sync_generation_vs_full_slots"][lengths] > 1.0
+    assert list(sim["by_device"]) == list(bench.DEVICES)
+    for name, device in sim["by_device"].items():
+        figures, source = bench.DEVICES[name]
+        assert {k: device[k] for k in figures} == figures and device["source"] == source
+        assert device["best_split_vs_sync"] <= device["ceiling_vs_sync"] + 1e-9
+
+
 def test_a_replica_with_fewer_slots_than_sequences_admits_one_as_another_ends():
     # Two slots for lengths 1, 3, 2: the third starts (its prefill) when the first ends.
     m = dataclasses.replace(HAND, prompt_len=1)
@@ -227,8 +255,25 @@ def measured_record(seconds: float, tps: float, **extra) -> dict:
         "busy": {"rollout": 0.4, "update": 0.9},
         "overlap": {"total": 0.0},
         "overhead": {"dock_s": 0.1, "reshard_s": 0.2, "scheduling_s": 0.05, "share": 0.2},
+        "response_length_mean": 4.0,
+        "prompt_length_mean": 6.0,
         **extra,
     }
+
+
+def test_the_measured_summary_weights_lengths_by_trained_groups_and_sums_refusals():
+    # A continuous run: 2 and 6 groups trained, responses of 2 and 10 tokens on average.
+    records = [
+        measured_record(1.0, 1.0, trained_groups=2, response_length_mean=2.0,
+                        drawn_groups=3, dropped_stale_groups=1),
+        measured_record(1.0, 1.0, trained_groups=6, response_length_mean=10.0,
+                        drawn_groups=6, dropped_stale_groups=0),
+    ]  # fmt: skip
+    s = bench.summarize(records, samples_per_iteration=8, groups=2)
+    assert s["response_length_mean"] == pytest.approx((2 * 2 + 6 * 10) / 8)
+    assert s["prompt_length_mean"] == pytest.approx(6.0)
+    assert (s["drawn_groups"], s["dropped_stale_groups"]) == (9, 1)
+    assert "dropped_stale_groups" not in bench.summarize([measured_record(1.0, 1.0)], 8, 2)
 
 
 def test_the_measured_summary_and_its_ratios_against_sync():
