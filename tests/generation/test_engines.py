@@ -197,6 +197,25 @@ def test_the_hf_engine_stops_generating_once_every_row_met_its_stop_sequence(wei
     assert len(forwards) == 5  # one forward per token; none after the stop
 
 
+def test_vllms_output_is_cut_after_its_first_stop_sequence():
+    # vLLM has no id-sequence stop: its output is cut. A stand-in for its CompletionOutput
+    # (vLLM is absent from this venv; tests marked vllm run the engine itself).
+    from types import SimpleNamespace
+
+    from backends.generation.vllm_engine import VLLMGenerationEngine
+
+    tokens = [1, 2, 3, 2, 3, 6]
+    logprobs = [{t: SimpleNamespace(logprob=-0.5 * t)} for t in tokens]
+    sample = SimpleNamespace(token_ids=tokens, logprobs=logprobs, finish_reason="length", index=0)
+    cut = SamplingParams(max_tokens=6, stop_sequences=((2, 3),))
+    result = VLLMGenerationEngine._result(0, sample, cut, 6)
+    assert (result.token_ids, result.logprobs, result.finish_reason) == (
+        [1, 2, 3], [-0.5, -1.0, -1.5], "stop",
+    )  # fmt: skip
+    whole = VLLMGenerationEngine._result(0, sample, SamplingParams(max_tokens=6), 6)
+    assert (whole.token_ids, whole.finish_reason) == (tokens, "length")
+
+
 def test_stop_rules_find_the_first_stop_token_or_sequence_end():
     params = SamplingParams(stop_token_ids=(9,), stop_sequences=((4, 5), (7,)))
     assert [stop_end(ids, params) for ids in ([1, 4, 5, 9], [1, 9, 4, 5], [4, 4, 1], [7])] == [
