@@ -111,6 +111,9 @@ class ContinuousRunner(PartialRolloutRunner):
         self.scored: dict[int, set[str]] = {}
         #: Index -> (reward, response tokens), from the reward workers' reports.
         self.rewards: dict[int, tuple[float, float]] = {}
+        #: Slot -> the oldest version among its scored group's tokens (fixed once put:
+        #: asked of the dock once, not at every poll of the wait).
+        self.versions: dict[int, int] = {}
         self.dropped = 0
         self.lags: np.ndarray = np.zeros(0)
         #: Each worker's loop counters at the last record (a restarted loop counts anew).
@@ -259,8 +262,12 @@ class ContinuousRunner(PartialRolloutRunner):
         ready.sort(key=lambda slot: self.flights[slot].order)
         if not ready:
             return {}
-        firsts = np.asarray(ready, dtype=np.int64) * self.N  # a group is put whole: one version
-        lag = iteration - self._timed_dock(ledger, self.run.dock.versions, "update", firsts)
+        new = [slot for slot in ready if slot not in self.versions]
+        if new:
+            firsts = np.asarray(new, dtype=np.int64) * self.N  # a group is put whole: one version
+            asked = self._timed_dock(ledger, self.run.dock.versions, "update", firsts)
+            self.versions |= dict(zip(new, asked.tolist(), strict=True))
+        lag = [iteration - self.versions[slot] for slot in ready]
         stale = [slot for slot, late in zip(ready, lag, strict=True) if late > self.max_staleness]
         if stale:
             self._drop(ledger, stale)
@@ -306,6 +313,7 @@ class ContinuousRunner(PartialRolloutRunner):
         for slot in slots:
             self.flights.pop(slot)
             self.scored.pop(slot)
+            self.versions.pop(slot, None)
         for index in indexes.tolist():
             self.rewards.pop(index, None)
         self.dropped += len(slots)
@@ -372,6 +380,7 @@ class ContinuousRunner(PartialRolloutRunner):
         self.trained = [self.flights.pop(slot) for slot in slots]
         for slot in slots:
             self.scored.pop(slot, None)
+            self.versions.pop(slot, None)
         self._timed_dock(ledger, self.run.dock.recycle, trained)
         if self.held:
             indexes = self._indexes(self.held)
