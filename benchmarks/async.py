@@ -115,8 +115,16 @@ collection waited 0 s, staleness 1. Each repeat's median stayed within 0.02 s of
 others. Simulated (defaults, 2026-11-26): sync 918.6 s per iteration, stream 913.5 s
 (x1.006), disagg-sync 1746.4 s (x0.53), async 8 + 8 1200.8 s (x0.77), best split 6 + 10
 972.0 s (x0.95), continuous async 8 + 8 1147.4 s (x0.80), best split 5 + 11 835.4 s
-(x1.10); with the transfer at 25 GB/s async is x0.80, its best split x0.99. Measured
-continuous vs sync on the long-tail task: docs/pipeline.md, "Continuous generation".
+(x1.10); with the transfer at 25 GB/s async is x0.80, its best split x0.99.
+
+Continuous vs sync measured (2026-11-26, under the heavy-run lock, load average 36 -> 29
+from other work; ``--modes sync continuous --warm-start-steps 400 --iterations 30
+--warmup 5 --repeats 2``, ``synthetic:longtail-48``, 64-token responses and prompts, lr
+1e-4; continuous on 1 rollout + 1 training device): sync 25.77 trained groups/s,
+continuous 27.48 (1.066x; per repeat 0.91x and 1.27x), both trained responses of 8.3
+tokens and prompts of 10.3 on average, 0 of continuous's 800 drawn groups refused as
+stale, final reward 0.995 both. Details and why: docs/pipeline.md, "Continuous
+generation".
 
 **Partial rollout** (``--partial-budget B``): instead of the four modes, the same config
 trains with every response generated to its end (``whole``) and with
