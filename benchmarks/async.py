@@ -333,7 +333,9 @@ def mode_overrides(args: argparse.Namespace, world: int) -> tuple[int, dict[str,
     """The rollout devices of the disaggregated modes (``--rollout-devices``, by default
     half the world) and what each mode's run adds to the config: ``--set``, every training
     role at ``--train-tp`` (the disaggregated modes train on ``world - rollout devices``,
-    so one TP for all keeps the modes' layouts apart in data parallelism only), the mode."""
+    so one TP for all keeps the modes' layouts apart in data parallelism only), the mode;
+    the continuous mode's slots at ``--continuous-slots`` where given (the other modes
+    refuse the option)."""
     rollout_devices = args.rollout_devices or max(world // 2, 1)
     common = [*args.set, *(f"{role}.parallel.tp={args.train_tp}" for role in TRAIN_ROLES)]
     kinds = {
@@ -341,6 +343,8 @@ def mode_overrides(args: argparse.Namespace, world: int) -> tuple[int, dict[str,
         for label, added in MODES.items()
         if label in args.modes
     }
+    if args.continuous_slots and "continuous" in kinds:
+        kinds["continuous"].append(f"rollout.continuous_slots={args.continuous_slots}")
     return rollout_devices, kinds
 
 
@@ -1108,6 +1112,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="tensor parallelism of the training roles in every mode (the disaggregated "
         "modes train on world - rollout devices: it must divide that)",
+    )
+    parser.add_argument(
+        "--continuous-slots",
+        type=int,
+        default=None,
+        help="sequences the continuous mode's rollout worker decodes at once "
+        "(rollout.continuous_slots; default: one batch's samples)",
     )
     parser.add_argument(
         "--partial-budget",

@@ -333,3 +333,9 @@ def test_every_mode_runs_on_the_same_devices_and_the_config_accepts_it():
         assert config.rollout.max_staleness == (mode in ("async", "continuous"))
         assert config.rollout.continuous == (mode == "continuous")
     assert load_config(args.config, kinds["stream"]).dock.pipeline == "stream"
+    # --continuous-slots reaches the continuous mode alone (the others refuse the option).
+    args = bench.build_parser().parse_args(["--continuous-slots", "256"])
+    _, kinds = bench.mode_overrides(args, world=2)
+    assert [m for m, o in kinds.items() if "rollout.continuous_slots=256" in o] == ["continuous"]
+    config = load_config(args.config, kinds["continuous"], algorithm=get_algorithm("grpo"))
+    assert config.rollout.continuous_slots == 256
