@@ -12,10 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mindrl.metrics import read_metrics
-from tests.trainers.test_pipeline import resumed_records, trained_records
+from tests.trainers.test_pipeline import records_of, resumed_records, trained_run
 from tests.trainers.test_streaming import outcomes
-from trainers.driver.async_iteration import DisaggregatedRunner, StalenessBoundError
+from trainers.driver.async_iteration import DisaggregatedSource, StalenessBoundError
 
 #: tiny with one device generating and one training (TP 1: one device per role).
 DISAGGREGATED = (
@@ -34,14 +33,12 @@ STALE = (*DISAGGREGATED, "rollout.max_staleness=1", "iterations=4", "checkpoint.
 
 @pytest.fixture(scope="module")
 def stale_run(ray_cluster, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("stale")
-    trained_records(run_dir, "grpo", *STALE)
-    return run_dir
+    return trained_run(tmp_path_factory, "grpo", *STALE)
 
 
 @pytest.fixture(scope="module")
 def stale_records(stale_run) -> list[dict]:
-    return read_metrics(stale_run / "run" / "metrics.jsonl")
+    return records_of(stale_run)
 
 
 @pytest.mark.ray
@@ -84,9 +81,9 @@ def test_a_resumed_run_trains_the_batch_it_had_in_flight_as_the_uninterrupted_ru
     assert [outcomes(r) for r in resumed] == [outcomes(r) for r in stale_records[2:]]
 
 
-def runner_with_versions(versions: list[int], max_staleness: int) -> DisaggregatedRunner:
-    """The runner's bound check alone, over a dock whose update controller knows these."""
-    runner = DisaggregatedRunner.__new__(DisaggregatedRunner)
+def runner_with_versions(versions: list[int], max_staleness: int) -> DisaggregatedSource:
+    """The source's bound check alone, over a dock whose update controller knows these."""
+    runner = DisaggregatedSource.__new__(DisaggregatedSource)
     dock = SimpleNamespace(versions=lambda stage, indexes: np.asarray(versions)[indexes])
     runner.run, runner.max_staleness = SimpleNamespace(dock=dock), max_staleness
     return runner

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mindrl.metrics import read_metrics
 from tests.trainers.test_async import DISAGGREGATED
-from tests.trainers.test_pipeline import resumed_records, trained_records
+from tests.trainers.test_pipeline import records_of, resumed_records, trained_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -34,14 +33,12 @@ CONTINUOUS = (
 
 @pytest.fixture(scope="module")
 def continuous_run(ray_cluster, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("continuous")
-    trained_records(run_dir, "grpo", *CONTINUOUS)
-    return run_dir
+    return trained_run(tmp_path_factory, "grpo", *CONTINUOUS)
 
 
 @pytest.fixture(scope="module")
 def records(continuous_run) -> list[dict]:
-    return read_metrics(continuous_run / "run" / "metrics.jsonl")
+    return records_of(continuous_run)
 
 
 def test_every_update_trains_a_full_batch_within_the_staleness_bound(records):

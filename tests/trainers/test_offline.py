@@ -14,7 +14,7 @@ from mindrl.config import load_config
 from mindrl.data.pairs import PAIR_FIELDS, make_digit_pairs
 from mindrl.metrics import read_metrics
 from trainers.driver.cli import CONFIG_DIR, main
-from trainers.driver.offline import split_whole_pairs
+from trainers.driver.iteration import split_whole_pairs
 from trainers.driver.train import train
 from trainers.registry import get_algorithm
 

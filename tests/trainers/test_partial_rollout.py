@@ -15,7 +15,7 @@ from mindrl.data import PromptDataset
 from tests.trainers.conftest import WITH_REFERENCE
 from tests.trainers.test_pipeline import resumed_records, trained_records
 from tests.trainers.test_streaming import outcomes
-from trainers.driver.partial_rollout import PartialRolloutRunner
+from trainers.driver.partial_rollout import PartialRolloutSource
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -67,7 +67,7 @@ def longtail(ray_cluster, tmp_path_factory) -> LongtailRun:
     this process) and how many prompts the dataset handed out."""
     iterations: list[Iteration] = []
     drawn = [0]
-    count_groups, next_batch = PartialRolloutRunner._counts, PromptDataset.next_batch
+    count_groups, next_batch = PartialRolloutSource.counts, PromptDataset.next_batch
 
     def counting_draws(self, count=None):
         batch = next_batch(self, count)
@@ -81,7 +81,7 @@ def longtail(ray_cluster, tmp_path_factory) -> LongtailRun:
         return count_groups(self, sampled)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(PartialRolloutRunner, "_counts", watching)
+        patch.setattr(PartialRolloutSource, "counts", watching)
         patch.setattr(PromptDataset, "next_batch", counting_draws)
         records = trained_records(tmp_path_factory.mktemp("longtail"), "grpo", *LONGTAIL)
     return LongtailRun(records, iterations)

@@ -21,8 +21,8 @@ from backends.megatron.checkpoint import decode, encode
 from mindrl.config import ConfigError, load_config
 from mindrl.data import PromptBatch
 from mindrl.run_plan import build_run_plan
-from trainers.driver.iteration import Ledger
-from trainers.driver.partial_rollout import PartialRolloutRunner
+from trainers.driver.iteration import IterationRunner, Ledger
+from trainers.driver.partial_rollout import PartialRolloutSource
 from trainers.registry import get_algorithm
 
 G, N, B, LENGTH = 4, 2, 4, 16  # groups per update, responses per group, budget, max length
@@ -70,23 +70,21 @@ class Dataset:
         return PromptBatch([[k] for k in ids], texts, [str(k) for k in ids], texts, 0, first)
 
 
-class ScriptedRunner(PartialRolloutRunner):
-    """The runner with the engine and the scoring workers replaced: response ``m`` of
-    prompt ``k`` needs ``needs(k, m)`` tokens; a round gives each response in the dock
+class ScriptedRounds(PartialRolloutSource):
+    """Partial rollout's rounds with the engine replaced: response ``m`` of prompt ``k``
+    needs ``needs(k, m)`` tokens; a round gives each response in the dock
     ``min(budget, what it still needs)``."""
 
-    def __init__(self, run, needs) -> None:
-        super().__init__(run)
+    def __init__(self, runner: IterationRunner, needs) -> None:
+        super().__init__(runner)
+        self.run = runner.run
         self.needs, self.tokens = needs, {}  # index -> tokens so far
         self.prompt_of: dict[int, int] = {}  # slot -> prompt number
 
-    def _put_prompts(self, ledger, indexes, batch, sampled) -> None:
-        assert not set(indexes.tolist()) & self.run.dock.put  # only free slots
-        self.run.dock.put |= set(indexes.tolist())
-        for slot, (prompt,) in zip(indexes[:: self.N] // self.N, batch.prompt_ids, strict=True):
-            self.prompt_of[int(slot)] = prompt
+    def indexes(self, slots: list[int]) -> np.ndarray:
+        return self.runner.indexes(slots)
 
-    def _generate(self, indexes, iteration, draw) -> list[dict]:
+    def generate(self, indexes, iteration, draw) -> list[dict]:
         assert not set(self.paused.tolist()) & set(indexes.tolist())
         paused = []
         for index in [*indexes.tolist(), *self.paused.tolist()]:
@@ -97,12 +95,23 @@ class ScriptedRunner(PartialRolloutRunner):
                 paused.append(index)
         return [{"paused": np.array(paused, dtype=np.int64), "response_tokens": 0}]
 
-    def _score_stage(self, name, indexes) -> list[dict]:
+
+class ScriptedSteps(IterationRunner):
+    """The runner's shared steps with the dock's prompt puts and the scoring workers
+    replaced (the scripted engine keeps the prompts)."""
+
+    def put_prompts(self, ledger, indexes, batch, sampled) -> None:
+        assert not set(indexes.tolist()) & self.run.dock.put  # only free slots
+        self.run.dock.put |= set(indexes.tolist())
+        for slot, (prompt,) in zip(indexes[:: self.N] // self.N, batch.prompt_ids, strict=True):
+            self.source.prompt_of[int(slot)] = prompt
+
+    def score_stage(self, name, indexes) -> list[dict]:
         assert not set(indexes.tolist()) & self.run.dock.held
         return [{"reward_sum": 0.0, "response_tokens": 0}]
 
 
-def make_runner(needs, *overrides: str) -> ScriptedRunner:
+def make_runner(needs, *overrides: str) -> ScriptedRounds:
     algorithm = get_algorithm("grpo")
     config = load_config(
         "configs/tiny.yaml",
@@ -119,7 +128,7 @@ def make_runner(needs, *overrides: str) -> ScriptedRunner:
     run = SimpleNamespace(
         config=config, plan=plan, options=plan.options, dataset=Dataset(), dock=Dock()
     )
-    return ScriptedRunner(run, needs)
+    return ScriptedSteps(run, lambda runner: ScriptedRounds(runner, needs)).source
 
 
 @dataclass
@@ -129,18 +138,18 @@ class Step:
     counts: dict
 
 
-def iterate(runner: ScriptedRunner, iterations: int, first: int = 0) -> list[Step]:
+def iterate(runner: ScriptedRounds, iterations: int, first: int = 0) -> list[Step]:
     """The runner's part of ``run_iteration``: rounds, the update's groups, the release."""
     steps = []
     for iteration in range(first, first + iterations):
         ledger = Ledger()
-        sampled = runner._sample(iteration, ledger)
+        sampled = runner.draw(iteration, ledger)
         trained = [runner.prompt_of[slot] for slot in sampled.kept]
         held = sorted(runner.prompt_of[slot] for slot in runner.held)
-        assert runner.run.dock.held == set(runner._indexes(runner.held).tolist())
-        runner._release(ledger, runner._indexes(sampled.kept))
+        assert runner.run.dock.held == set(runner.indexes(runner.held).tolist())
+        runner.release(ledger, runner.indexes(sampled.kept))
         assert runner.run.dock.held == set()  # given back for the next iteration's claims
-        steps.append(Step(trained, held, runner._counts(sampled)))
+        steps.append(Step(trained, held, runner.counts(sampled)))
     return steps
 
 
@@ -236,13 +245,13 @@ def test_every_iteration_trains_g_groups_whatever_the_budget(budget):
     assert max(s.counts["generation_rounds"] for s in steps) <= cap
 
 
-def resumed(runner: ScriptedRunner) -> ScriptedRunner:
+def resumed(runner: ScriptedRounds) -> ScriptedRounds:
     """A fresh runner continuing ``runner`` from a checkpoint taken between iterations:
     the bookkeeping through the position's plain-data form, and the dock's samples (here
     the scripted engine's tokens and prompts) as actor rank 0 puts them back."""
     state = runner.in_flight_state()
     slots = sorted(runner.flights)
-    indexes = runner._indexes(slots)
+    indexes = runner.indexes(slots)
     # The slices name every sample of every group in flight: each prompt, and each
     # response either paused (its prefix) or finished.
     prompts, paused, finished = state.slices

@@ -58,6 +58,19 @@ def trained_records(run_dir: Path, trainer: str, *overrides: str) -> list[dict]:
     return read_metrics(run_dir / "run" / "metrics.jsonl")
 
 
+def trained_run(tmp_path_factory: pytest.TempPathFactory, trainer: str, *overrides: str) -> Path:
+    """A module's shared run: ``trainer`` on the tiny config with ``overrides``, trained
+    into a fresh folder (named after the trainer); the folder, read with :func:`records_of`."""
+    run_dir = tmp_path_factory.mktemp(trainer)
+    trained_records(run_dir, trainer, *overrides)
+    return run_dir
+
+
+def records_of(run_dir: Path) -> list[dict]:
+    """The metrics records of the run trained into ``run_dir``."""
+    return read_metrics(run_dir / "run" / "metrics.jsonl")
+
+
 def resumed_records(whole_dir: Path, run_dir: Path, trainer: str, *overrides: str) -> list[dict]:
     """Resume the run trained into ``whole_dir`` from its first (oldest) checkpoint, with
     the same ``overrides``, into ``run_dir``; the resumed run's metrics records."""

@@ -19,7 +19,7 @@ The dock holds two batches (``RunPlan.sample_batches``): iteration ``k`` uses sl
 so the batch in flight keeps its samples.
 
 A checkpoint between iterations waits for the batch in flight and keeps it, with its
-versions (:meth:`DisaggregatedRunner.in_flight_state`); a resumed run trains it as the
+versions (:meth:`DisaggregatedSource.in_flight_state`); a resumed run trains it as the
 uninterrupted run would (docs/architecture.md §8).
 """
 
@@ -33,20 +33,18 @@ import numpy as np
 
 from mindrl.config.layout import ROLLOUT_WORKER
 from mindrl.dock import DockSlice
-from mindrl.metrics import mean_by_key
 from mindrl.workers.generation import RESPONSE_FIELDS
 from mindrl.workers.group import wait_all
 from trainers.driver.iteration import (
     PROMPT_FIELDS,
-    TIMING_KEYS,
     VERSION_STAGE,
+    BatchSource,
     InFlightState,
     IterationRunner,
     Ledger,
     Sampled,
 )
 from trainers.driver.rollout_placement import push_weights
-from trainers.driver.state import RunState
 
 
 class StalenessBoundError(RuntimeError):
@@ -66,42 +64,43 @@ class InFlight:
     results: list[dict] | None = None
 
 
-class DisaggregatedRunner(IterationRunner):
-    """Runs iterations with generation on the rollout workers (see module docstring)."""
+class DisaggregatedSource(BatchSource):
+    """Batches generated on the rollout workers, the next one beside this one's training
+    when ``max_staleness >= 1`` (see module docstring)."""
 
-    def __init__(self, run: RunState) -> None:
-        super().__init__(run)
+    def __init__(self, runner: IterationRunner) -> None:
+        super().__init__(runner)
+        run = runner.run
+        self.run, self.config, self.plan = run, runner.config, runner.plan
+        self.G, self.timeout = runner.G, runner.timeout
         self.rollout = run.groups[ROLLOUT_WORKER]
         self.max_staleness = self.config.rollout.max_staleness
         self.weights_version = run.start_iteration  # what the rollout workers hold
         self.in_flight: InFlight | None = None
 
-    def run_iteration(self, iteration: int) -> dict[str, Any]:
-        """One iteration; the trainer's weights include ``iteration`` updates."""
-        start = time.perf_counter()
-        ledger = Ledger()
+    def draw(self, iteration: int, ledger: Ledger) -> Sampled:
+        """The batch in flight (started now if none is), generated and rewarded; then the
+        trainer's weights (``iteration`` updates) go to the idle rollout workers."""
         if self.in_flight is None:
             self._sync_weights(iteration, ledger)
             self.in_flight = self._launch(iteration, ledger)
         batch, self.in_flight = self.in_flight, None
         self._collect(batch, ledger)
         self._sync_weights(iteration, ledger)  # the rollout workers are idle now
-        indexes = batch.indexes
-        self._score_stages(indexes, ledger)
+        return batch.sampled
+
+    def beside_training(self, iteration: int, ledger: Ledger) -> None:
+        """Every stage that could claim the next batch's samples has claimed this one's:
+        start generating the next batch, with the weights the workers hold."""
         if self.max_staleness and iteration + 1 < self.config.iterations:
-            # Every stage that could claim the next batch's samples has claimed this one's.
             self.in_flight = self._launch(iteration + 1, ledger)
-        self._stage(ledger, "advantage", self._advantages, indexes)
-        staleness = self._staleness(indexes, iteration)
-        update = self._stage(ledger, "update", self._update, indexes)
-        metrics = mean_by_key(update, skip=TIMING_KEYS)
-        if self.plan.needs_critic:
-            critic = self._stage(ledger, "critic_update", self._critic_update, indexes)
-            metrics |= mean_by_key(critic, skip=TIMING_KEYS)
-        self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
-        self._timed_dock(ledger, self.run.dock.recycle, indexes)
-        record = self._record(metrics, batch.sampled, ledger, time.perf_counter() - start)
-        return record | staleness
+
+    def before_update(self, indexes: np.ndarray, iteration: int) -> dict[str, Any]:
+        return self._staleness(indexes, iteration)
+
+    def release(self, ledger: Ledger, trained: np.ndarray) -> None:
+        """Recycle the trained batch only: the batch in flight keeps its samples."""
+        self.runner.timed_dock(ledger, self.run.dock.recycle, trained)
 
     # ---- generation on the rollout workers -------------------------------------------------
     def _sync_weights(self, iteration: int, ledger: Ledger) -> None:
@@ -117,9 +116,10 @@ class DisaggregatedRunner(IterationRunner):
         """Put the prompts of ``iteration``'s batch and start generating it."""
         first = (iteration % self.plan.sample_batches) * self.G
         slots = list(range(first, first + self.G))
-        batch = InFlight(iteration, self._indexes(slots), Sampled(kept=slots, draws=1))
-        self._put_prompts(ledger, batch.indexes, self.run.dataset.next_batch(), batch.sampled)
-        args = self._generation_args(batch.indexes, iteration, 0)
+        runner = self.runner
+        batch = InFlight(iteration, runner.indexes(slots), Sampled(kept=slots, draws=1))
+        runner.put_prompts(ledger, batch.indexes, self.run.dataset.next_batch(), batch.sampled)
+        args = runner.generation_args(batch.indexes, iteration, 0)
         batch.refs = self.rollout.submit_each("generate", args)
         batch.started = time.perf_counter()
         return batch
@@ -133,7 +133,8 @@ class DisaggregatedRunner(IterationRunner):
         ledger.add_stage("rollout", wall, results)
         busy = max((r["busy_s"] for r in results), default=0.0)
         ledger.overlap["rollout"] = max(min(busy, waited - batch.started), 0.0)
-        scored = self._stage(ledger, "reward", self._score_stage, "reward", batch.indexes)
+        runner = self.runner
+        scored = runner.stage(ledger, "reward", runner.score_stage, "reward", batch.indexes)
         batch.sampled.samples = len(batch.indexes)
         batch.sampled.reward_sum = sum(r["reward_sum"] for r in scored)
         batch.sampled.response_tokens = sum(r["response_tokens"] for r in scored)
@@ -173,9 +174,9 @@ class DisaggregatedRunner(IterationRunner):
             return
         slots = list(bookkeeping["slots"])
         sampled = Sampled(kept=slots, draws=1, prompt_tokens=bookkeeping["prompt_tokens"])
-        indexes = self._indexes(slots)
+        indexes = self.runner.indexes(slots)
         self.in_flight = InFlight(bookkeeping["iteration"], indexes, sampled, results=[])
-        self._reclaim_prompts(indexes)
+        self.runner.reclaim_prompts(indexes)
 
     # ---- the bound ---------------------------------------------------------------------------
     def _staleness(self, indexes: np.ndarray, iteration: int) -> dict[str, float]:

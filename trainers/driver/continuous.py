@@ -14,7 +14,7 @@ shares: a group's draw order, paused responses, the in-flight checkpoint):
   arrive, with chunked claims open all the time (trainers/driver/streaming.py's calls),
   while the workers decode and the trainer updates.
 * An update trains ``G`` groups picked by draw order, not by finishing order
-  (:meth:`ContinuousRunner._pick`): every group that would pass the staleness bound at
+  (:meth:`ContinuousSource._pick`): every group that would pass the staleness bound at
   the next update is *due* and waited for, finished or not; the rest of the batch is
   the oldest finished younger groups. So no group is refused for its length, and every
   drawn group trains within ``max_staleness`` updates; a scored group past the bound
@@ -46,7 +46,6 @@ import ray
 from mindrl.config.layout import ROLLOUT_WORKER
 from mindrl.dock import DockSlice
 from mindrl.dock.client import PendingClaim
-from mindrl.metrics import mean_by_key
 from mindrl.metrics.memory import book_peaks
 from mindrl.run_plan import continuous_groups
 from mindrl.workers.continuous import Feed, default_slots
@@ -54,15 +53,14 @@ from mindrl.workers.generation import PAUSED_FIELDS, RESPONSE_FIELDS
 from mindrl.workers.group import POLL_S, StageTimeoutError, checked_get, wait_all
 from trainers.driver.iteration import (
     PROMPT_FIELDS,
-    TIMING_KEYS,
     VERSION_STAGE,
     InFlightState,
+    IterationRunner,
     Ledger,
     Sampled,
 )
-from trainers.driver.partial_rollout import PartialRolloutRunner
+from trainers.driver.partial_rollout import PartialRolloutSource
 from trainers.driver.rollout_placement import WeightPush, start_push
-from trainers.driver.state import RunState
 from trainers.driver.streaming import StageCall, stage_call
 
 #: The decode loop's counters a record reports per iteration (mindrl/workers/continuous.py).
@@ -93,11 +91,15 @@ class _Chunk:
     results: list[dict[str, Any]] = field(default_factory=list)
 
 
-class ContinuousRunner(PartialRolloutRunner):
-    """Runs iterations beside continuously decoding rollout workers (module docstring)."""
+class ContinuousSource(PartialRolloutSource):
+    """Batches from continuously decoding rollout workers (module docstring); partial
+    rollout's pool bookkeeping (flights, draw order, the in-flight checkpoint) with a
+    pool of its own size."""
 
-    def __init__(self, run: RunState) -> None:
-        super().__init__(run, pool=continuous_groups(run.config))
+    def __init__(self, runner: IterationRunner) -> None:
+        super().__init__(runner, pool=continuous_groups(runner.config))
+        run = runner.run
+        self.run, self.plan, self.timeout = run, runner.plan, runner.timeout
         self.workers = run.groups[ROLLOUT_WORKER]
         self.max_staleness = self.config.rollout.max_staleness
         self.weights_version = run.start_iteration  # what the workers hold
@@ -106,9 +108,10 @@ class ContinuousRunner(PartialRolloutRunner):
         self.unstarted = np.zeros(0, dtype=np.int64)
         stages = [s for s in STREAMED if s in self.plan.stage_names]
         self.streams = {s: _Stream(stage_call(run, self.plan.stage(s))) for s in stages}
+        self.scored = tuple(self.streams)
         self.chunks: dict[Any, _Chunk] = {}
         #: Slot -> the streamed stages that finished scoring its group.
-        self.scored: dict[int, set[str]] = {}
+        self.scored_by: dict[int, set[str]] = {}
         #: Index -> (reward, response tokens), from the reward workers' reports.
         self.rewards: dict[int, tuple[float, float]] = {}
         #: Slot -> the oldest version among its scored group's tokens (fixed once put:
@@ -120,38 +123,33 @@ class ContinuousRunner(PartialRolloutRunner):
         self.loop_counters: list[dict[str, float]] | None = None
         self.loop_since: dict[str, float] = {}
 
-    # ---- the iteration ----------------------------------------------------------------------
-    def run_iteration(self, iteration: int) -> dict[str, Any]:
-        start = time.perf_counter()
-        ledger = Ledger()
+    # ---- the batch ----------------------------------------------------------------------------
+    def draw(self, iteration: int, ledger: Ledger) -> Sampled:
+        """Wait until ``G`` groups within the bound are scored; hold the others in the
+        dock out of the training stages' claims."""
+        runner = self.runner
         self.iteration, self.drawn_before, self.dropped = iteration, self.drawn, 0
         if not self.running:
             self._start(iteration)
         waited = time.perf_counter()
         kept = self._gather(ledger, iteration)
         ledger.stages["rollout"] = time.perf_counter() - waited
-        indexes = self._indexes(kept)
+        indexes = runner.indexes(kept)
         sampled = self._sampled(kept, indexes)
         self.held = sorted(set(self.flights) - set(kept))
         training = self._training_stages()
         if self.held:
-            self._timed_dock(ledger, self.run.dock.hold, self._indexes(self.held), True, training)
-        for name in self.plan.scoring_stages():
-            if name not in self.streams:
-                self._stage(ledger, name, self._score_stage, name, indexes)
-        self._stage(ledger, "advantage", self._advantages, indexes)
-        update = self._stage(ledger, "update", self._update, indexes)
-        metrics = mean_by_key(update, skip=TIMING_KEYS)
-        if self.plan.needs_critic:
-            critic = self._stage(ledger, "critic_update", self._critic_update, indexes)
-            metrics |= mean_by_key(critic, skip=TIMING_KEYS)
-        self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
-        self._release(ledger, indexes)
+            held = runner.indexes(self.held)
+            runner.timed_dock(ledger, self.run.dock.hold, held, True, training)
+        return sampled
+
+    def after_update(self, iteration: int, ledger: Ledger) -> None:
+        """Send the new weights without waiting; book the streamed stages and the workers'
+        decode loops since the last record."""
         if iteration + 1 < self.config.iterations:
             self.push = start_push(self.run, iteration + 1)  # overlaps what follows
         self._book_streams(ledger)
         self._book_workers(ledger)
-        return self._record(metrics, sampled, ledger, time.perf_counter() - start)
 
     def _sampled(self, kept: list[int], indexes: np.ndarray) -> Sampled:
         rewards = [self.rewards.pop(int(i)) for i in indexes]
@@ -174,7 +172,7 @@ class ContinuousRunner(PartialRolloutRunner):
         """Start every worker's decode loop and feed it what an interruption left."""
         rollout = self.config.rollout
         slots = rollout.continuous_slots or default_slots(self.G * self.N, self.workers.size)
-        params = self._sampling_params(iteration, 0)
+        params = self.runner.sampling_params(iteration, 0)
         self.workers.call(
             "start_continuous", params, slots, stage="rollout", timeout_s=self.timeout
         )
@@ -199,14 +197,15 @@ class ContinuousRunner(PartialRolloutRunner):
     def _refill(self, ledger: Ledger) -> None:
         """Fresh prompts into every free slot, fed to the workers, once they hold the
         trained weights (the admission bound, module docstring)."""
-        free = self._free()
+        runner = self.runner
+        free = self.free()
         if not free or self.push is not None or self.weights_version < self.iteration:
             return
         batch = self.run.dataset.next_batch(len(free))
-        indexes = self._indexes(free)
-        self._put_prompts(ledger, indexes, batch, Sampled())
-        self._board(free, batch, self.iteration)
-        (claimed,) = self._timed_dock(
+        indexes = runner.indexes(free)
+        runner.put_prompts(ledger, indexes, batch, Sampled())
+        self.board(free, batch, self.iteration)
+        (claimed,) = runner.timed_dock(
             ledger,
             self.run.dock.claim,
             "rollout",
@@ -258,14 +257,14 @@ class ContinuousRunner(PartialRolloutRunner):
         """Scored groups by draw order -> their lag (updates between their oldest token
         and the trained weights), after refusing those past ``max_staleness`` (their
         slots freed)."""
-        ready = [slot for slot, done in self.scored.items() if len(done) == len(self.streams)]
+        ready = [slot for slot, done in self.scored_by.items() if len(done) == len(self.streams)]
         ready.sort(key=lambda slot: self.flights[slot].order)
         if not ready:
             return {}
         new = [slot for slot in ready if slot not in self.versions]
         if new:
             firsts = np.asarray(new, dtype=np.int64) * self.N  # a group is put whole: one version
-            asked = self._timed_dock(ledger, self.run.dock.versions, "update", firsts)
+            asked = self.runner.timed_dock(ledger, self.run.dock.versions, "update", firsts)
             self.versions |= dict(zip(new, asked.tolist(), strict=True))
         lag = [iteration - self.versions[slot] for slot in ready]
         stale = [slot for slot, late in zip(ready, lag, strict=True) if late > self.max_staleness]
@@ -308,11 +307,11 @@ class ContinuousRunner(PartialRolloutRunner):
         return kept if len(kept) == self.G else None
 
     def _drop(self, ledger: Ledger, slots: list[int]) -> None:
-        indexes = self._indexes(slots)
-        self._timed_dock(ledger, self.run.dock.recycle, indexes)
+        indexes = self.runner.indexes(slots)
+        self.runner.timed_dock(ledger, self.run.dock.recycle, indexes)
         for slot in slots:
             self.flights.pop(slot)
-            self.scored.pop(slot)
+            self.scored_by.pop(slot)
             self.versions.pop(slot, None)
         for index in indexes.tolist():
             self.rewards.pop(index, None)
@@ -372,20 +371,22 @@ class ContinuousRunner(PartialRolloutRunner):
                     self.rewards[index] = score
         for slot in np.unique(chunk.indexes // self.N).tolist():
             if slot in self.flights:
-                self.scored.setdefault(slot, set()).add(stream.call.stage)
+                self.scored_by.setdefault(slot, set()).add(stream.call.stage)
 
     # ---- after the update ---------------------------------------------------------------------
-    def _release(self, ledger: Ledger, trained: np.ndarray) -> None:
+    def release(self, ledger: Ledger, trained: np.ndarray) -> None:
+        """Free the trained groups' slots; give the held ones back to the training stages."""
+        runner = self.runner
         slots = np.unique(trained // self.N).tolist()
         self.trained = [self.flights.pop(slot) for slot in slots]
         for slot in slots:
-            self.scored.pop(slot, None)
+            self.scored_by.pop(slot, None)
             self.versions.pop(slot, None)
-        self._timed_dock(ledger, self.run.dock.recycle, trained)
+        runner.timed_dock(ledger, self.run.dock.recycle, trained)
         if self.held:
-            indexes = self._indexes(self.held)
+            indexes = runner.indexes(self.held)
             training = self._training_stages()
-            self._timed_dock(ledger, self.run.dock.hold, indexes, False, training)
+            runner.timed_dock(ledger, self.run.dock.hold, indexes, False, training)
 
     def _book_streams(self, ledger: Ledger) -> None:
         """The streamed stages' work since the last record: all of it beside decoding."""
@@ -429,7 +430,7 @@ class ContinuousRunner(PartialRolloutRunner):
             self.unstarted = np.concatenate([s["unstarted"] for s in stops]).astype(np.int64)
         if not self.flights:
             return None
-        indexes = self._indexes(sorted(self.flights))
+        indexes = self.runner.indexes(sorted(self.flights))
         finished = np.setdiff1d(indexes, np.union1d(self.paused, self.unstarted))
         state = super().in_flight_state()
         state.bookkeeping["unstarted"] = self.unstarted.tolist()
@@ -446,7 +447,7 @@ class ContinuousRunner(PartialRolloutRunner):
         super().restore_in_flight(bookkeeping)
         self.unstarted = np.asarray(bookkeeping.get("unstarted", []), dtype=np.int64)
 
-    def _counts(self, sampled: Sampled) -> dict[str, Any]:
+    def counts(self, sampled: Sampled) -> dict[str, Any]:
         lags = self.lags if len(self.lags) else np.zeros(1)
         loop = self.loop_since
         return {

@@ -9,6 +9,12 @@ The driver only claims indexes from the stages' TD controllers and hands them to
 workers, which move the payloads themselves; what comes back are scalar metrics. Every
 stage is timed, and the time not spent computing (dock transfers, resharding, Ray
 scheduling and claims) is reported as the run's overhead.
+
+What varies with the kind of run is one part, its :class:`BatchSource`: where the batch
+comes from (the actor ranks here, :class:`OnlineSource`; partial rollout's rounds; the
+rollout workers of a disaggregated or continuous run), what overlaps training, and what
+the dock keeps after the update. :class:`IterationRunner` composes the source the run
+plan names (trainers/driver/runners.py) with the steps every kind shares.
 """
 
 from __future__ import annotations
@@ -126,54 +132,49 @@ class InFlightState:
     slices: list[DockSlice]
 
 
-class IterationRunner:
-    """Runs iterations of one started run (see module docstring)."""
+class BatchSource:
+    """The part of a runner that varies with the run's kind (``RunPlan.runner``): where an
+    iteration's batch comes from, what overlaps training, and what the dock keeps after
+    the update. The runner (:class:`IterationRunner`) runs the rest, the same for every
+    kind: the scoring stages the source did not run, advantages, the updates, the record.
+
+    This base is the no-op of each step; a source defines the ones its kind needs. Its
+    ``runner`` gives it the shared steps (puts, claims, generation calls, scoring).
+    """
 
     #: Scoring stages claim whole groups only (partial rollout: a group whose other
     #: responses are paused is not scored yet). Off here: every group is whole.
     whole_group_claims = False
+    #: Scoring stages the source ran itself while the batch generated (streamed): the
+    #: runner does not run them again.
+    scored: tuple[str, ...] = ()
 
-    def __init__(self, run: RunState) -> None:
-        self.run, self.config = run, run.config
-        self.G = self.config.data.global_batch_size
-        self.N = self.config.data.n_samples_per_prompt
-        self.plan = run.plan
-        self.timeout = self.plan.stage_deadline_s
-        self.record_of = {r.uid: i for i, r in enumerate(run.dataset.records)}
-        stream = self.config.dock.pipeline == "stream"
-        self.streamed = self.plan.streaming_stages(bool(run.options.dynamic_sampling))
-        self.streamed = self.streamed if stream else ()
-        self.stream = StreamScheduler(run, self.streamed, self.timeout) if stream else None
-        #: Each stage's largest memory peaks over the whole run (the end-of-run check
-        #: against the planner, mindrl.planner.check).
-        self.stage_peaks: dict[str, dict[str, float]] = {}
+    def __init__(self, runner: IterationRunner) -> None:
+        self.runner = runner
 
-    # ---- the iteration -------------------------------------------------------------------
-    def run_iteration(self, iteration: int) -> dict[str, Any]:
-        """One iteration; returns its metrics record."""
-        start = time.perf_counter()
-        ledger = Ledger()
-        sampled = self._sample(iteration, ledger)
-        indexes = self._indexes(sampled.kept)
-        metrics: dict[str, Any] = {}
-        if len(indexes):
-            self._score_stages(indexes, ledger)
-            self._stage(ledger, "advantage", self._advantages, indexes)
-            metrics |= mean_by_key(
-                self._stage(ledger, "update", self._update, indexes), skip=TIMING_KEYS
-            )
-            if self.plan.needs_critic:
-                critic = self._stage(ledger, "critic_update", self._critic_update, indexes)
-                metrics |= mean_by_key(critic, skip=TIMING_KEYS)
-            self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
-        self._release(ledger, indexes)
-        return self._record(metrics, sampled, ledger, time.perf_counter() - start)
+    def draw(self, iteration: int, ledger: Ledger) -> Sampled:
+        """The batch of ``iteration``: generated and rewarded, its group slots ``kept``."""
+        raise NotImplementedError
 
-    def _release(self, ledger: Ledger, trained: np.ndarray) -> None:
-        """Free the dock for the next iteration: nothing in it outlives this one."""
-        self._timed_dock(ledger, self.run.dock.clear)
+    def beside_training(self, iteration: int, ledger: Ledger) -> None:
+        """Once every scoring stage claimed the batch: start what may overlap training."""
 
-    # ---- checkpoints: what outlives an iteration -------------------------------------------
+    def before_update(self, indexes: np.ndarray, iteration: int) -> dict[str, Any]:
+        """Checks and record fields of the trained samples, taken before the update."""
+        return {}
+
+    def release(self, ledger: Ledger, trained: np.ndarray) -> None:
+        """After the update: free the dock for the next iteration (here: nothing in it
+        outlives this one)."""
+        self.runner.timed_dock(ledger, self.runner.run.dock.clear)
+
+    def after_update(self, iteration: int, ledger: Ledger) -> None:
+        """After the release: start what overlaps the next iteration, book what ran beside."""
+
+    def counts(self, sampled: Sampled) -> dict[str, Any]:
+        """The record fields of this kind of run (after the common ones)."""
+        return {}
+
     def in_flight_state(self) -> InFlightState | None:
         """Between iterations: the samples in the dock a later iteration trains on, for a
         checkpoint; None when there are none (here: every iteration empties the dock)."""
@@ -183,9 +184,175 @@ class IterationRunner:
         """Resume from a checkpoint whose samples in flight are back in the dock. A run
         that keeps nothing in flight (its config changed since) drops them."""
         print_progress_line("resume: this run keeps no samples in flight; dropping the saved ones")
-        self.run.dock.clear()
+        self.runner.run.dock.clear()
 
-    def _reclaim_prompts(self, indexes: np.ndarray) -> None:
+
+class OnlineSource(BatchSource):
+    """The online RL loop's batch on the actor ranks: prompts -> responses -> rewards
+    (-> DAPO's filter and refills), in sync mode or with the streaming stages taking the
+    samples as they come (``dock.pipeline: stream``)."""
+
+    def __init__(self, runner: IterationRunner) -> None:
+        super().__init__(runner)
+        run = runner.run
+        stream = runner.config.dock.pipeline == "stream"
+        streamed = runner.plan.streaming_stages(bool(run.options.dynamic_sampling))
+        self.scored = streamed if stream else ()
+        self.stream = StreamScheduler(run, self.scored, runner.timeout) if stream else None
+
+    def draw(self, iteration: int, ledger: Ledger) -> Sampled:
+        runner, run = self.runner, self.runner.run
+        sampled = Sampled()
+        free = list(range(runner.G * runner.plan.sample_batches))
+        limit = run.options.max_sample_batches
+        while True:
+            slots, free = free[: runner.G], free[runner.G :]
+            indexes = runner.indexes(slots)
+            batch = run.dataset.next_batch()
+            runner.put_prompts(ledger, indexes, batch, sampled)
+            if self.stream is not None:
+                scored = self._generate_streaming(
+                    ledger, indexes, iteration, sampled.draws, sampled
+                )
+            else:
+                generated = runner.stage(
+                    ledger, "rollout", self.generate, indexes, iteration, sampled.draws
+                )
+                sampled.book_episodes(generated)
+                scored = runner.stage(ledger, "reward", runner.score_stage, "reward", indexes)
+            sampled.draws += 1
+            sampled.samples += len(indexes)
+            sampled.reward_sum += sum(r["reward_sum"] for r in scored)
+            sampled.response_tokens += sum(r["response_tokens"] for r in scored)
+            kept = self._filter(ledger, slots) if run.options.dynamic_sampling else slots
+            sampled.kept += kept
+            free += [s for s in slots if s not in kept]
+            if len(sampled.kept) >= runner.G or (limit and sampled.draws >= limit):
+                break
+            if sampled.draws % DRAWS_BETWEEN_NOTES == 0:
+                print_progress_line(
+                    f"dynamic sampling: {sampled.draws} batches drawn, {len(sampled.kept)}/"
+                    f"{runner.G} groups with differing rewards kept so far"
+                )
+        sampled.kept = self._trim(ledger, sampled.kept)
+        return sampled
+
+    def generate(self, indexes: np.ndarray, iteration: int, draw: int) -> list[dict]:
+        """Generate the batch of ``indexes`` on the actor ranks; their reports."""
+        return self.runner.generate(
+            self.runner.generation_args(indexes, iteration, draw), len(indexes)
+        )
+
+    def _generate_streaming(
+        self, ledger: Ledger, indexes: np.ndarray, iteration: int, draw: int, sampled: Sampled
+    ) -> list[dict]:
+        """Generation with the streaming stages taking its samples as they come (see
+        trainers/driver/streaming.py); returns the reward workers' reports."""
+        start = time.perf_counter()
+        args = self.runner.generation_args(indexes, iteration, draw)
+        with self.runner.progress(len(indexes)) as progress:
+            outcome = self.stream.run_batch(args, len(indexes), progress)
+        ledger.add_stage("rollout", outcome.generation_end - start, outcome.generated)
+        sampled.book_episodes(outcome.generated)
+        for name, stage in outcome.stages.items():
+            ledger.add_streamed(name, stage, outcome.generation_end)
+        return outcome.stages["reward"].results
+
+    def _filter(self, ledger: Ledger, slots: list[int]) -> list[int]:
+        """DAPO: keep groups whose rewards differ; free the others' indexes for a refill."""
+        runner = self.runner
+        start = time.perf_counter()
+        (kept,) = runner.run.groups["reward"].call(
+            "keep", runner.indexes(slots), stage="filter", timeout_s=runner.timeout, ranks=[0]
+        )
+        kept_slots = sorted({int(i) // runner.N for i in kept})
+        dropped = [s for s in slots if s not in kept_slots]
+        if dropped:
+            runner.run.dock.recycle(runner.indexes(dropped))
+        ledger.add_stage("filter", time.perf_counter() - start, [])
+        return kept_slots
+
+    def _trim(self, ledger: Ledger, kept: list[int]) -> list[int]:
+        """At most G groups, and a sample count every data-parallel group size divides."""
+        runner = self.runner
+        sizes = [runner.run.dp_size(role) for role in runner.run.dp_ranks]
+        step = int(np.lcm.reduce([*sizes, 1]))
+        count = min(len(kept), runner.G)
+        while count and (count * runner.N) % step:
+            count -= 1
+        surplus = kept[count:]
+        if surplus:
+            runner.timed_dock(ledger, runner.run.dock.recycle, runner.indexes(surplus))
+        return kept[:count]
+
+
+class IterationRunner:
+    """Runs iterations of one started run (see module docstring), its batches drawn by a
+    :class:`BatchSource` of the run's kind (trainers/driver/runners.py picks it).
+
+    Args:
+        run: the started run.
+        source: makes the batch source, given the runner (default: the online loop's).
+        pair_size: offline pairs: the update claims whole pairs of this many samples per
+            data-parallel rank, in pair order (the online claim balances single samples
+            by length, which could part a pair); None for the online claim.
+    """
+
+    def __init__(
+        self,
+        run: RunState,
+        source: Callable[[IterationRunner], BatchSource] = OnlineSource,
+        pair_size: int | None = None,
+    ) -> None:
+        self.run, self.config = run, run.config
+        self.G = self.config.data.global_batch_size
+        self.N = self.config.data.n_samples_per_prompt if pair_size is None else pair_size
+        self.plan = run.plan
+        self.timeout = self.plan.stage_deadline_s
+        self.pair_size = pair_size
+        self.record_of = {r.uid: i for i, r in enumerate(run.dataset.records)}
+        #: Each stage's largest memory peaks over the whole run (the end-of-run check
+        #: against the planner, mindrl.planner.check).
+        self.stage_peaks: dict[str, dict[str, float]] = {}
+        self.source = source(self)
+
+    # ---- the iteration -------------------------------------------------------------------
+    def run_iteration(self, iteration: int) -> dict[str, Any]:
+        """One iteration; returns its metrics record."""
+        start = time.perf_counter()
+        ledger = Ledger()
+        sampled = self.source.draw(iteration, ledger)
+        indexes = self.indexes(sampled.kept)
+        metrics: dict[str, Any] = {}
+        checked: dict[str, Any] = {}
+        if len(indexes):
+            self._score_stages(indexes, ledger)
+            self.source.beside_training(iteration, ledger)
+            self.stage(ledger, "advantage", self._advantages, indexes)
+            checked = self.source.before_update(indexes, iteration)
+            metrics |= mean_by_key(
+                self.stage(ledger, "update", self._update, indexes), skip=TIMING_KEYS
+            )
+            if self.plan.needs_critic:
+                critic = self.stage(ledger, "critic_update", self._critic_update, indexes)
+                metrics |= mean_by_key(critic, skip=TIMING_KEYS)
+            self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
+        self.source.release(ledger, indexes)
+        self.source.after_update(iteration, ledger)
+        record = self._record(metrics, sampled, ledger, time.perf_counter() - start)
+        return record | self.source.counts(sampled) | checked
+
+    # ---- checkpoints: what outlives an iteration -------------------------------------------
+    def in_flight_state(self) -> InFlightState | None:
+        """Between iterations: the samples in the dock a later iteration trains on, for a
+        checkpoint (the source's); None when there are none."""
+        return self.source.in_flight_state()
+
+    def restore_in_flight(self, bookkeeping: dict[str, Any]) -> None:
+        """Resume from a checkpoint whose samples in flight are back in the dock."""
+        self.source.restore_in_flight(bookkeeping)
+
+    def reclaim_prompts(self, indexes: np.ndarray) -> None:
         """The rollout stage claimed the prompts of ``indexes`` before the checkpoint; claim
         them again once they are back in the dock, so the next claim takes fresh ones."""
         (taken,) = self.run.dock.claim(
@@ -197,60 +364,26 @@ class IterationRunner:
                 f"where the checkpoint put back {np.sort(indexes).tolist()[:8]}"
             )
 
-    def _stage(self, ledger: Ledger, name: str, fn, *args) -> list[dict[str, Any]]:
+    # ---- steps every source shares -----------------------------------------------------------
+    def stage(self, ledger: Ledger, name: str, fn, *args) -> list[dict[str, Any]]:
         """Run a stage, book its time; returns every worker's report."""
         start = time.perf_counter()
         results = fn(*args)
         ledger.add_stage(name, time.perf_counter() - start, results)
         return results
 
-    def _timed_dock(self, ledger: Ledger, fn, *args, **kwargs):
+    def timed_dock(self, ledger: Ledger, fn, *args, **kwargs):
+        """Call the dock (``fn``), its time booked as dock time."""
         start = time.perf_counter()
         out = fn(*args, **kwargs)
         ledger.dock_s += time.perf_counter() - start
         return out
 
-    # ---- sampling: prompts -> responses -> rewards (-> DAPO filter) -------------------------
-    def _sample(self, iteration: int, ledger: Ledger) -> Sampled:
-        sampled = Sampled()
-        free = list(range(self.G * self.plan.sample_batches))
-        limit = self.run.options.max_sample_batches
-        while True:
-            slots, free = free[: self.G], free[self.G :]
-            indexes = self._indexes(slots)
-            batch = self.run.dataset.next_batch()
-            self._put_prompts(ledger, indexes, batch, sampled)
-            if self.stream is not None:
-                scored = self._generate_streaming(
-                    ledger, indexes, iteration, sampled.draws, sampled
-                )
-            else:
-                generated = self._stage(
-                    ledger, "rollout", self._generate, indexes, iteration, sampled.draws
-                )
-                sampled.book_episodes(generated)
-                scored = self._stage(ledger, "reward", self._score_stage, "reward", indexes)
-            sampled.draws += 1
-            sampled.samples += len(indexes)
-            sampled.reward_sum += sum(r["reward_sum"] for r in scored)
-            sampled.response_tokens += sum(r["response_tokens"] for r in scored)
-            kept = self._filter(ledger, slots) if self.run.options.dynamic_sampling else slots
-            sampled.kept += kept
-            free += [s for s in slots if s not in kept]
-            if len(sampled.kept) >= self.G or (limit and sampled.draws >= limit):
-                break
-            if sampled.draws % DRAWS_BETWEEN_NOTES == 0:
-                print_progress_line(
-                    f"dynamic sampling: {sampled.draws} batches drawn, {len(sampled.kept)}/"
-                    f"{self.G} groups with differing rewards kept so far"
-                )
-        sampled.kept = self._trim(ledger, sampled.kept)
-        return sampled
-
-    def _indexes(self, slots: list[int]) -> np.ndarray:
+    def indexes(self, slots: list[int]) -> np.ndarray:
+        """The sample indexes of group ``slots``."""
         return (np.asarray(slots, dtype=np.int64)[:, None] * self.N + np.arange(self.N)).ravel()
 
-    def _put_prompts(
+    def put_prompts(
         self, ledger: Ledger, indexes: np.ndarray, batch: PromptBatch, sampled: Sampled
     ) -> None:
         """A group's prompt goes into the dock once for its N responses (``repeat``): the
@@ -259,37 +392,22 @@ class IterationRunner:
         records = np.asarray([self.record_of[u] for u in batch.uids], dtype=np.int64)
         sampled.prompt_tokens += float(self.N * sum(len(p) for p in prompts))
         fields = dict(zip(PROMPT_FIELDS, (prompts, records), strict=True))
-        self._timed_dock(ledger, self.run.dock.put, indexes, fields, repeat=self.N)
+        self.timed_dock(ledger, self.run.dock.put, indexes, fields, repeat=self.N)
 
-    def _generate(self, indexes: np.ndarray, iteration: int, draw: int) -> list[dict]:
-        args = self._generation_args(indexes, iteration, draw)
-        with self._progress(len(indexes)) as progress:
+    def generate(self, args: list[tuple], n: int) -> list[dict]:
+        """Each actor rank's ``generate`` with its ``args``, a progress bar over ``n``."""
+        with self.progress(n) as progress:
             return self.run.groups["actor"].call_each(
                 "generate", args, stage="rollout", timeout_s=self.timeout, on_poll=progress
             )
 
-    def _generate_streaming(
-        self, ledger: Ledger, indexes: np.ndarray, iteration: int, draw: int, sampled: Sampled
-    ) -> list[dict]:
-        """Generation with the streaming stages taking its samples as they come (see
-        trainers/driver/streaming.py); returns the reward workers' reports."""
-        start = time.perf_counter()
-        args = self._generation_args(indexes, iteration, draw)
-        with self._progress(len(indexes)) as progress:
-            outcome = self.stream.run_batch(args, len(indexes), progress)
-        ledger.add_stage("rollout", outcome.generation_end - start, outcome.generated)
-        sampled.book_episodes(outcome.generated)
-        for name, stage in outcome.stages.items():
-            ledger.add_streamed(name, stage, outcome.generation_end)
-        return outcome.stages["reward"].results
-
-    def _generation_args(self, indexes: np.ndarray, iteration: int, draw: int) -> list[tuple]:
+    def generation_args(self, indexes: np.ndarray, iteration: int, draw: int) -> list[tuple]:
         """Claim the prompts; each actor rank's ``generate`` arguments."""
-        parts = self._claim_prompts(len(indexes))
-        params = self._sampling_params(iteration, draw)
+        parts = self.claim_prompts(len(indexes))
+        params = self.sampling_params(iteration, draw)
         return [(parts[r], params) for r in self.run.gen_dp_ranks]
 
-    def _claim_prompts(self, n: int) -> list[np.ndarray]:
+    def claim_prompts(self, n: int) -> list[np.ndarray]:
         """``n`` prompts in whole groups from the rollout stage, one part per generation
         data-parallel rank."""
         return self.run.dock.claim(
@@ -302,7 +420,7 @@ class IterationRunner:
             part_warehouses=self.run.part_warehouses("actor", self.run.gen_dp_ranks),
         )
 
-    def _sampling_params(self, iteration: int, draw: int) -> SamplingParams:
+    def sampling_params(self, iteration: int, draw: int) -> SamplingParams:
         """Sampling settings of one draw, seeded by the run's seed, iteration and draw."""
         rollout = self.config.rollout
         seed = int(np.random.SeedSequence([self.config.seed, iteration, draw]).generate_state(1)[0])
@@ -316,7 +434,7 @@ class IterationRunner:
         )
 
     @contextmanager
-    def _progress(self, n: int) -> Iterator[Callable[[], None] | None]:
+    def progress(self, n: int) -> Iterator[Callable[[], None] | None]:
         """A progress bar over ``n`` generated samples; yields its updater (or None)."""
         dock = self.run.dock
         before = dock.ready_count("reward", ["response_ids"])
@@ -329,47 +447,28 @@ class IterationRunner:
         with bar:
             yield progress if self.config.logging.progress_bar else None
 
-    def _score_stage(self, name: str, indexes: np.ndarray) -> list[dict]:
+    def score_stage(self, name: str, indexes: np.ndarray) -> list[dict]:
         """A scoring stage on the whole batch at once (sync mode)."""
         call = stage_call(self.run, self.plan.stage(name))
         parts = self.run.dock.claim(
-            name, call.fields, len(indexes), self.whole_group_claims, call.dp_parts, self.timeout,
-            part_warehouses=call.part_warehouses,
+            name, call.fields, len(indexes), self.source.whole_group_claims, call.dp_parts,
+            self.timeout, part_warehouses=call.part_warehouses,
         )  # fmt: skip
         return call.group.call_each("score", call.args(parts), stage=name, timeout_s=self.timeout)
-
-    def _filter(self, ledger: Ledger, slots: list[int]) -> list[int]:
-        """DAPO: keep groups whose rewards differ; free the others' indexes for a refill."""
-        start = time.perf_counter()
-        (kept,) = self.run.groups["reward"].call(
-            "keep", self._indexes(slots), stage="filter", timeout_s=self.timeout, ranks=[0]
-        )
-        kept_slots = sorted({int(i) // self.N for i in kept})
-        dropped = [s for s in slots if s not in kept_slots]
-        if dropped:
-            self.run.dock.recycle(self._indexes(dropped))
-        ledger.add_stage("filter", time.perf_counter() - start, [])
-        return kept_slots
-
-    def _trim(self, ledger: Ledger, kept: list[int]) -> list[int]:
-        """At most G groups, and a sample count every data-parallel group size divides."""
-        sizes = [self.run.dp_size(role) for role in self.run.dp_ranks]
-        step = int(np.lcm.reduce([*sizes, 1]))
-        count = min(len(kept), self.G)
-        while count and (count * self.N) % step:
-            count -= 1
-        surplus = kept[count:]
-        if surplus:
-            self._timed_dock(ledger, self.run.dock.recycle, self._indexes(surplus))
-        return kept[:count]
 
     # ---- scoring, advantages, updates --------------------------------------------------------
     def _score_stages(self, indexes: np.ndarray, ledger: Ledger) -> None:
         for name in self.plan.scoring_stages():
-            if name not in self.streamed:
-                self._stage(ledger, name, self._score_stage, name, indexes)
+            if name not in self.source.scored:
+                self.stage(ledger, name, self.score_stage, name, indexes)
 
     def _by_dp_rank(self, stage: str, role: str, fields: list[str], n: int) -> list:
+        if self.pair_size is not None:
+            (taken,) = self.run.dock.claim(
+                stage, fields, n, whole_groups=True, timeout_s=self.timeout
+            )
+            parts = split_whole_pairs(taken, self.run.dp_size(role), self.pair_size)
+            return self.run.per_worker(role, parts)
         dp_parts = self.run.dp_size(role)
         parts = self.run.dock.claim(
             stage, fields, n, dp_parts=dp_parts, timeout_s=self.timeout,
@@ -490,3 +589,15 @@ def episode_metrics(totals: dict[str, float], seconds: float) -> dict[str, float
         "env_truncated_max_turns": totals["env_truncated_max_turns"],
         "env_truncated_context": totals["env_truncated_context"],
     }
+
+
+def split_whole_pairs(indexes: np.ndarray, parts: int, pair_size: int = 2) -> list[np.ndarray]:
+    """``indexes`` (pairs adjacent) as ``parts`` contiguous runs of whole pairs, in order.
+
+    Raises:
+        ValueError: the pairs do not split evenly (the config check refuses such sizes).
+    """
+    pairs = len(indexes) // pair_size
+    if len(indexes) % pair_size or pairs % parts:
+        raise ValueError(f"{len(indexes)} samples are not {parts} equal runs of whole pairs")
+    return list(np.split(np.asarray(indexes, dtype=np.int64), parts))

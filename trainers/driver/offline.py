@@ -20,68 +20,61 @@ import numpy as np
 
 from mindrl.metrics import mean_by_key
 from mindrl.metrics.memory import MEMORY_RECORD_KEY
-from trainers.driver.iteration import TIMING_KEYS, IterationRunner, Ledger
+from trainers.driver.iteration import (
+    TIMING_KEYS,
+    BatchSource,
+    IterationRunner,
+    Ledger,
+    Sampled,
+)
 from trainers.driver.state import RunState
 
 
-class OfflineIterationRunner(IterationRunner):
-    """Runs iterations of a started offline run (see module docstring)."""
+class OfflinePairs(BatchSource):
+    """An offline run's batch: the next G stored pairs put into the dock, nothing generated."""
 
-    def __init__(self, run: RunState) -> None:
-        super().__init__(run)
-        self.N = self.plan.group_size  # samples per pair, where the RL loop has responses
-
-    def run_iteration(self, iteration: int) -> dict[str, Any]:
-        """One iteration on the next G pairs; returns its metrics record."""
-        start = time.perf_counter()
-        ledger = Ledger()
-        indexes = np.arange(self.G * self.plan.group_size, dtype=np.int64)
-        tokens = self._put_pairs(ledger, indexes)
-        self._score_stages(indexes, ledger)
-        updates = self._stage(ledger, "update", self._update, indexes)
-        self._timed_dock(ledger, self.run.dock.clear)
-        seconds = time.perf_counter() - start
-        return {
-            **mean_by_key(updates, skip=TIMING_KEYS),
-            "pairs": self.G,
-            "response_length_mean": tokens / len(indexes),
-            "iteration_time_s": seconds,
-            "time": ledger.stages,
-            "busy": ledger.busy,
-            "overhead": ledger.overhead(seconds),
-            MEMORY_RECORD_KEY: self._memory_record(ledger),
-        }
-
-    def _put_pairs(self, ledger: Ledger, indexes: np.ndarray) -> float:
-        """Put the next G pairs (chosen at even indexes, rejected after them); returns the
-        response tokens put."""
-        batch = self.run.dataset.next_pairs()
+    def draw(self, iteration: int, ledger: Ledger) -> Sampled:
+        """Put the next G pairs (chosen at even indexes, rejected after them)."""
+        runner = self.runner
+        batch = runner.run.dataset.next_pairs()
         prompts, responses = [], []
         for prompt, chosen, rejected in zip(
             batch.prompt_ids, batch.chosen_ids, batch.rejected_ids, strict=True
         ):
             prompts += [np.asarray(prompt, dtype=np.int64)] * 2
             responses += [np.asarray(chosen, dtype=np.int64), np.asarray(rejected, dtype=np.int64)]
-        records = np.repeat([self.record_of[u] for u in batch.uids], 2).astype(np.int64)
+        records = np.repeat([runner.record_of[u] for u in batch.uids], 2).astype(np.int64)
         fields = {"prompt_ids": prompts, "response_ids": responses, "record_id": records}
-        self._timed_dock(ledger, self.run.dock.put, indexes, fields)
-        return float(sum(len(r) for r in responses))
-
-    def _by_dp_rank(self, stage: str, role: str, fields: list[str], n: int) -> list:
-        """Whole pairs per data-parallel rank, in pair order (the online claim balances
-        single samples by length, which could part a pair)."""
-        (taken,) = self.run.dock.claim(stage, fields, n, whole_groups=True, timeout_s=self.timeout)
-        parts = split_whole_pairs(taken, self.run.dp_size(role), self.plan.group_size)
-        return self.run.per_worker(role, parts)
+        slots = list(range(runner.G))
+        runner.timed_dock(ledger, runner.run.dock.put, runner.indexes(slots), fields)
+        tokens = float(sum(len(r) for r in responses))
+        return Sampled(kept=slots, samples=len(responses), response_tokens=tokens)
 
 
-def split_whole_pairs(indexes: np.ndarray, parts: int, pair_size: int = 2) -> list[np.ndarray]:
-    """``indexes`` (pairs adjacent) as ``parts`` contiguous runs of whole pairs, in order.
+class OfflineIterationRunner(IterationRunner):
+    """Runs iterations of a started offline run (see module docstring): the stored pairs
+    as the batch, and no advantages, critic or KL controller, so its own iteration."""
 
-    Raises:
-        ValueError: the pairs do not split evenly (the config check refuses such sizes).
-    """
-    pairs = len(indexes) // pair_size
-    if len(indexes) % pair_size or pairs % parts:
-        raise ValueError(f"{len(indexes)} samples are not {parts} equal runs of whole pairs")
-    return list(np.split(np.asarray(indexes, dtype=np.int64), parts))
+    def __init__(self, run: RunState) -> None:
+        super().__init__(run, OfflinePairs, pair_size=run.plan.group_size)
+
+    def run_iteration(self, iteration: int) -> dict[str, Any]:
+        """One iteration on the next G pairs; returns its metrics record."""
+        start = time.perf_counter()
+        ledger = Ledger()
+        sampled = self.source.draw(iteration, ledger)
+        indexes = self.indexes(sampled.kept)
+        self._score_stages(indexes, ledger)
+        updates = self.stage(ledger, "update", self._update, indexes)
+        self.source.release(ledger, indexes)
+        seconds = time.perf_counter() - start
+        return {
+            **mean_by_key(updates, skip=TIMING_KEYS),
+            "pairs": self.G,
+            "response_length_mean": sampled.response_tokens / len(indexes),
+            "iteration_time_s": seconds,
+            "time": ledger.stages,
+            "busy": ledger.busy,
+            "overhead": ledger.overhead(seconds),
+            MEMORY_RECORD_KEY: self._memory_record(ledger),
+        }

@@ -37,7 +37,7 @@ With a budget no response reaches (``>= rollout.max_response_length``) the first
 finishes the ``G`` fresh groups in slots ``0 .. G-1`` and nothing is carried, so a run
 trains exactly as without partial rollout: the same prompts, calls and seeds.
 
-A checkpoint between iterations keeps every group in flight (:meth:`in_flight_state`):
+A checkpoint between iterations keeps every group in flight (``in_flight_state``):
 the flights, paused indexes and draw count in the driver's position, their samples in
 actor rank 0's step folder; a resumed run restores both and continues them exactly
 (docs/pipeline.md, "Partial rollout").
@@ -57,12 +57,12 @@ from mindrl.workers.generation import PAUSED_FIELDS, RESPONSE_FIELDS, PartialRol
 from trainers.driver.iteration import (
     PROMPT_FIELDS,
     VERSION_STAGE,
+    BatchSource,
     InFlightState,
     IterationRunner,
     Ledger,
     Sampled,
 )
-from trainers.driver.state import RunState
 
 
 @dataclass(frozen=True)
@@ -74,15 +74,17 @@ class Flight:
     prompt_tokens: int
 
 
-class PartialRolloutRunner(IterationRunner):
-    """Runs iterations of budgeted generation rounds (module docstring)."""
+class PartialRolloutSource(BatchSource):
+    """Batches of budgeted generation rounds over a pool of groups in flight (module
+    docstring)."""
 
     whole_group_claims = True
 
-    def __init__(self, run: RunState, pool: int | None = None) -> None:
+    def __init__(self, runner: IterationRunner, pool: int | None = None) -> None:
         """``pool``: group slots in flight (default ``rollout.partial_rollout_groups``;
-        the continuous runner, trainers/driver/continuous.py, keeps its own pool)."""
-        super().__init__(run)
+        the continuous source, trainers/driver/continuous.py, keeps its own pool)."""
+        super().__init__(runner)
+        self.G, self.N, self.config = runner.G, runner.N, runner.config
         rollout = self.config.rollout
         self.budget: int | None = rollout.partial_rollout_budget
         self.pool = partial_rollout_groups(self.config) if pool is None else pool
@@ -102,23 +104,24 @@ class PartialRolloutRunner(IterationRunner):
         self.iteration = 0  # the one running
 
     # ---- sampling: rounds until G groups finished ------------------------------------------
-    def _sample(self, iteration: int, ledger: Ledger) -> Sampled:
+    def draw(self, iteration: int, ledger: Ledger) -> Sampled:
         """Generation rounds until ``G`` groups finished; keeps the oldest ``G``, holds the
         other finished ones for a later update and scores the kept."""
+        runner = self.runner
         sampled = Sampled()
         self.iteration, self.drawn_before = iteration, self.drawn
         finished = self._finished()
         while len(finished) < self.G and sampled.draws < self.max_rounds:
-            fresh = self._free() if self.fill_pool else self._free()[: self.G - len(finished)]
+            fresh = self.free() if self.fill_pool else self.free()[: self.G - len(finished)]
             self._round(ledger, sampled, fresh, iteration)
             finished = self._finished()
         sampled.kept = sorted(finished, key=lambda slot: self.flights[slot].order)[: self.G]
         self.held = sorted(set(finished) - set(sampled.kept))
         if self.held:
-            self._timed_dock(ledger, self.run.dock.hold, self._indexes(self.held))
+            runner.timed_dock(ledger, runner.run.dock.hold, runner.indexes(self.held))
         if sampled.kept:
-            indexes = self._indexes(sampled.kept)
-            scored = self._stage(ledger, "reward", self._score_stage, "reward", indexes)
+            indexes = runner.indexes(sampled.kept)
+            scored = runner.stage(ledger, "reward", runner.score_stage, "reward", indexes)
             sampled.samples = len(indexes)
             sampled.reward_sum = sum(r["reward_sum"] for r in scored)
             sampled.response_tokens = sum(r["response_tokens"] for r in scored)
@@ -130,16 +133,18 @@ class PartialRolloutRunner(IterationRunner):
     def _round(self, ledger: Ledger, sampled: Sampled, fresh: list[int], iteration: int) -> None:
         """Fresh prompts into ``fresh`` slots, then one budget's worth of tokens for them
         and every paused response (seeded by the round, as a draw is)."""
+        runner = self.runner
         if fresh:
-            batch = self.run.dataset.next_batch(len(fresh))
-            self._put_prompts(ledger, self._indexes(fresh), batch, sampled)
-            self._board(fresh, batch, iteration)
-        indexes = self._indexes(fresh)
-        reports = self._stage(ledger, "rollout", self._generate, indexes, iteration, sampled.draws)
+            batch = runner.run.dataset.next_batch(len(fresh))
+            runner.put_prompts(ledger, runner.indexes(fresh), batch, sampled)
+            self.board(fresh, batch, iteration)
+        indexes = runner.indexes(fresh)
+        reports = runner.stage(ledger, "rollout", self.generate, indexes, iteration, sampled.draws)
         self.paused = np.unique(np.concatenate([r["paused"] for r in reports]))
         sampled.draws += 1
 
-    def _board(self, slots: list[int], batch: PromptBatch, iteration: int) -> None:
+    def board(self, slots: list[int], batch: PromptBatch, iteration: int) -> None:
+        """The groups of ``batch``'s prompts, drawn now, into ``slots``."""
         for slot, ids in zip(slots, batch.prompt_ids, strict=True):
             self.flights[slot] = Flight(self.drawn, iteration, len(ids))
             self.drawn += 1
@@ -149,34 +154,41 @@ class PartialRolloutRunner(IterationRunner):
         waiting = set((self.paused // self.N).tolist())
         return sorted(slot for slot in self.flights if slot not in waiting)
 
-    def _free(self) -> list[int]:
+    def free(self) -> list[int]:
         """Slots of the pool with no group in them, ascending."""
         return [slot for slot in range(self.pool) if slot not in self.flights]
+
+    def generate(self, indexes: np.ndarray, iteration: int, draw: int) -> list[dict]:
+        """One round on the actor ranks: the fresh prompts of ``indexes`` and every paused
+        response; their reports."""
+        return self.runner.generate(self._generation_args(indexes, iteration, draw), len(indexes))
 
     def _generation_args(self, indexes: np.ndarray, iteration: int, draw: int) -> list[tuple]:
         """The fresh prompts as the rollout stage splits them, plus the paused responses
         dealt round-robin over the generation ranks; each rank's ``generate`` arguments."""
-        ranks = len(set(self.run.gen_dp_ranks))
+        run = self.runner.run
+        ranks = len(set(run.gen_dp_ranks))
         if len(indexes):
-            parts = self._claim_prompts(len(indexes))
+            parts = self.runner.claim_prompts(len(indexes))
         else:
             parts = [np.zeros(0, dtype=np.int64)] * ranks
         parts = [np.sort(np.concatenate([p, self.paused[r::ranks]])) for r, p in enumerate(parts)]
         partial = PartialRollout(
             self.budget, self.config.rollout.max_response_length, self.paused, draw > 0, iteration
         )
-        params = self._sampling_params(iteration, draw)
-        return [(parts[r], params, partial) for r in self.run.gen_dp_ranks]
+        params = self.runner.sampling_params(iteration, draw)
+        return [(parts[r], params, partial) for r in run.gen_dp_ranks]
 
     # ---- after the update ---------------------------------------------------------------------
-    def _release(self, ledger: Ledger, trained: np.ndarray) -> None:
+    def release(self, ledger: Ledger, trained: np.ndarray) -> None:
         """Free only the trained groups' slots; the held ones may be claimed again."""
+        runner = self.runner
         slots = np.unique(trained // self.N).tolist()
         self.trained = [self.flights.pop(slot) for slot in slots]
         if len(trained):
-            self._timed_dock(ledger, self.run.dock.recycle, trained)
+            runner.timed_dock(ledger, runner.run.dock.recycle, trained)
         if self.held:
-            self._timed_dock(ledger, self.run.dock.hold, self._indexes(self.held), False)
+            runner.timed_dock(ledger, runner.run.dock.hold, runner.indexes(self.held), False)
 
     # ---- checkpoints: the groups in flight ----------------------------------------------------
     def in_flight_state(self) -> InFlightState | None:
@@ -184,7 +196,7 @@ class PartialRolloutRunner(IterationRunner):
         finished responses in the dock, and the flights, paused indexes and draw count."""
         if not self.flights:
             return None
-        indexes = self._indexes(sorted(self.flights))
+        indexes = self.runner.indexes(sorted(self.flights))
         finished = np.setdiff1d(indexes, self.paused)
         bookkeeping = {
             "flights": [[slot, *astuple(flight)] for slot, flight in sorted(self.flights.items())],
@@ -204,14 +216,9 @@ class PartialRolloutRunner(IterationRunner):
         self.flights = {slot: Flight(*rest) for slot, *rest in bookkeeping["flights"]}
         self.paused = np.asarray(bookkeeping["paused"], dtype=np.int64)
         self.drawn = bookkeeping["drawn"]
-        self._reclaim_prompts(self._indexes(sorted(self.flights)))
+        self.runner.reclaim_prompts(self.runner.indexes(sorted(self.flights)))
 
-    def _record(
-        self, metrics: dict[str, Any], sampled: Sampled, ledger: Ledger, seconds: float
-    ) -> dict[str, Any]:
-        return super()._record(metrics, sampled, ledger, seconds) | self._counts(sampled)
-
-    def _counts(self, sampled: Sampled) -> dict[str, Any]:
+    def counts(self, sampled: Sampled) -> dict[str, Any]:
         """What this iteration's rounds did and left in the dock."""
         return {
             "trained_groups": len(self.trained),

@@ -1,33 +1,40 @@
 """The iteration runner of each kind of run, chosen by the run plan (``RunPlan.runner``).
 
 The plan decides once how a run's iterations go (mindrl/run_plan.py, ``runner_for``);
-this table names the class that runs them.
+this table names the part that varies: the batch source (trainers/driver/iteration.py,
+``BatchSource``) that draws each iteration's batch, overlaps what may run beside
+training and keeps what outlives the update. :class:`IterationRunner` runs the rest the
+same way for every kind; the offline kind trains stored pairs with no advantages or
+critic, so it has a runner of its own around its source.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mindrl.config.layout import DISAGGREGATED, OFFLINE
 from mindrl.run_plan import CONTINUOUS, ONLINE, PARTIAL_ROLLOUT
-from trainers.driver.async_iteration import DisaggregatedRunner
-from trainers.driver.continuous import ContinuousRunner
-from trainers.driver.iteration import IterationRunner
+from trainers.driver.async_iteration import DisaggregatedSource
+from trainers.driver.continuous import ContinuousSource
+from trainers.driver.iteration import BatchSource, IterationRunner, OnlineSource
 from trainers.driver.offline import OfflineIterationRunner
-from trainers.driver.partial_rollout import PartialRolloutRunner
+from trainers.driver.partial_rollout import PartialRolloutSource
 from trainers.driver.state import RunState
 
-#: ``RunPlan.runner`` -> the runner class: the online RL loop (sync or streaming), partial
-#: rollout's rounds, the disaggregated runner with rollout workers of their own (and its
-#: continuous form, whose workers never wait for a batch), and the offline one for
-#: stored pairs.
-RUNNERS: dict[str, type[IterationRunner]] = {
-    ONLINE: IterationRunner,
-    PARTIAL_ROLLOUT: PartialRolloutRunner,
-    DISAGGREGATED: DisaggregatedRunner,
-    CONTINUOUS: ContinuousRunner,
-    OFFLINE: OfflineIterationRunner,
+#: ``RunPlan.runner`` -> the batch source of an online kind: the RL loop on the actor
+#: ranks (sync or streaming), partial rollout's rounds, the disaggregated rollout
+#: workers with one batch ahead (and their continuous form, whose workers never wait for
+#: a batch).
+SOURCES: dict[str, Callable[[IterationRunner], BatchSource]] = {
+    ONLINE: OnlineSource,
+    PARTIAL_ROLLOUT: PartialRolloutSource,
+    DISAGGREGATED: DisaggregatedSource,
+    CONTINUOUS: ContinuousSource,
 }
 
 
 def make_runner(run: RunState) -> IterationRunner:
     """The runner the plan of ``run`` names."""
-    return RUNNERS[run.plan.runner](run)
+    if run.plan.runner == OFFLINE:
+        return OfflineIterationRunner(run)
+    return IterationRunner(run, SOURCES[run.plan.runner])
