@@ -75,8 +75,8 @@ def longtail(ray_cluster, tmp_path_factory) -> LongtailRun:
         return batch
 
     def watching(self, sampled):
-        trained = [flight.order for flight in self.trained]
-        in_dock = [flight.order for flight in self.flights.values()]
+        trained = [flight.order for flight in self.pool.trained]
+        in_dock = [flight.order for flight in self.pool.flights.values()]
         iterations.append(Iteration(trained, in_dock, drawn[0]))
         return count_groups(self, sampled)
 

@@ -85,9 +85,9 @@ class ScriptedRounds(PartialRolloutSource):
         return self.runner.indexes(slots)
 
     def generate(self, indexes, iteration, draw) -> list[dict]:
-        assert not set(self.paused.tolist()) & set(indexes.tolist())
+        assert not set(self.pool.paused.tolist()) & set(indexes.tolist())
         paused = []
-        for index in [*indexes.tolist(), *self.paused.tolist()]:
+        for index in [*indexes.tolist(), *self.pool.paused.tolist()]:
             done = 0 if index in indexes else self.tokens[index]
             need = self.needs(self.prompt_of[index // self.N], index % self.N)
             self.tokens[index] = min(done + self.budget, need)
@@ -145,8 +145,8 @@ def iterate(runner: ScriptedRounds, iterations: int, first: int = 0) -> list[Ste
         ledger = Ledger()
         sampled = runner.draw(iteration, ledger)
         trained = [runner.prompt_of[slot] for slot in sampled.kept]
-        held = sorted(runner.prompt_of[slot] for slot in runner.held)
-        assert runner.run.dock.held == set(runner.indexes(runner.held).tolist())
+        held = sorted(runner.prompt_of[slot] for slot in runner.pool.held)
+        assert runner.run.dock.held == set(runner.indexes(runner.pool.held).tolist())
         runner.release(ledger, runner.indexes(sampled.kept))
         assert runner.run.dock.held == set()  # given back for the next iteration's claims
         steps.append(Step(trained, held, runner.counts(sampled)))
@@ -183,7 +183,7 @@ def test_no_group_trains_twice_and_every_prompt_drawn_is_trained_or_still_in_the
     steps = iterate(runner, 12)
     trained = [prompt for s in steps for prompt in s.trained]
     assert len(trained) == len(set(trained))
-    in_dock = sorted(runner.prompt_of[slot] for slot in runner.flights)
+    in_dock = sorted(runner.prompt_of[slot] for slot in runner.pool.flights)
     assert sorted(trained + in_dock) == list(range(runner.run.dataset.drawn))
     assert sum(s.counts["drawn_groups"] for s in steps) == runner.run.dataset.drawn
     assert steps[-1].counts["carried_groups"] == len(in_dock) <= POOL
@@ -212,7 +212,7 @@ def test_a_larger_pool_keeps_more_groups_in_flight():
     runner = make_runner(lambda prompt, member: 10**9, "rollout.partial_rollout_groups=12")
     (step,) = iterate(runner, 1)
     assert step.counts["carried_groups"] == 12
-    assert runner.pool == 12
+    assert runner.pool.size == 12
 
 
 def test_refilling_the_pool_keeps_it_full_and_a_steady_long_tail_needs_one_round():
@@ -250,13 +250,13 @@ def resumed(runner: ScriptedRounds) -> ScriptedRounds:
     the bookkeeping through the position's plain-data form, and the dock's samples (here
     the scripted engine's tokens and prompts) as actor rank 0 puts them back."""
     state = runner.in_flight_state()
-    slots = sorted(runner.flights)
+    slots = sorted(runner.pool.flights)
     indexes = runner.indexes(slots)
     # The slices name every sample of every group in flight: each prompt, and each
     # response either paused (its prefix) or finished.
     prompts, paused, finished = state.slices
     assert prompts.indexes.tolist() == indexes.tolist()
-    assert paused.indexes.tolist() == runner.paused.tolist() and len(paused.indexes)
+    assert paused.indexes.tolist() == runner.pool.paused.tolist() and len(paused.indexes)
     assert sorted([*paused.indexes.tolist(), *finished.indexes.tolist()]) == indexes.tolist()
     bookkeeping = decode(json.loads(json.dumps(encode(state.bookkeeping, {}))), {})
     fresh = make_runner(longtail)

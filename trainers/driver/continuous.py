@@ -44,22 +44,19 @@ import numpy as np
 import ray
 
 from mindrl.config.layout import ROLLOUT_WORKER
-from mindrl.dock import DockSlice
 from mindrl.dock.client import PendingClaim
 from mindrl.metrics.memory import book_peaks
 from mindrl.run_plan import continuous_groups
 from mindrl.workers.continuous import Feed, default_slots
-from mindrl.workers.generation import PAUSED_FIELDS, RESPONSE_FIELDS
 from mindrl.workers.group import POLL_S, StageTimeoutError, checked_get, wait_all
 from trainers.driver.iteration import (
-    PROMPT_FIELDS,
-    VERSION_STAGE,
+    BatchSource,
     InFlightState,
     IterationRunner,
     Ledger,
     Sampled,
 )
-from trainers.driver.partial_rollout import PartialRolloutSource
+from trainers.driver.partial_rollout import FlightPool
 from trainers.driver.rollout_placement import WeightPush, start_push
 from trainers.driver.streaming import StageCall, stage_call
 
@@ -91,15 +88,21 @@ class _Chunk:
     results: list[dict[str, Any]] = field(default_factory=list)
 
 
-class ContinuousSource(PartialRolloutSource):
-    """Batches from continuously decoding rollout workers (module docstring); partial
-    rollout's pool bookkeeping (flights, draw order, the in-flight checkpoint) with a
-    pool of its own size."""
+class ContinuousSource(BatchSource):
+    """Batches from continuously decoding rollout workers (module docstring), over a
+    :class:`FlightPool` as partial rollout keeps (draw order, paused responses, the
+    in-flight checkpoint) of its own size."""
+
+    #: A group is scored and trained whole: the workers put it once its last response ends.
+    whole_group_claims = True
 
     def __init__(self, runner: IterationRunner) -> None:
-        super().__init__(runner, pool=continuous_groups(runner.config))
+        super().__init__(runner)
         run = runner.run
+        self.G, self.N, self.config = runner.G, runner.N, runner.config
         self.run, self.plan, self.timeout = run, runner.plan, runner.timeout
+        self.pool = FlightPool(runner, continuous_groups(self.config))
+        self.iteration = 0  # the one running
         self.workers = run.groups[ROLLOUT_WORKER]
         self.max_staleness = self.config.rollout.max_staleness
         self.weights_version = run.start_iteration  # what the workers hold
@@ -128,7 +131,7 @@ class ContinuousSource(PartialRolloutSource):
         """Wait until ``G`` groups within the bound are scored; hold the others in the
         dock out of the training stages' claims."""
         runner = self.runner
-        self.iteration, self.drawn_before, self.dropped = iteration, self.drawn, 0
+        self.iteration, self.pool.drawn_before, self.dropped = iteration, self.pool.drawn, 0
         if not self.running:
             self._start(iteration)
         waited = time.perf_counter()
@@ -136,10 +139,10 @@ class ContinuousSource(PartialRolloutSource):
         ledger.stages["rollout"] = time.perf_counter() - waited
         indexes = runner.indexes(kept)
         sampled = self._sampled(kept, indexes)
-        self.held = sorted(set(self.flights) - set(kept))
+        self.pool.held = sorted(set(self.pool.flights) - set(kept))
         training = self._training_stages()
-        if self.held:
-            held = runner.indexes(self.held)
+        if self.pool.held:
+            held = runner.indexes(self.pool.held)
             runner.timed_dock(ledger, self.run.dock.hold, held, True, training)
         return sampled
 
@@ -153,7 +156,7 @@ class ContinuousSource(PartialRolloutSource):
 
     def _sampled(self, kept: list[int], indexes: np.ndarray) -> Sampled:
         rewards = [self.rewards.pop(int(i)) for i in indexes]
-        prompt_tokens = sum(self.flights[slot].prompt_tokens for slot in kept) * self.N
+        prompt_tokens = sum(self.pool.flights[slot].prompt_tokens for slot in kept) * self.N
         return Sampled(
             kept=kept,
             draws=1,
@@ -177,10 +180,10 @@ class ContinuousSource(PartialRolloutSource):
             "start_continuous", params, slots, stage="rollout", timeout_s=self.timeout
         )
         self.running, self.loop_counters = True, None
-        resumed = np.union1d(self.paused, self.unstarted)
+        resumed = np.union1d(self.pool.paused, self.unstarted)
         if len(resumed):
-            self._feed(resumed, self.paused)
-        self.paused = self.unstarted = np.zeros(0, dtype=np.int64)
+            self._feed(resumed, self.pool.paused)
+        self.pool.paused = self.unstarted = np.zeros(0, dtype=np.int64)
 
     def _feed(self, indexes: np.ndarray, resumed: np.ndarray) -> None:
         """Whole groups dealt round-robin over the workers."""
@@ -198,13 +201,13 @@ class ContinuousSource(PartialRolloutSource):
         """Fresh prompts into every free slot, fed to the workers, once they hold the
         trained weights (the admission bound, module docstring)."""
         runner = self.runner
-        free = self.free()
+        free = self.pool.free()
         if not free or self.push is not None or self.weights_version < self.iteration:
             return
         batch = self.run.dataset.next_batch(len(free))
         indexes = runner.indexes(free)
         runner.put_prompts(ledger, indexes, batch, Sampled())
-        self.board(free, batch, self.iteration)
+        self.pool.board(free, batch, self.iteration)
         (claimed,) = runner.timed_dock(
             ledger,
             self.run.dock.claim,
@@ -258,7 +261,7 @@ class ContinuousSource(PartialRolloutSource):
         and the trained weights), after refusing those past ``max_staleness`` (their
         slots freed)."""
         ready = [slot for slot, done in self.scored_by.items() if len(done) == len(self.streams)]
-        ready.sort(key=lambda slot: self.flights[slot].order)
+        ready.sort(key=lambda slot: self.pool.flights[slot].order)
         if not ready:
             return {}
         new = [slot for slot in ready if slot not in self.versions]
@@ -297,8 +300,8 @@ class ContinuousSource(PartialRolloutSource):
         group's responses outlast the ``max_staleness`` updates it had to finish; with
         ``max_staleness: 0`` every group is due: the on-policy batch."""
         edge = iteration + 1 - self.max_staleness
-        flights = sorted(self.flights, key=lambda slot: self.flights[slot].order)
-        due = [slot for slot in flights if self.flights[slot].iteration < edge][: self.G]
+        flights = sorted(self.pool.flights, key=lambda slot: self.pool.flights[slot].order)
+        due = [slot for slot in flights if self.pool.flights[slot].iteration < edge][: self.G]
         finished = set(ready)
         if not finished.issuperset(due):
             return None
@@ -310,7 +313,7 @@ class ContinuousSource(PartialRolloutSource):
         indexes = self.runner.indexes(slots)
         self.runner.timed_dock(ledger, self.run.dock.recycle, indexes)
         for slot in slots:
-            self.flights.pop(slot)
+            self.pool.flights.pop(slot)
             self.scored_by.pop(slot)
             self.versions.pop(slot, None)
         for index in indexes.tolist():
@@ -334,7 +337,7 @@ class ContinuousSource(PartialRolloutSource):
         stream.claim = self.run.dock.claim_async(
             call.stage,
             call.fields,
-            self.pool * self.N,
+            self.pool.size * self.N,
             whole_groups=True,
             dp_parts=call.dp_parts,
             timeout_s=1e9,  # open for the run: a stall is found by _check_workers
@@ -370,7 +373,7 @@ class ContinuousSource(PartialRolloutSource):
                 for index, score in zip(report["indexes"].tolist(), scores, strict=True):
                     self.rewards[index] = score
         for slot in np.unique(chunk.indexes // self.N).tolist():
-            if slot in self.flights:
+            if slot in self.pool.flights:
                 self.scored_by.setdefault(slot, set()).add(stream.call.stage)
 
     # ---- after the update ---------------------------------------------------------------------
@@ -378,13 +381,13 @@ class ContinuousSource(PartialRolloutSource):
         """Free the trained groups' slots; give the held ones back to the training stages."""
         runner = self.runner
         slots = np.unique(trained // self.N).tolist()
-        self.trained = [self.flights.pop(slot) for slot in slots]
+        self.pool.trained = [self.pool.flights.pop(slot) for slot in slots]
         for slot in slots:
             self.scored_by.pop(slot, None)
             self.versions.pop(slot, None)
         runner.timed_dock(ledger, self.run.dock.recycle, trained)
-        if self.held:
-            indexes = runner.indexes(self.held)
+        if self.pool.held:
+            indexes = runner.indexes(self.pool.held)
             training = self._training_stages()
             runner.timed_dock(ledger, self.run.dock.hold, indexes, False, training)
 
@@ -426,34 +429,26 @@ class ContinuousSource(PartialRolloutSource):
         if self.running:
             stops = self.workers.call("stop_continuous", stage="checkpoint", timeout_s=self.timeout)
             self.running = False
-            self.paused = np.concatenate([s["paused"] for s in stops]).astype(np.int64)
+            self.pool.paused = np.concatenate([s["paused"] for s in stops]).astype(np.int64)
             self.unstarted = np.concatenate([s["unstarted"] for s in stops]).astype(np.int64)
-        if not self.flights:
-            return None
-        indexes = self.runner.indexes(sorted(self.flights))
-        finished = np.setdiff1d(indexes, np.union1d(self.paused, self.unstarted))
-        state = super().in_flight_state()
-        state.bookkeeping["unstarted"] = self.unstarted.tolist()
-        state.slices = [
-            DockSlice(indexes, PROMPT_FIELDS),
-            DockSlice(self.paused, PAUSED_FIELDS),
-            DockSlice(finished, RESPONSE_FIELDS, VERSION_STAGE),
-        ]
+        state = self.pool.in_flight_state(np.union1d(self.pool.paused, self.unstarted))
+        if state is not None:
+            state.bookkeeping["unstarted"] = self.unstarted.tolist()
         return state
 
     def restore_in_flight(self, bookkeeping: dict[str, Any]) -> None:
         """The groups a checkpoint kept: finished ones are scored again, the paused and
         unstarted ones fed to the workers when they start."""
-        super().restore_in_flight(bookkeeping)
+        self.pool.restore(bookkeeping)
         self.unstarted = np.asarray(bookkeeping.get("unstarted", []), dtype=np.int64)
 
     def counts(self, sampled: Sampled) -> dict[str, Any]:
         lags = self.lags if len(self.lags) else np.zeros(1)
         loop = self.loop_since
         return {
-            "trained_groups": len(self.trained),
-            "drawn_groups": self.drawn - self.drawn_before,
-            "carried_groups": len(self.flights),
+            "trained_groups": len(self.pool.trained),
+            "drawn_groups": self.pool.drawn - self.pool.drawn_before,
+            "carried_groups": len(self.pool.flights),
             "dropped_stale_groups": self.dropped,
             # Updates between a trained group's oldest token and the trained weights.
             "staleness_max": int(lags.max()),

@@ -74,23 +74,14 @@ class Flight:
     prompt_tokens: int
 
 
-class PartialRolloutSource(BatchSource):
-    """Batches of budgeted generation rounds over a pool of groups in flight (module
-    docstring)."""
+class FlightPool:
+    """The groups in the dock not trained yet, over iterations, in a pool of ``size``
+    group slots: their draw order, their paused responses, the finished ones held back,
+    and what a checkpoint keeps of them. Partial rollout's rounds and the continuous
+    source (trainers/driver/continuous.py) each keep one."""
 
-    whole_group_claims = True
-
-    def __init__(self, runner: IterationRunner, pool: int | None = None) -> None:
-        """``pool``: group slots in flight (default ``rollout.partial_rollout_groups``;
-        the continuous source, trainers/driver/continuous.py, keeps its own pool)."""
-        super().__init__(runner)
-        self.G, self.N, self.config = runner.G, runner.N, runner.config
-        rollout = self.config.rollout
-        self.budget: int | None = rollout.partial_rollout_budget
-        self.pool = partial_rollout_groups(self.config) if pool is None else pool
-        self.max_rounds = -(-rollout.max_response_length // self.budget) if self.budget else 0
-        #: Fresh prompts into every free slot (``pool``), or only as many as missing.
-        self.fill_pool = rollout.partial_rollout_refill == "pool"
+    def __init__(self, runner: IterationRunner, size: int) -> None:
+        self.runner, self.size, self.N = runner, size, runner.N
         #: Slot -> the group in it, for every group in the dock not trained yet.
         self.flights: dict[int, Flight] = {}
         #: Sample indexes whose response is paused in the dock.
@@ -101,6 +92,66 @@ class PartialRolloutSource(BatchSource):
         self.trained: list[Flight] = []
         self.drawn = 0  # groups drawn over the run
         self.drawn_before = 0  # ... before this iteration
+
+    def board(self, slots: list[int], batch: PromptBatch, iteration: int) -> None:
+        """The groups of ``batch``'s prompts, drawn now, into ``slots``."""
+        for slot, ids in zip(slots, batch.prompt_ids, strict=True):
+            self.flights[slot] = Flight(self.drawn, iteration, len(ids))
+            self.drawn += 1
+
+    def finished(self) -> list[int]:
+        """Slots whose group has every response finished (none paused), ascending."""
+        waiting = set((self.paused // self.N).tolist())
+        return sorted(slot for slot in self.flights if slot not in waiting)
+
+    def free(self) -> list[int]:
+        """Slots of the pool with no group in them, ascending."""
+        return [slot for slot in range(self.size) if slot not in self.flights]
+
+    def in_flight_state(self, unfinished: np.ndarray) -> InFlightState | None:
+        """Every group not trained yet: the prompts, the paused responses' prefixes and the
+        finished responses (all but ``unfinished``) in the dock, and the flights, paused
+        indexes and draw count."""
+        if not self.flights:
+            return None
+        indexes = self.runner.indexes(sorted(self.flights))
+        finished = np.setdiff1d(indexes, unfinished)
+        bookkeeping = {
+            "flights": [[slot, *astuple(flight)] for slot, flight in sorted(self.flights.items())],
+            "paused": self.paused.tolist(),
+            "drawn": self.drawn,
+        }
+        slices = [
+            DockSlice(indexes, PROMPT_FIELDS),
+            DockSlice(self.paused, PAUSED_FIELDS),
+            DockSlice(finished, RESPONSE_FIELDS, VERSION_STAGE),
+        ]
+        return InFlightState(bookkeeping, slices)
+
+    def restore(self, bookkeeping: dict[str, Any]) -> None:
+        """The groups a checkpoint kept in flight, back as they were after its iteration
+        (their samples are in the dock again; their prompts were claimed when drawn)."""
+        self.flights = {slot: Flight(*rest) for slot, *rest in bookkeeping["flights"]}
+        self.paused = np.asarray(bookkeeping["paused"], dtype=np.int64)
+        self.drawn = bookkeeping["drawn"]
+        self.runner.reclaim_prompts(self.runner.indexes(sorted(self.flights)))
+
+
+class PartialRolloutSource(BatchSource):
+    """Batches of budgeted generation rounds over a pool of groups in flight (module
+    docstring)."""
+
+    whole_group_claims = True
+
+    def __init__(self, runner: IterationRunner) -> None:
+        super().__init__(runner)
+        self.G, self.N, self.config = runner.G, runner.N, runner.config
+        rollout = self.config.rollout
+        self.budget: int | None = rollout.partial_rollout_budget
+        self.pool = FlightPool(runner, partial_rollout_groups(self.config))
+        self.max_rounds = -(-rollout.max_response_length // self.budget) if self.budget else 0
+        #: Fresh prompts into every free slot (``pool``), or only as many as missing.
+        self.fill_pool = rollout.partial_rollout_refill == "pool"
         self.iteration = 0  # the one running
 
     # ---- sampling: rounds until G groups finished ------------------------------------------
@@ -109,16 +160,17 @@ class PartialRolloutSource(BatchSource):
         other finished ones for a later update and scores the kept."""
         runner = self.runner
         sampled = Sampled()
-        self.iteration, self.drawn_before = iteration, self.drawn
-        finished = self._finished()
+        self.iteration, self.pool.drawn_before = iteration, self.pool.drawn
+        finished = self.pool.finished()
         while len(finished) < self.G and sampled.draws < self.max_rounds:
-            fresh = self.free() if self.fill_pool else self.free()[: self.G - len(finished)]
+            free = self.pool.free()
+            fresh = free if self.fill_pool else free[: self.G - len(finished)]
             self._round(ledger, sampled, fresh, iteration)
-            finished = self._finished()
-        sampled.kept = sorted(finished, key=lambda slot: self.flights[slot].order)[: self.G]
-        self.held = sorted(set(finished) - set(sampled.kept))
-        if self.held:
-            runner.timed_dock(ledger, runner.run.dock.hold, runner.indexes(self.held))
+            finished = self.pool.finished()
+        sampled.kept = sorted(finished, key=lambda slot: self.pool.flights[slot].order)[: self.G]
+        self.pool.held = sorted(set(finished) - set(sampled.kept))
+        if self.pool.held:
+            runner.timed_dock(ledger, runner.run.dock.hold, runner.indexes(self.pool.held))
         if sampled.kept:
             indexes = runner.indexes(sampled.kept)
             scored = runner.stage(ledger, "reward", runner.score_stage, "reward", indexes)
@@ -126,7 +178,7 @@ class PartialRolloutSource(BatchSource):
             sampled.reward_sum = sum(r["reward_sum"] for r in scored)
             sampled.response_tokens = sum(r["response_tokens"] for r in scored)
         # Per trained sample, as the record's means are: prompts put now may train later.
-        prompt_tokens = sum(self.flights[slot].prompt_tokens for slot in sampled.kept)
+        prompt_tokens = sum(self.pool.flights[slot].prompt_tokens for slot in sampled.kept)
         sampled.prompt_tokens = float(prompt_tokens * self.N)
         return sampled
 
@@ -137,26 +189,11 @@ class PartialRolloutSource(BatchSource):
         if fresh:
             batch = runner.run.dataset.next_batch(len(fresh))
             runner.put_prompts(ledger, runner.indexes(fresh), batch, sampled)
-            self.board(fresh, batch, iteration)
+            self.pool.board(fresh, batch, iteration)
         indexes = runner.indexes(fresh)
         reports = runner.stage(ledger, "rollout", self.generate, indexes, iteration, sampled.draws)
-        self.paused = np.unique(np.concatenate([r["paused"] for r in reports]))
+        self.pool.paused = np.unique(np.concatenate([r["paused"] for r in reports]))
         sampled.draws += 1
-
-    def board(self, slots: list[int], batch: PromptBatch, iteration: int) -> None:
-        """The groups of ``batch``'s prompts, drawn now, into ``slots``."""
-        for slot, ids in zip(slots, batch.prompt_ids, strict=True):
-            self.flights[slot] = Flight(self.drawn, iteration, len(ids))
-            self.drawn += 1
-
-    def _finished(self) -> list[int]:
-        """Slots whose group has every response finished (none paused), ascending."""
-        waiting = set((self.paused // self.N).tolist())
-        return sorted(slot for slot in self.flights if slot not in waiting)
-
-    def free(self) -> list[int]:
-        """Slots of the pool with no group in them, ascending."""
-        return [slot for slot in range(self.pool) if slot not in self.flights]
 
     def generate(self, indexes: np.ndarray, iteration: int, draw: int) -> list[dict]:
         """One round on the actor ranks: the fresh prompts of ``indexes`` and every paused
@@ -172,9 +209,10 @@ class PartialRolloutSource(BatchSource):
             parts = self.runner.claim_prompts(len(indexes))
         else:
             parts = [np.zeros(0, dtype=np.int64)] * ranks
-        parts = [np.sort(np.concatenate([p, self.paused[r::ranks]])) for r, p in enumerate(parts)]
+        paused = self.pool.paused
+        parts = [np.sort(np.concatenate([p, paused[r::ranks]])) for r, p in enumerate(parts)]
         partial = PartialRollout(
-            self.budget, self.config.rollout.max_response_length, self.paused, draw > 0, iteration
+            self.budget, self.config.rollout.max_response_length, paused, draw > 0, iteration
         )
         params = self.runner.sampling_params(iteration, draw)
         return [(parts[r], params, partial) for r in run.gen_dp_ranks]
@@ -184,49 +222,32 @@ class PartialRolloutSource(BatchSource):
         """Free only the trained groups' slots; the held ones may be claimed again."""
         runner = self.runner
         slots = np.unique(trained // self.N).tolist()
-        self.trained = [self.flights.pop(slot) for slot in slots]
+        self.pool.trained = [self.pool.flights.pop(slot) for slot in slots]
         if len(trained):
             runner.timed_dock(ledger, runner.run.dock.recycle, trained)
-        if self.held:
-            runner.timed_dock(ledger, runner.run.dock.hold, runner.indexes(self.held), False)
+        if self.pool.held:
+            runner.timed_dock(ledger, runner.run.dock.hold, runner.indexes(self.pool.held), False)
 
     # ---- checkpoints: the groups in flight ----------------------------------------------------
     def in_flight_state(self) -> InFlightState | None:
-        """Every group not trained yet: the prompts, the paused responses' prefixes and the
-        finished responses in the dock, and the flights, paused indexes and draw count."""
-        if not self.flights:
-            return None
-        indexes = self.runner.indexes(sorted(self.flights))
-        finished = np.setdiff1d(indexes, self.paused)
-        bookkeeping = {
-            "flights": [[slot, *astuple(flight)] for slot, flight in sorted(self.flights.items())],
-            "paused": self.paused.tolist(),
-            "drawn": self.drawn,
-        }
-        slices = [
-            DockSlice(indexes, PROMPT_FIELDS),
-            DockSlice(self.paused, PAUSED_FIELDS),
-            DockSlice(finished, RESPONSE_FIELDS, VERSION_STAGE),
-        ]
-        return InFlightState(bookkeeping, slices)
+        """Every group not trained yet (the pool's); a paused response keeps its prefix."""
+        return self.pool.in_flight_state(self.pool.paused)
 
     def restore_in_flight(self, bookkeeping: dict[str, Any]) -> None:
-        """The groups a checkpoint kept in flight, back as they were after its iteration
-        (their samples are in the dock again; their prompts were claimed when drawn)."""
-        self.flights = {slot: Flight(*rest) for slot, *rest in bookkeeping["flights"]}
-        self.paused = np.asarray(bookkeeping["paused"], dtype=np.int64)
-        self.drawn = bookkeeping["drawn"]
-        self.runner.reclaim_prompts(self.runner.indexes(sorted(self.flights)))
+        """The groups a checkpoint kept, back in the pool as they were."""
+        self.pool.restore(bookkeeping)
 
     def counts(self, sampled: Sampled) -> dict[str, Any]:
         """What this iteration's rounds did and left in the dock."""
         return {
-            "trained_groups": len(self.trained),
-            "paused_responses": len(self.paused),
+            "trained_groups": len(self.pool.trained),
+            "paused_responses": len(self.pool.paused),
             "generation_rounds": sampled.draws,
-            "drawn_groups": self.drawn - self.drawn_before,
-            "carried_groups": len(self.flights),
-            "carried_finished_groups": len(self.held),
+            "drawn_groups": self.pool.drawn - self.pool.drawn_before,
+            "carried_groups": len(self.pool.flights),
+            "carried_finished_groups": len(self.pool.held),
             # Updates the oldest trained group's first tokens lag behind the trained weights.
-            "staleness_max": max((self.iteration - f.iteration for f in self.trained), default=0),
+            "staleness_max": max(
+                (self.iteration - f.iteration for f in self.pool.trained), default=0
+            ),
         }
