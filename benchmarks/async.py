@@ -123,8 +123,10 @@ from other work; ``--modes sync continuous --warm-start-steps 400 --iterations 3
 1e-4; continuous on 1 rollout + 1 training device): sync 25.77 trained groups/s,
 continuous 27.48 (1.066x; per repeat 0.91x and 1.27x), both trained responses of 8.3
 tokens and prompts of 10.3 on average, 0 of continuous's 800 drawn groups refused as
-stale, final reward 0.995 both. Details and why: docs/pipeline.md, "Continuous
-generation".
+stale, final reward 0.995 both. A second invocation gave 1.431x (per repeat 0.92x and
+1.97x, one sync repeat slowed by load); with ``--continuous-slots 256`` (two batches)
+1.273x (per repeat 1.21x and 1.33x), lengths, refusals and reward as above. Details and
+why: docs/pipeline.md, "Continuous generation".
 
 **Partial rollout** (``--partial-budget B``): instead of the four modes, the same config
 trains with every response generated to its end (``whole``) and with
