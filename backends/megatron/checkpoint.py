@@ -44,7 +44,7 @@ import os
 import random
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +216,6 @@ def save(
     shared: dict[str, Any],
     per_rank: dict[str, Any],
     meta: dict[str, Any],
-    keep: int | None = None,
     background: bool = False,
 ) -> PendingSave:
     """Write a checkpoint for ``step`` and publish it as latest (collective).
@@ -227,7 +226,6 @@ def save(
         shared: name -> tree written by rank 0 (plain data and tensors).
         per_rank: name -> this rank's tree (``None`` values are skipped).
         meta: plain data for ``meta.json`` (step, layout, data position, ...).
-        keep: delete older complete checkpoints beyond the newest ``keep``.
         background: copy ``tensors`` to host memory, then write and publish them in a
             thread; the caller goes on and calls :meth:`PendingSave.wait` before the next
             save and before the process ends.
@@ -260,7 +258,7 @@ def save(
 
     def publish() -> None:
         if rank == 0:
-            _publish(root, tmp, final, record, keep)
+            _publish(root, tmp, final, record)
 
     def write() -> None:
         try:
@@ -338,7 +336,7 @@ def _failure(exc: BaseException, rank: int) -> tuple[int, str]:
     return rank, _first_line(exc)
 
 
-def _publish(root: Path, tmp: Path, final: Path, record: dict[str, Any], keep: int | None) -> None:
+def _publish(root: Path, tmp: Path, final: Path, record: dict[str, Any]) -> None:
     """Rank 0, once every rank's files are written: the manifest, the rename, ``latest``."""
     files = {
         str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()
@@ -347,8 +345,6 @@ def _publish(root: Path, tmp: Path, final: Path, record: dict[str, Any], keep: i
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     _write_latest(root, final.name)
-    if keep is not None:
-        prune(root, keep)
 
 
 _GROUPS: dict[int, Any] = {}
@@ -401,11 +397,26 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def prune(root: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` complete ``step_*`` directories under ``root``."""
-    steps = step_dirs(root)
-    for old in steps[: max(len(steps) - max(keep, 1), 0)]:
-        shutil.rmtree(old, ignore_errors=True)
+def prune_run(path: str | Path, roles: Sequence[str], keep: int) -> list[Path]:
+    """Keep the newest ``keep`` iterations that every role under ``path`` saved, and what
+    is newer; delete every role's older step folders. Returns what was deleted.
+
+    Retention is decided over the roles together, never per role: when one role's part of
+    a checkpoint could not be written, the other roles' older steps are the only ones a
+    resume can pair it with (:func:`resolve_run` matches roles by iteration, since their
+    step numbers differ), so a role pruning alone could leave no iteration they share."""
+    path = Path(path)
+    saved = {
+        role: [(_next_iteration(step), step) for step in step_dirs(path / role)] for role in roles
+    }
+    common = set.intersection(*({i for i, _ in steps} for steps in saved.values())) - {None}
+    if not common:
+        return []
+    oldest_kept = sorted(common)[-max(keep, 1)]
+    gone = [s for steps in saved.values() for i, s in steps if i is not None and i < oldest_kept]
+    for step in gone:
+        shutil.rmtree(step, ignore_errors=True)
+    return gone
 
 
 def withdraw(root: str | Path, name: str) -> None:

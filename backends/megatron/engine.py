@@ -366,13 +366,12 @@ class MegatronEngine:
         self,
         root: str | Path,
         data_position: Any = None,
-        keep: int | None = None,
         extra: dict[str, Any] | None = None,
         background: bool = False,
     ) -> Path:
-        """Write model, optimizer, RNG and ``data_position`` atomically under ``root``
-        (keeping the newest ``keep`` checkpoints when given); returns the step folder.
-        Collective.
+        """Write model, optimizer, RNG and ``data_position`` atomically under ``root``;
+        returns the step folder. Collective. (Older steps stay: the caller decides what to
+        keep over all of a run's roles, ``checkpoint.prune_run``.)
 
         Each rank writes its part of the canonical full tensors, in parallel and once over
         replicas (see ``checkpoint.py``), so any layout resumes it. ``extra``: more trees
@@ -395,7 +394,7 @@ class MegatronEngine:
             tensors = self._checkpoint_tensors(saving=True)
         per_rank = {"rng": checkpoint.capture_rng()}
         self._pending_save = checkpoint.save(
-            root, self.step, tensors, extra or {}, per_rank, meta, keep, background
+            root, self.step, tensors, extra or {}, per_rank, meta, background
         )
         return self._pending_save.step_dir
 

@@ -494,7 +494,12 @@ class CheckpointConfig:
 
     dir: str | None = option(None, "Checkpoint folder; None: <logging.dir>/checkpoints.")
     every: int = option(0, "Save every k iterations (0: only at the end).", ge=0)
-    keep: int = option(2, "Most recent checkpoints kept.", ge=1)
+    keep: int = option(
+        2,
+        "Most recent checkpoints kept: iterations every trained role saved (a newer one "
+        "that some role could not write stays too).",
+        ge=1,
+    )
     async_save: bool = option(
         False,
         "Write the every-k checkpoints in the background: training goes on while a host copy "

@@ -332,14 +332,13 @@ class ModelWorker(WeightSource):
             self.engine.finish_checkpoint()
         except checkpoint.CheckpointWriteError as exc:
             failed.append((exc.step_dir.name, str(exc)))
-        keep = self.config.checkpoint.keep
         extra = None
         if in_flight and self.rank == 0:
             extra = {IN_FLIGHT: snapshot_samples(self.dock, in_flight)}
             self.dock.take_seconds()  # not the next stage's dock time
         try:
             step_dir = self.engine.save_checkpoint(
-                Path(root) / self.role, data_position, keep, extra, background
+                Path(root) / self.role, data_position, extra, background
             )
         except checkpoint.CheckpointWriteError as exc:
             failed.append((exc.step_dir.name, str(exc)))

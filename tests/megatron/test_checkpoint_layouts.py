@@ -215,6 +215,27 @@ def test_roles_left_at_different_iterations_resume_at_the_newest_one_all_of_them
     assert checkpoint.resolve_run(tmp_path, ["actor", "critic"])["actor"].name == "step_00000003"
 
 
+def test_keeping_one_checkpoint_never_deletes_the_last_iteration_every_role_saved(tmp_path):
+    # keep: 1 and checkpoint.on_error: warn. Both roles saved iteration 2; the actor then
+    # saved iteration 3 but the critic's part of it failed: the actor's iteration 2 is the
+    # only one the critic's can be resumed with, so it stays.
+    _fake_step(tmp_path / "actor", 2, 2)
+    _fake_step(tmp_path / "critic", 4, 2)
+    _fake_step(tmp_path / "actor", 3, 3)
+    assert checkpoint.prune_run(tmp_path, ["actor", "critic"], keep=1) == []
+    resumed = checkpoint.resolve_run(tmp_path, ["actor", "critic"])
+    assert {role: step.name for role, step in resumed.items()} == {
+        "actor": "step_00000002", "critic": "step_00000004",
+    }  # fmt: skip
+    # Once the critic saved iteration 3 too, iteration 2 is older than the one kept.
+    _fake_step(tmp_path / "critic", 6, 3)
+    gone = checkpoint.prune_run(tmp_path, ["actor", "critic"], keep=1)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in gone) == [
+        "actor/step_00000002", "critic/step_00000004",
+    ]  # fmt: skip
+    assert [p.name for p in checkpoint.step_dirs(tmp_path / "critic")] == ["step_00000006"]
+
+
 def test_a_corrupt_latest_checkpoint_names_the_file_and_the_previous_complete_step(tmp_path):
     older = _fake_step(tmp_path, 4)
     latest = _fake_step(tmp_path, 8)

@@ -46,7 +46,7 @@ def fake_run(
 ) -> SimpleNamespace:
     groups = groups or [Group("actor"), Group("critic")]
     run = SimpleNamespace(
-        config=SimpleNamespace(checkpoint=SimpleNamespace(on_error=on_error)),
+        config=SimpleNamespace(checkpoint=SimpleNamespace(on_error=on_error, keep=2)),
         checkpoint_failures=0,
         finished_iteration=3,
         iterating=iterating,

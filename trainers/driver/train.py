@@ -235,6 +235,7 @@ def save_checkpoint(
     failed = {step: line for answer in answers.values() for step, line in answer["failed"]}
     if failed:
         _after_failed_writes(run, answers, failed, final)
+    checkpoint.prune_run(run.checkpoint_dir, list(answers), run.config.checkpoint.keep)
     if all(answer["step_dir"] for answer in answers.values()):
         writing = "; writing in the background" if background else ""
         print_progress_line(
