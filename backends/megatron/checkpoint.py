@@ -410,7 +410,7 @@ def prune_run(path: str | Path, roles: Sequence[str], keep: int) -> list[Path]:
         role: [(_next_iteration(step), step) for step in step_dirs(path / role)] for role in roles
     }
     common = set.intersection(*({i for i, _ in steps} for steps in saved.values())) - {None}
-    if not common:
+    if len(common) <= keep:
         return []
     oldest_kept = sorted(common)[-max(keep, 1)]
     gone = [s for steps in saved.values() for i, s in steps if i is not None and i < oldest_kept]

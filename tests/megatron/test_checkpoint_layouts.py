@@ -223,6 +223,7 @@ def test_keeping_one_checkpoint_never_deletes_the_last_iteration_every_role_save
     _fake_step(tmp_path / "critic", 4, 2)
     _fake_step(tmp_path / "actor", 3, 3)
     assert checkpoint.prune_run(tmp_path, ["actor", "critic"], keep=1) == []
+    assert checkpoint.prune_run(tmp_path, ["actor", "critic"], keep=3) == []  # fewer saved
     resumed = checkpoint.resolve_run(tmp_path, ["actor", "critic"])
     assert {role: step.name for role, step in resumed.items()} == {
         "actor": "step_00000002", "critic": "step_00000004",
