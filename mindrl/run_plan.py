@@ -24,6 +24,11 @@ SEQUENCE = ("prompt_ids", "response_ids")
 LOSS_MASK = "loss_mask"
 #: The sum of an episode's step rewards, which the rollout puts and the reward stage reads.
 ENV_REWARD = "env_reward"
+#: The prompt's ground truth (UTF-8 bytes) and its group, which the driver puts beside the
+#: prompt: the verifiers read the one, group-relative estimators and filters the other.
+ANSWER, GROUP_ID = "answer", "group_id"
+#: What the group filter (DAPO's dynamic sampling) reads of a scored batch.
+FILTER_READS = ("reward", GROUP_ID)
 #: A stage's deadline is this many dock timeouts: a stage waits for the dock several
 #: times (claims, fetches) and a slow worker must not be declared dead too early.
 STAGE_DEADLINE_DOCK_TIMEOUTS = 5
@@ -201,6 +206,7 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
             algorithm.advantage_inputs(options),
             tokens_may_lag(config),
             config.env.enabled,
+            config.reward.reward_model is not None,
         ),
         needs_reference=needs_reference,
         needs_critic=needs_critic,
@@ -336,21 +342,23 @@ def _stages(
     advantage_inputs: tuple[str, ...],
     token_versions: bool = False,
     multi_turn: bool = False,
+    reward_model: bool = False,
 ) -> tuple[StagePlan, ...]:
     """The stages in order. ``multi_turn``: the rollout runs episodes, so it also writes
     each trajectory's loss mask and environment reward; the reward stage reads that reward
-    (no verifier), and every stage that packs rows or computes advantages reads the mask."""
+    (no verifier), and every stage that packs rows or computes advantages reads the mask.
+    ``reward_model``: the reward stage also scores the decoded prompt + response."""
     sequence = (*SEQUENCE, LOSS_MASK) if multi_turn else SEQUENCE
     update_reads = (*sequence, "advantages", "rollout_logprob")
     update_reads += ("old_logprob",) if needs_old else ()
     update_reads += ("ref_logprob",) if needs_reference else ()
-    advantage_reads = ("reward", "response_ids") + (("values",) if needs_critic else ())
+    advantage_reads = ("reward", "response_ids", GROUP_ID) + (("values",) if needs_critic else ())
     advantage_reads += advantage_inputs + ((LOSS_MASK,) if multi_turn else ())
     advantage_writes = ("advantages",) + (("returns",) if needs_critic else ())
     # Where tokens may lag, each records the weights version that sampled it.
     rollout_writes = ("response_ids", "rollout_logprob")
     rollout_writes += ("rollout_version",) if token_versions else ()
-    reward_reads = ("response_ids", "record_id")
+    reward_reads = ("response_ids", ANSWER) + (("prompt_ids",) if reward_model else ())
     if multi_turn:
         rollout_writes += (LOSS_MASK, ENV_REWARD)
         reward_reads = ("response_ids", ENV_REWARD)

@@ -149,7 +149,9 @@ class Flow:
         beside = [client.warehouse_on(node) for node in self.worker_nodes]
         groups, responses = self.n // self.shape.responses, self.shape.responses
         prompts = self.rng.integers(0, VOCAB, (groups, self.shape.prompt_len))
-        fields = {"prompt_ids": prompts, "record_id": np.arange(groups)}
+        answers = [np.frombuffer(str(g).encode(), dtype=np.uint8) for g in range(groups)]
+        fields = {"prompt_ids": prompts, "record_id": np.arange(groups), "answer": answers,
+                  "group_id": np.arange(groups)}  # fmt: skip
         client.put(np.arange(self.n), fields, repeat=responses)
         for stage in self.plan.stages:
             by_warehouse = stage.name == BY_WAREHOUSE

@@ -45,7 +45,8 @@ from benchmarks.harness.live_bytes import LiveBytes
 from mindrl.config import MindRLConfig, load_config
 from mindrl.config.specs import engine_specs
 from mindrl.dock.schema import RL_FIELDS
-from mindrl.run_plan import SEQUENCE, build_run_plan
+from mindrl.run_plan import build_run_plan
+from mindrl.workers.context import model_context
 from mindrl.workers.roles import ModelWorker
 from trainers.registry import get_algorithm
 
@@ -112,8 +113,8 @@ def measure_actor_stages(
     with LiveBytes() as live, device_kernels():
         _pinned_is_host(device, live)
         specs = engine_specs(config.actor, plan.layout.training["actor"], 2 * iterations)
-        worker = ModelWorker(rank, world, "actor", config, device.name, specs, plan.mode)
-        worker.algorithm, worker.options = algorithm, plan.options
+        context = model_context(plan, "actor", config, algorithm, specs)
+        worker = ModelWorker(rank, world, context, device.name)
         worker.dock = InMemoryDock(live)
         worker.build_engines()
         _sleep_is_host(worker.rollout.generator, live)
@@ -121,7 +122,7 @@ def measure_actor_stages(
         _foreach_optimizer(worker.engine.optimizer)
         _window_before_optimizer_step(worker.engine, live)
         live.window("setup")
-        extra = [f for f in plan.stage("update").reads if f not in SEQUENCE]
+        extra = list(context.response_fields("update"))
         _put_prompts(worker.dock, config)
         generated, trained = (
             _generation_share(config, rank, world),
@@ -131,7 +132,7 @@ def measure_actor_stages(
             worker.generate(generated, _sampling(config, iteration))
             live.window("rollout")
             _put_update_fields(worker.dock, config, trained, extra, seed=iteration)
-            worker.update(trained, extra, _minibatches(config), plan.options)
+            worker.update(trained, "update", _minibatches(config), plan.options)
             live.window("update")
             ledger.append(_ledger_check(device, live))
         windows = [dataclasses.asdict(w) for w in live.windows]

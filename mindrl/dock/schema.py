@@ -63,13 +63,18 @@ RL_FIELDS: dict[str, FieldSpec] = {
     "values": FieldSpec("float32", variable=True),
     "advantages": FieldSpec("float32", variable=True),
     "returns": FieldSpec("float32", variable=True),
-    "answer_id": FieldSpec("int64"),
 }
 
 
-#: The fields a training run's dock holds: the RL fields plus the prompt's record (the
-#: driver puts it beside the prompt; reward workers look the ground truth up by it).
-RUN_FIELDS: dict[str, FieldSpec] = {**RL_FIELDS, "record_id": FieldSpec("int64")}
+#: The fields a training run's dock holds: the RL fields plus what the driver puts beside
+#: each prompt: its record (an environment's ``reset`` gets it), its ground truth as UTF-8
+#: bytes (the verifiers read it) and its group (group-relative advantages and filters).
+RUN_FIELDS: dict[str, FieldSpec] = {
+    **RL_FIELDS,
+    "record_id": FieldSpec("int64"),
+    "answer": FieldSpec("uint8", variable=True),
+    "group_id": FieldSpec("int64"),
+}
 
 
 def check_column(name: str, spec: FieldSpec, values: np.ndarray, lengths: np.ndarray) -> str | None:

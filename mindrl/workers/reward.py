@@ -1,9 +1,10 @@
 """Reward workers: rule-based scoring and advantage estimation on CPU processes.
 
-Each worker rebuilds the prompt records from the config (seeded, so identical to the
-driver's) and reads a sample's ground truth by its ``record_id``; responses come from
-the dock, rewards and advantages go back to it. The algorithm (shaping, advantages,
-group filter) is the object the trainer handed over.
+Each worker serves the ``reward`` and ``advantage`` stages of the run plan (its
+:class:`~mindrl.workers.context.StageContext`): it fetches what each stage reads (the
+responses, the ground truth and group the driver put beside each prompt) and puts what
+the stage writes. The algorithm (shaping, advantages, group filter) is the object the
+trainer handed over.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ import numpy as np
 import ray
 import torch
 
-from mindrl.algorithm import Algorithm
-from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 from mindrl.data import load_tokenizer
-from mindrl.data.run_prompts import prompt_records
 from mindrl.dock import DockHandle
 from mindrl.rewards import decode_responses, score_batch
-from mindrl.run_plan import ENV_REWARD, LOSS_MASK
+from mindrl.run_plan import ANSWER, ENV_REWARD, FILTER_READS, GROUP_ID, LOSS_MASK
+from mindrl.workers.context import StageContext
 from mindrl.workers.sequences import last_counted, loss_mask
 from mindrl.workers.stage_report import stage_report
 from mindrl.workers.timed_dock import TimedDockClient
@@ -30,19 +29,11 @@ from mindrl.workers.timed_dock import TimedDockClient
 class RewardWorker:
     """Scores responses and computes advantages (one of ``size`` CPU workers)."""
 
-    def __init__(
-        self,
-        rank: int,
-        size: int,
-        config: MindRLConfig,
-        algorithm: Algorithm,
-        options: AlgorithmConfig,
-    ) -> None:
-        self.rank, self.config = rank, config
-        self.algorithm, self.options = algorithm, options
-        self.truths = [record.answer for record in prompt_records(config)]
+    def __init__(self, rank: int, size: int, context: StageContext) -> None:
+        self.rank, self.context, self.config = rank, context, context.config
+        self.algorithm, self.options = context.algorithm, context.options
+        config = self.config
         self.tokenizer = load_tokenizer(config.model.tokenizer)
-        self.group_size = config.data.n_samples_per_prompt
         self.reward_model = None
         if config.reward.reward_model:
             from mindrl.rewards.model import RewardModel
@@ -60,13 +51,13 @@ class RewardWorker:
         """Put the sequence ``reward`` of every sample in ``indexes``: the verifiers' (and
         the reward model's) score, or with an environment the sum of its step rewards."""
         start = time.perf_counter()
-        if self.config.env.enabled:
+        reads = self.context.stage("reward").reads
+        if ENV_REWARD in reads:
             return self._episode_rewards(indexes, start)
-        fields = ["response_ids", "record_id"] + (["prompt_ids"] if self.reward_model else [])
-        data = self.dock.fetch(indexes, fields)
+        data = self.dock.fetch(indexes, list(reads))
         lengths = data["response_ids_lengths"].tolist()
         responses = [row[:n].tolist() for row, n in zip(data["response_ids"], lengths, strict=True)]
-        truths = [self.truths[int(i)] for i in data["record_id"]]
+        truths = _texts(data[ANSWER], data[f"{ANSWER}_lengths"])
         verifiers = self.config.reward.verifiers
         rewards = score_batch(responses, truths, verifiers, tokenizer=self.tokenizer)
         if self.reward_model is not None:
@@ -86,7 +77,7 @@ class RewardWorker:
 
     def _episode_rewards(self, indexes: np.ndarray, start: float) -> dict[str, float]:
         """A multi-turn run's rewards: what its environment gave each episode."""
-        data = self.dock.fetch(indexes, ["response_ids", ENV_REWARD])
+        data = self.dock.fetch(indexes, list(self.context.stage("reward").reads))
         rewards = data[ENV_REWARD].float()
         self.dock.put(indexes, {"reward": rewards})
         return {
@@ -127,31 +118,28 @@ class RewardWorker:
 
     def keep(self, indexes: np.ndarray) -> np.ndarray:
         """The subset of ``indexes`` the algorithm trains on (DAPO: groups whose rewards differ)."""
-        data = self.dock.fetch(indexes, ["reward"])
-        mask = self.algorithm.keep_mask(data["reward"], self._group_ids(indexes), self.options)
+        data = self.dock.fetch(indexes, list(FILTER_READS))
+        mask = self.algorithm.keep_mask(data["reward"], data[GROUP_ID], self.options)
         return indexes[mask.numpy().astype(bool)]
 
-    def _group_ids(self, indexes: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(indexes // self.group_size)
-
-    def advantages(self, indexes: np.ndarray, with_values: bool) -> dict[str, float]:
-        """Put ``advantages`` (and ``returns`` with a critic) for whole groups ``indexes``."""
+    def advantages(self, indexes: np.ndarray) -> dict[str, float]:
+        """Put ``advantages`` (and ``returns`` with a critic, whose values the stage reads)
+        for whole groups ``indexes``."""
         start = time.perf_counter()
-        inputs = list(self.algorithm.advantage_inputs(self.options))
-        fields = ["reward", "response_ids"] + (["values"] if with_values else []) + inputs
-        multi_turn = self.config.env.enabled
-        data = self.dock.fetch(indexes, fields + ([LOSS_MASK] if multi_turn else []))
+        reads = self.context.stage("advantage").reads
+        inputs = [f for f in reads if f not in ("reward", "response_ids", GROUP_ID, LOSS_MASK)]
+        data = self.dock.fetch(indexes, list(reads))
         lengths = data["response_ids_lengths"]
         width = data["response_ids"].shape[1]
-        mask = loss_mask(lengths, width, data[LOSS_MASK] if multi_turn else None)
+        mask = loss_mask(lengths, width, data[LOSS_MASK] if LOSS_MASK in reads else None)
         token_rewards = torch.zeros(len(indexes), width)
         token_rewards[torch.arange(len(indexes)), last_counted(mask)] = data["reward"]
         shaped = self.algorithm.shape_rewards(
             token_rewards * mask, mask, self.config.rollout.max_response_length, self.options
         )
         batch = {"token_rewards": shaped, "response_mask": mask}
-        batch["group_ids"] = self._group_ids(indexes)
-        for name in (["values"] if with_values else []) + inputs:
+        batch["group_ids"] = data[GROUP_ID]
+        for name in inputs:  # values, and what the estimator reads beyond them
             batch[name] = data[name][:, :width].float()
         out = self.algorithm.compute_advantages(batch, self.options)
         put = {"advantages": out["advantages"].float(), "advantages_lengths": lengths}
@@ -160,3 +148,8 @@ class RewardWorker:
         self.dock.put(indexes, put)
         score = (shaped * mask).sum(-1)
         return {"score_mean": float(score.mean()), **self._timing(start)}
+
+
+def _texts(rows: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+    """The UTF-8 strings of a fetched byte field, one per row."""
+    return [bytes(row[:n].tolist()).decode() for row, n in zip(rows, lengths.tolist(), strict=True)]

@@ -25,17 +25,16 @@ import torch
 from backends.device import get_device
 from backends.generation import SamplingParams
 from backends.megatron import MegatronEngine, ResponseBatch, checkpoint
-from mindrl.algorithm import Algorithm
 from mindrl.config.layout import COLLOCATED, DISAGGREGATED
-from mindrl.config.schema import AlgorithmConfig, MindRLConfig, RoleConfig
-from mindrl.config.specs import EngineSpecs
+from mindrl.config.schema import AlgorithmConfig, RoleConfig
 from mindrl.data import load_tokenizer
 from mindrl.data.records import PromptRecord
 from mindrl.data.run_prompts import prompt_records
 from mindrl.dock import DockHandle, DockSlice, restore_samples, snapshot_samples
 from mindrl.reshard import grad_tensors
 from mindrl.reshard.swap import HostSwap
-from mindrl.run_plan import LOSS_MASK, sequence_fields, stage_deadline_s
+from mindrl.run_plan import LOSS_MASK, stage_deadline_s
+from mindrl.workers.context import ModelContext
 from mindrl.workers.episodes import EnvSettings, TextCodec, run_episodes_into_dock
 from mindrl.workers.generation import PartialRollout, generate_into_dock
 from mindrl.workers.model_setup import initial_model
@@ -87,39 +86,28 @@ class ModelWorker(WeightSource):
 
     Args:
         rank: rank in the role's group; ``size``: the group's size.
-        role: which role this group plays.
-        config: the whole run config.
+        context: the role's share of the run plan: the stages it serves (what each reads
+            and writes), the algorithm and its options, the engine specs, the plan's mode
+            and whether the plan offloads the role (its weights, grads and optimizer
+            state then wait in pinned host memory between its stages, :func:`on_device`).
         device_name: the device platform the driver resolved.
-        specs: the role's engine layout and optimizer, resolved from the run plan.
-        mode: the run plan's mode (``RunPlan.mode``): whether the actor's ranks generate
-            (collocated), send the weights to rollout workers (disaggregated) or neither.
-        offloaded: the plan offloads this role: its weights, grads and optimizer state
-            wait in pinned host memory between its stages (:func:`on_device`).
     """
 
-    def __init__(
-        self,
-        rank: int,
-        size: int,
-        role: str,
-        config: MindRLConfig,
-        device_name: str,
-        specs: EngineSpecs,
-        mode: str,
-        offloaded: bool = False,
-    ) -> None:
+    def __init__(self, rank: int, size: int, context: ModelContext, device_name: str) -> None:
         # Megatron warns at import that TE/Apex are absent; expected off accelerators.
         warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
         # Megatron's DDP / distributed optimizer call c10d collectives torch renamed.
         warnings.filterwarnings(
             "ignore", category=FutureWarning, message=r"`torch\.distributed\.\w+` is deprecated"
         )
-        self.rank, self.size, self.role, self.config = rank, size, role, config
-        self.section: RoleConfig = getattr(config, role)
-        self.specs, self.mode = specs, mode
+        self.rank, self.size, self.context = rank, size, context
+        self.role, self.config = context.role, context.config
+        self.section: RoleConfig = getattr(self.config, self.role)
+        self.specs, self.mode = context.specs, context.mode
+        self.algorithm, self.options = context.algorithm, context.options
         self.device = get_device(device_name)
-        self._host = HostSwap(self.device) if offloaded else None
-        self.device.use_host_threads(config.resources.devices_per_node)
+        self._host = HostSwap(self.device) if context.offloaded else None
+        self.device.use_host_threads(self.config.resources.devices_per_node)
         self.engine: MegatronEngine | None = None
         self.rollout: Rollout | None = None
         self._store: torch.distributed.TCPStore | None = None  # rank 0 hosts it
@@ -135,16 +123,8 @@ class ModelWorker(WeightSource):
     def _rendezvous_timeout_s(self) -> float:
         return stage_deadline_s(self.config)
 
-    def setup(
-        self,
-        master_addr: str,
-        master_port: int,
-        dock: DockHandle,
-        algorithm: Algorithm,
-        options: AlgorithmConfig,
-    ) -> dict:
+    def setup(self, master_addr: str, master_port: int, dock: DockHandle) -> dict:
         """Join the process group, build the engine(s), load the initial weights."""
-        self.algorithm, self.options = algorithm, options
         self.dock = TimedDockClient(dock)
         timeout = self._rendezvous_timeout_s()
         store = (
@@ -257,20 +237,24 @@ class ModelWorker(WeightSource):
 
     # ---- scoring ----------------------------------------------------------------------------
     @on_device
-    def score(self, indexes: np.ndarray, field: str) -> dict[str, float]:
-        """Put ``field`` (``old_logprob``, ``ref_logprob`` or ``values``) for ``indexes``."""
+    def score(self, indexes: np.ndarray, stage: str) -> dict[str, float]:
+        """Stage ``stage`` (``old_logp``, ``ref_logp`` or ``values``) for ``indexes``: put
+        the one field it writes (log-probs, or the critic's values)."""
         start = time.perf_counter()
-        rows = self._rows(indexes, [])
+        (field,) = self.context.stage(stage).writes
+        rows = self._rows(indexes, stage)
         outputs = self.engine.forward(rows, self.section.micro_batch_size)
         result = outputs["values" if self.role == "critic" else "logprobs"]
         if self.engine.is_data_leader():
             self.dock.put(indexes, {field: result, f"{field}_lengths": rows.response_len})
         return self._timing(start)
 
-    def _rows(self, indexes: np.ndarray, fields: list[str]) -> ResponseBatch:
-        """Packed prompt + response rows with response-aligned ``fields``; a multi-turn
-        trajectory's mask is 0 on its observations, so no loss counts them."""
-        data = self.dock.fetch(indexes, [*sequence_fields(self.config), *fields])
+    def _rows(self, indexes: np.ndarray, stage: str) -> ResponseBatch:
+        """Packed prompt + response rows of what ``stage`` reads, its other fields
+        response-aligned; a multi-turn trajectory's mask is 0 on its observations, so no
+        loss counts them."""
+        fields = self.context.response_fields(stage)
+        data = self.dock.fetch(indexes, [*self.context.sequence, *fields])
         lengths = data["response_ids_lengths"]
         packed = pack_rows(
             data["prompt_ids"], data["prompt_ids_lengths"], data["response_ids"], lengths
@@ -291,17 +275,18 @@ class ModelWorker(WeightSource):
     def update(
         self,
         indexes: np.ndarray,
-        fields: list[str],
+        stage: str,
         num_minibatches: int,
         options: AlgorithmConfig | None = None,
     ) -> dict:
-        """Train on ``indexes`` (this DP rank's share): epochs x mini-batches of steps.
+        """Training stage ``stage`` on ``indexes`` (this DP rank's share): epochs x
+        mini-batches of steps on what the stage reads.
 
         ``options`` replaces the algorithm options when given (an adapted KL coefficient).
         """
         start = time.perf_counter()
         self.options = options if options is not None else self.options
-        rows = self._rows(indexes, fields)
+        rows = self._rows(indexes, stage)
         step = critic_update if self.role == "critic" else actor_update
         metrics = step(self, rows, num_minibatches)
         self.engine.release_gradients()  # not swapped or kept through generation

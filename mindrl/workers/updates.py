@@ -13,15 +13,30 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import torch
 
-from backends.megatron import GlobalCounts, ResponseBatch
+from backends.megatron import GlobalCounts, MegatronEngine, ResponseBatch
+from mindrl.algorithm import Algorithm
+from mindrl.config.schema import AlgorithmConfig, RoleConfig
 from mindrl.metrics.reduce import mean_by_key
-from mindrl.run_plan import tokens_may_lag
+from mindrl.workers.context import StageContext
 
 Rows = dict[str, torch.Tensor]
+
+
+class Learner(Protocol):
+    """The worker an update trains: its engine, its role's section (epochs, micro-batch
+    size), its share of the run plan, and the algorithm with the options of this update
+    (the driver may adapt the KL coefficient between updates)."""
+
+    role: str
+    section: RoleConfig
+    engine: MegatronEngine
+    context: StageContext
+    algorithm: Algorithm
+    options: AlgorithmConfig
 
 
 def minibatch_slices(total: int, parts: int) -> list[slice]:
@@ -42,7 +57,9 @@ def step_metrics(
     return {key: value * dp_size if key in additive else value for key, value in metrics.items()}
 
 
-def _run_steps(worker: Any, rows: ResponseBatch, num_minibatches: int, make_loss: Callable) -> dict:
+def _run_steps(
+    worker: Learner, rows: ResponseBatch, num_minibatches: int, make_loss: Callable
+) -> dict:
     """Epochs x mini-batches of ``engine.train_step``; metrics averaged over all steps, and
     ``train_tokens_per_real_token``: the positions the update's forward passes computed
     (pads included) per real token they hold (each shared prompt once), over all steps."""
@@ -64,11 +81,11 @@ def _run_steps(worker: Any, rows: ResponseBatch, num_minibatches: int, make_loss
     return metrics
 
 
-def actor_update(worker: Any, rows: ResponseBatch, num_minibatches: int) -> dict[str, float]:
+def actor_update(worker: Learner, rows: ResponseBatch, num_minibatches: int) -> dict[str, float]:
     """Clipped policy-gradient steps with ``worker.algorithm.actor_loss``; when tokens may
     come from older weights (``rollout.max_staleness > 0``, partial rollout) the rollout's
     per-token log-probs are the behaviour policy's (trainers/core.py, ``behaviour_weights``)."""
-    off_policy = tokens_may_lag(worker.config)
+    off_policy = worker.context.tokens_may_lag
 
     def make_loss(collected: list) -> Callable:
         def loss_fn(outputs: Rows, micro: ResponseBatch, counts: GlobalCounts) -> torch.Tensor:
@@ -100,7 +117,7 @@ def rollout_mismatch(logprob: torch.Tensor, batch: Rows) -> torch.Tensor:
     return diff.sum() / mask.sum().clamp(min=1)
 
 
-def critic_update(worker: Any, rows: ResponseBatch, num_minibatches: int) -> dict[str, float]:
+def critic_update(worker: Learner, rows: ResponseBatch, num_minibatches: int) -> dict[str, float]:
     """Clipped value-regression steps with ``worker.algorithm.critic_loss``."""
     rows = dataclasses.replace(rows, fields={**rows.fields, "old_values": rows.fields["values"]})
 

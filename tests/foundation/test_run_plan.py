@@ -38,10 +38,34 @@ def test_ppo_adds_the_critic_stages_and_its_advantages_read_values_and_write_ret
     assert plan.stage_names == (
         "rollout", "reward", "ref_logp", "values", "advantage", "update", "critic_update",
     )  # fmt: skip
-    assert plan.stage("advantage").reads == ("reward", "response_ids", "values")
+    assert plan.stage("advantage").reads == ("reward", "response_ids", "group_id", "values")
     assert plan.stage("advantage").writes == ("advantages", "returns")
     assert plan.model_roles == ("actor", "reference", "critic")
     assert plan.scoring_stages() == ("ref_logp", "values")
+
+
+def test_the_verifiers_read_the_answer_and_a_reward_model_also_reads_the_prompt():
+    assert plan_for("grpo").stage("reward").reads == ("response_ids", "answer")
+    with_model = plan_for("grpo", "reward.reward_model=some/model")
+    assert with_model.stage("reward").reads == ("response_ids", "answer", "prompt_ids")
+
+
+def test_each_group_gets_the_stages_it_serves_with_their_reads_and_writes():
+    from mindrl.workers.context import stage_context
+
+    algorithm = get_algorithm("ppo")
+    config = load_config(None, [], algorithm=algorithm)
+    plan = build_run_plan(algorithm, config)
+    reward = stage_context(plan, "reward", config, algorithm)
+    assert [s.name for s in reward.stages] == ["reward", "advantage"]
+    assert reward.options == plan.options and reward.algorithm is algorithm
+    critic = stage_context(plan, "critic", config, algorithm)
+    assert [s.name for s in critic.stages] == ["values", "critic_update"]
+    assert critic.response_fields("critic_update") == ("values", "returns")
+    actor = stage_context(plan, "actor", config, algorithm)
+    assert actor.response_fields("update") == ("advantages", "rollout_logprob", "ref_logprob")
+    with pytest.raises(KeyError, match="serve rollout, update"):
+        actor.stage("values")
 
 
 def test_dapo_has_no_reference_and_holds_two_prompt_batches_for_dynamic_sampling():

@@ -16,6 +16,7 @@ from mindrl.data.pairs import load_preference_pairs, make_digit_pairs
 from mindrl.data.sources import PromptSourceError
 from mindrl.metrics import mean_by_key
 from mindrl.run_plan import build_run_plan
+from mindrl.workers.context import stage_context
 from mindrl.workers.updates import actor_update
 from tests.trainers import loop_reference as ref
 from tests.trainers.batches import random_inputs
@@ -218,9 +219,10 @@ def dpo_rank_update(pairs: list[tuple[float, float]], total_pairs: int, dp_size:
         torch.ones_like(policy),
         {"policy": policy, "ref_logprob": torch.zeros_like(policy)},
     )
-    dpo = get_algorithm("dpo")
+    dpo, config = get_algorithm("dpo"), MindRLConfig()
+    context = stage_context(build_run_plan(dpo, config), "actor", config, dpo)
     worker = SimpleNamespace(
-        algorithm=dpo, options=dpo.resolve(), config=MindRLConfig(), role="actor",
+        algorithm=dpo, options=dpo.resolve(), context=context, role="actor",
         section=SimpleNamespace(ppo_epochs=1, micro_batch_size=4),
         engine=MicroBatchingEngine(2 * total_pairs, dp_size),
     )  # fmt: skip

@@ -28,10 +28,12 @@ from typing import Any
 import numpy as np
 
 from backends.generation import SamplingParams
+from mindrl.config.schema import AlgorithmConfig
 from mindrl.data import PromptBatch
 from mindrl.dock import DockError, DockSlice
 from mindrl.metrics import generation_progress, mean_by_key, print_progress_line, tokens_per_second
 from mindrl.metrics.memory import MEMORY_KEYS, MEMORY_RECORD_KEY, book_peaks, peaks_by_role
+from mindrl.run_plan import ANSWER, GROUP_ID
 from trainers.driver.state import RunState
 from trainers.driver.streaming import StreamedStage, StreamScheduler, stage_call
 
@@ -117,7 +119,7 @@ EPISODE_WALL_TIMES = frozenset({"env_wait_s", "env_engine_s"})
 TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"}) | MEMORY_KEYS
 
 #: The fields the driver puts per sample (its prompt), as a checkpoint keeps them.
-PROMPT_FIELDS = ("prompt_ids", "record_id")
+PROMPT_FIELDS = ("prompt_ids", "record_id", ANSWER, GROUP_ID)
 #: The stage whose controller a checkpoint asks for the versions of responses it keeps.
 VERSION_STAGE = "update"
 
@@ -390,8 +392,10 @@ class IterationRunner:
         driver's node would otherwise send every remote warehouse N copies of it."""
         prompts = [np.asarray(p, dtype=np.int64) for p in batch.prompt_ids]
         records = np.asarray([self.record_of[u] for u in batch.uids], dtype=np.int64)
+        answers = [np.frombuffer(a.encode(), dtype=np.uint8) for a in batch.ground_truths]
+        groups = indexes[:: self.N] // self.N  # whole groups: the dock's slot is the group
         sampled.prompt_tokens += float(self.N * sum(len(p) for p in prompts))
-        fields = dict(zip(PROMPT_FIELDS, (prompts, records), strict=True))
+        fields = dict(zip(PROMPT_FIELDS, (prompts, records, answers, groups), strict=True))
         self.timed_dock(ledger, self.run.dock.put, indexes, fields, repeat=self.N)
 
     def generate(self, args: list[tuple], n: int) -> list[dict]:
@@ -484,7 +488,7 @@ class IterationRunner:
         parts = self._advantage_parts(claimed)
         return self.run.groups["reward"].call_each(
             "advantages",
-            [(part, self.plan.needs_critic) for part in parts.values()],
+            [(part,) for part in parts.values()],
             stage="advantage",
             timeout_s=self.timeout,
             ranks=list(parts),
@@ -505,33 +509,28 @@ class IterationRunner:
         ranks = np.array([rank_of.get(int(w), 0) for w in self.run.dock.owner(claimed)])
         return {int(r): claimed[ranks == r] for r in np.unique(ranks)}
 
-    def _extra_reads(self, stage: str) -> list[str]:
-        """What an update reads beyond the sequence (the worker packs the sequence itself)."""
-        return [f for f in self.plan.stage(stage).reads if f not in self.plan.sequence]
-
     def _minibatches(self, indexes: np.ndarray, role: str) -> int:
         prompts = len(indexes) // self.N
         per_step = getattr(self.config, role).mini_batch_size or self.G
         return max(-(-prompts // per_step), 1)
 
     def _update(self, indexes: np.ndarray) -> list[dict]:
-        extra = self._extra_reads("update")
-        sequence = list(self.plan.sequence)
-        parts = self._by_dp_rank("update", "actor", [*sequence, *extra], len(indexes))
         options = replace(self.run.options, kl_coef=self.run.kl.value)
-        steps = self._minibatches(indexes, "actor")
-        return self.run.groups["actor"].call_each(
-            "update", [(p, extra, steps, options) for p in parts], stage="update",
-            timeout_s=self.timeout,
-        )  # fmt: skip
+        return self._train("update", indexes, options)
 
     def _critic_update(self, indexes: np.ndarray) -> list[dict]:
-        extra = self._extra_reads("critic_update")
-        sequence = list(self.plan.sequence)
-        parts = self._by_dp_rank("critic_update", "critic", [*sequence, *extra], len(indexes))
-        steps = self._minibatches(indexes, "critic")
-        return self.run.groups["critic"].call_each(
-            "update", [(p, extra, steps, None) for p in parts], stage="critic_update",
+        return self._train("critic_update", indexes)
+
+    def _train(
+        self, name: str, indexes: np.ndarray, options: AlgorithmConfig | None = None
+    ) -> list[dict]:
+        """A training stage: its role's data-parallel ranks each claim a share of
+        ``indexes`` and train on it (the worker fetches what the stage reads)."""
+        stage = self.plan.stage(name)
+        parts = self._by_dp_rank(name, stage.role, list(stage.reads), len(indexes))
+        steps = self._minibatches(indexes, stage.role)
+        return self.run.groups[stage.role].call_each(
+            "update", [(p, name, steps, options) for p in parts], stage=name,
             timeout_s=self.timeout,
         )  # fmt: skip
 

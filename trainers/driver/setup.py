@@ -36,6 +36,7 @@ from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
 from mindrl.planner.offload import plan_offload
 from mindrl.rewards.registry import get_verifier
 from mindrl.run_plan import RunPlan, build_run_plan
+from mindrl.workers.context import model_context, stage_context
 from mindrl.workers.env_worker import env_worker_class
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.placement import DevicePlacement
@@ -288,9 +289,8 @@ def _place_workers(run: RunState, device_name: str) -> None:
         specs = engine_specs(
             getattr(config, role), plan.layout.training[role], _steps(config, role)
         )
-        offloaded = role in plan.offloaded_roles
-        args = (role, config, device_name, specs, plan.mode, offloaded)
-        group = run.placement.start(role, ray.remote(ModelWorker), args)
+        context = model_context(plan, role, config, run.algorithm, specs)
+        group = run.placement.start(role, ray.remote(ModelWorker), (context, device_name))
         run.groups[role] = group
         (rendezvous,) = group.call("rendezvous", stage="start-up", timeout_s=timeout, ranks=[0])
         run.rendezvous[role] = rendezvous[:2]
@@ -306,7 +306,7 @@ def _place_workers(run: RunState, device_name: str) -> None:
         ray.remote(RewardWorker),
         config.reward.workers,
         None,
-        args=(config, run.algorithm, run.options),
+        args=(stage_context(plan, "reward", config, run.algorithm),),
         strategy="SPREAD" if config.resources.nodes > 1 else "PACK",
     )
     run.groups["reward"] = reward
@@ -333,8 +333,7 @@ def _setup_workers(run: RunState) -> None:
     timeout = run.plan.stage_deadline_s
     pending = {
         role: [
-            w.setup.remote(*run.rendezvous[role], run.dock_handle, run.algorithm, run.options)
-            for w in run.groups[role].workers
+            w.setup.remote(*run.rendezvous[role], run.dock_handle) for w in run.groups[role].workers
         ]
         for role in run.plan.model_roles
     }

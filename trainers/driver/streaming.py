@@ -56,13 +56,12 @@ def stage_call(run: RunState, stage: StagePlan) -> StageCall:
             stage.name, group, list(stage.reads), group.size, lambda parts: [(p,) for p in parts],
             run.part_warehouses("reward", range(group.size)),
         )  # fmt: skip
-    (out_field,) = stage.writes
     return StageCall(
         stage.name,
         run.groups[stage.role],
         list(stage.reads),
         run.dp_size(stage.role),
-        lambda parts: [(p, out_field) for p in run.per_worker(stage.role, parts)],
+        lambda parts: [(p, stage.name) for p in run.per_worker(stage.role, parts)],
         run.part_warehouses(stage.role),
     )
 
