@@ -75,10 +75,19 @@ class ModelContext(StageContext):
 
 
 def stage_context(
-    plan: RunPlan, role: str, config: MindRLConfig, algorithm: Algorithm
+    plan: RunPlan,
+    role: str,
+    config: MindRLConfig,
+    algorithm: Algorithm,
+    only: tuple[str, ...] | None = None,
 ) -> StageContext:
-    """The share of ``plan`` that the ``role`` group serves."""
-    return StageContext(**_shared(plan, role, config, algorithm))
+    """The share of ``plan`` that the ``role`` group serves; ``only``: those of its stages
+    a group of its own serves for it (a disaggregated run's rollout workers serve the
+    actor's ``rollout``)."""
+    shared = _shared(plan, role, config, algorithm)
+    if only is not None:
+        shared["stages"] = tuple(s for s in shared["stages"] if s.name in only)
+    return StageContext(**shared)
 
 
 def model_context(

@@ -19,9 +19,9 @@ import torch
 
 from backends.device import get_device
 from backends.generation import SamplingParams
-from mindrl.config.schema import MindRLConfig
 from mindrl.dock import DockHandle
-from mindrl.run_plan import stage_deadline_s, tokens_may_lag
+from mindrl.run_plan import stage_deadline_s
+from mindrl.workers.context import StageContext
 from mindrl.workers.continuous import ContinuousGenerator, Feed
 from mindrl.workers.generation import generate_into_dock
 from mindrl.workers.model_setup import initial_model
@@ -33,11 +33,13 @@ from mindrl.workers.weight_transfer import Manifest, empty_like_manifest
 
 
 class RolloutWorker:
-    """Rollout rank ``rank`` of ``size``: the transfer group's rank ``rank + 1``."""
+    """Rollout rank ``rank`` of ``size``: the transfer group's rank ``rank + 1``; its
+    ``context`` is the plan's ``rollout`` stage (what it reads and writes)."""
 
-    def __init__(self, rank: int, size: int, config: MindRLConfig, device_name: str) -> None:
+    def __init__(self, rank: int, size: int, context: StageContext, device_name: str) -> None:
         warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
-        self.rank, self.size, self.config = rank, size, config
+        self.rank, self.size, self.context = rank, size, context
+        self.config = config = context.config
         self.device = get_device(device_name)
         self.device.use_host_threads(config.resources.devices_per_node)
         self.version = -1  # no weights yet
@@ -117,6 +119,7 @@ class RolloutWorker:
             params,
             group,
             version=self.version,
-            token_versions=tokens_may_lag(self.config),
+            # The plan's rollout entry writes each token's version where tokens may lag.
+            token_versions="rollout_version" in self.context.stage("rollout").writes,
         )
         return {**report, "version": self.version, **stage_report(start, self.dock, self.device)}

@@ -66,6 +66,8 @@ def test_each_group_gets_the_stages_it_serves_with_their_reads_and_writes():
     assert actor.response_fields("update") == ("advantages", "rollout_logprob", "ref_logprob")
     with pytest.raises(KeyError, match="serve rollout, update"):
         actor.stage("values")
+    rollout_workers = stage_context(plan, "actor", config, algorithm, only=("rollout",))
+    assert [s.name for s in rollout_workers.stages] == ["rollout"]
 
 
 def test_dapo_has_no_reference_and_holds_two_prompt_batches_for_dynamic_sampling():

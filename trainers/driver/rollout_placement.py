@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from mindrl.config.layout import ROLLOUT_WORKER
+from mindrl.workers.context import stage_context
 from mindrl.workers.group import wait_all
 from mindrl.workers.placement import DevicePlacement
 from mindrl.workers.rollout_worker import RolloutWorker
@@ -25,7 +26,8 @@ from trainers.driver.state import RunState
 
 def place_rollout_workers(run: RunState, device_name: str, placement: DevicePlacement) -> None:
     """Start the plan's rollout workers, each on a device of its own."""
-    group = placement.start(ROLLOUT_WORKER, ray.remote(RolloutWorker), (run.config, device_name))
+    context = stage_context(run.plan, "actor", run.config, run.algorithm, only=("rollout",))
+    group = placement.start(ROLLOUT_WORKER, ray.remote(RolloutWorker), (context, device_name))
     run.groups[ROLLOUT_WORKER] = group
     (run.worker_nodes[ROLLOUT_WORKER],) = group.call(
         "node_id", stage="start-up", timeout_s=run.plan.stage_deadline_s, ranks=[0]
