@@ -8,7 +8,7 @@ import pytest
 from mindrl.config import load_config
 from mindrl.config.layout import DISAGGREGATED
 from mindrl.run_plan import CONTINUOUS, build_run_plan
-from tests.foundation.test_placement import DISAGGREGATED as SPLIT
+from tests.foundation.plans import DISAGGREGATED as SPLIT
 from tests.foundation.test_placement import TINY, problems_of
 from trainers.registry import get_algorithm
 

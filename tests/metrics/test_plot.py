@@ -27,6 +27,16 @@ def run_dir(tmp_path):
     return tmp_path / "run"
 
 
+@pytest.fixture
+def drawn(monkeypatch) -> list:
+    """Every (figure, axes) that ``plt.subplots`` makes during the test, in order."""
+    import matplotlib.pyplot as plt
+
+    made, subplots = [], plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: made.append(subplots(*a, **k)) or made[-1])
+    return made
+
+
 def test_plot_writes_a_png_of_the_expected_size(run_dir, tmp_path):
     png = plot_metrics(run_dir / "metrics.jsonl", tmp_path / "out" / "curves.png")
     assert png.stat().st_size > 10_000
@@ -48,17 +58,11 @@ def test_cli_reports_a_missing_run_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "x.png").exists()
 
 
-def test_a_preference_run_is_plotted_as_accuracy_margin_and_loss(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
-
+def test_a_preference_run_is_plotted_as_accuracy_margin_and_loss(tmp_path, drawn):
     with MetricsLogger(tmp_path / "dpo", backends=()) as logger:
         for iteration in range(5):
             record = {"preference_accuracy": iteration / 4, "reward_margin": 0.1, "loss": 0.6}
             logger.log(iteration, record)
-    drawn, subplots = [], plt.subplots
-    monkeypatch.setattr(
-        plt, "subplots", lambda *a, **k: drawn.append(subplots(*a, **k)) or drawn[-1]
-    )
     plot_metrics(tmp_path / "dpo" / "metrics.jsonl", tmp_path / "dpo.png")
     ((_, axes),) = drawn
     assert [axis.get_title() for axis in axes] == [
@@ -67,19 +71,13 @@ def test_a_preference_run_is_plotted_as_accuracy_margin_and_loss(tmp_path, monke
     assert [len(axis.lines[0].get_xdata()) for axis in axes] == [5, 5, 5]
 
 
-def test_validation_reward_is_drawn_over_the_training_reward(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
-
+def test_validation_reward_is_drawn_over_the_training_reward(tmp_path, drawn):
     with MetricsLogger(tmp_path / "run", backends=()) as logger:
         for iteration in range(6):
             record = {"reward_mean": iteration / 5, "kl": 0.0, "response_length_mean": 2.0}
             if iteration % 3 == 2:
                 record["val/reward_mean"] = iteration / 10
             logger.log(iteration, record)
-    drawn, subplots = [], plt.subplots
-    monkeypatch.setattr(
-        plt, "subplots", lambda *a, **k: drawn.append(subplots(*a, **k)) or drawn[-1]
-    )
     plot_metrics(tmp_path / "run" / "metrics.jsonl", tmp_path / "curves.png")
     ((_, (reward, kl, _)),) = drawn
     assert list(reward.lines[1].get_xdata()) == [2, 5]
@@ -88,19 +86,13 @@ def test_validation_reward_is_drawn_over_the_training_reward(tmp_path, monkeypat
     assert len(kl.lines) == 1
 
 
-def test_a_run_that_recorded_memory_gets_its_largest_workers_peak_rss_panel(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
-
+def test_a_run_that_recorded_memory_gets_its_largest_workers_peak_rss_panel(tmp_path, drawn):
     with MetricsLogger(tmp_path / "run", backends=()) as logger:
         for iteration in range(4):
             memory = {"actor": {"host_peak_mib": 4000.0 + iteration}, "reward": {}}
             memory["reward"]["host_peak_mib"] = 500.0
             record = {"reward_mean": 0.5, "response_length_mean": 2.0, "memory": memory}
             logger.log(iteration, record)
-    drawn, subplots = [], plt.subplots
-    monkeypatch.setattr(
-        plt, "subplots", lambda *a, **k: drawn.append(subplots(*a, **k)) or drawn[-1]
-    )
     plot_metrics(tmp_path / "run" / "metrics.jsonl", tmp_path / "run.png")
     ((_, axes),) = drawn
     assert axes[-1].get_title() == "largest peak host RSS (MiB)"

@@ -12,19 +12,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.foundation.plans import DISAGGREGATED
 from tests.trainers.test_pipeline import records_of, resumed_records, trained_run
 from tests.trainers.test_streaming import outcomes
 from trainers.driver.async_iteration import DisaggregatedSource, StalenessBoundError
-
-#: tiny with one device generating and one training (TP 1: one device per role).
-DISAGGREGATED = (
-    "rollout.placement=disaggregated",
-    "rollout.devices=1",
-    "actor.parallel.tp=1",
-    "reference.parallel.tp=1",
-    "critic.parallel.tp=1",
-)
-
 
 #: Four iterations one update off-policy, checkpointed after iteration 1 (while the batch
 #: of iteration 2 generates with the weights before update 1).

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainers.test_async import DISAGGREGATED
+from tests.foundation.plans import DISAGGREGATED
 from tests.trainers.test_pipeline import records_of, resumed_records, trained_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
