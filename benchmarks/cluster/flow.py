@@ -50,6 +50,8 @@ DEVICE_ROLES = frozenset({"actor", "reference", "critic"})
 #: Stages the trainer claims in whole groups.
 WHOLE_GROUPS = frozenset({"rollout", "advantage"})
 VOCAB = 32000
+#: The systems compared, by the dock kind each is built as.
+DOCK_KINDS = {"td": "distributed", "central": "central"}
 
 
 @dataclass(frozen=True)
@@ -183,10 +185,10 @@ def measure(args: argparse.Namespace) -> dict:
     links = ShapedCluster(args.nodes, token=args.token)
     ray.init(logging_level="ERROR", log_to_driver=False)
     flow = Flow(plan, shape, args.nodes, compute)
-    systems = {"td": "distributed", "central": "central"}
     handles = {
         system: create_dock(FIELDS, plan.dock_stages(), flow.n, shape.responses, kind=kind)
-        for system, kind in systems.items()
+        for system, kind in DOCK_KINDS.items()
+        if system in args.systems
     }
     runs: dict[str, list[dict]] = {system: [] for system in handles}
     for round_ in range(args.warmup + args.iterations):
@@ -224,7 +226,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--response-len", type=int, default=4096)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    return parser.parse_args(argv)
+    parser.add_argument("--systems", default=",".join(DOCK_KINDS), help="td, central or both")
+    args = parser.parse_args(argv)
+    args.systems = args.systems.split(",")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

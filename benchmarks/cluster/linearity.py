@@ -52,7 +52,7 @@ def run_flow(
             "--compute-ratio", str(compute_ratio), "--prompts", str(args.prompts),
             "--responses", str(args.responses), "--prompt-len", str(args.prompt_len),
             "--response-len", str(args.response_len), "--iterations", str(args.iterations),
-            "--warmup", str(args.warmup)]  # fmt: skip
+            "--warmup", str(args.warmup), "--systems", args.systems]  # fmt: skip
     done = cluster.run_on(0, argv, timeout_s=args.timeout_s)
     report = report_line(done.stdout)
     if done.returncode != 0 or report is None:
@@ -204,11 +204,12 @@ def plot(report: dict, path: Path, before: dict | None = None, before_label: str
     left.set(xlabel="nodes", ylabel="linearity", ylim=(0, 1.05),
              title=f"linearity, links {report['link_mb_per_s']:g} MB/s each way")  # fmt: skip
     right.set(xlabel="nodes", ylabel="MiB per iteration", title="busiest link (up + down)")
-    left.legend(fontsize=7, loc="lower left")
+    # Below the axes: inside, the legend hides the centralized buffer's low points.
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     right.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -233,6 +234,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--response-len", type=int, default=4096)
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations per system")
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help="comma-separated: td, central or both"
+    )
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per flow run")
     parser.add_argument(
         "--before", type=Path, help="an earlier --json report: its dock drawn dashed beside"
@@ -248,6 +252,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--nodes must be comma-separated integers, got {args.nodes!r}")
     if not args.node_counts or args.node_counts[0] < 1 or args.node_counts[-1] > 64:
         parser.error("--nodes: node counts between 1 and 64")
+    if not set(args.systems.split(",")) <= set(SYSTEMS):
+        parser.error(f"--systems: a comma-separated subset of {', '.join(SYSTEMS)}")
     if args.link_mb_per_s <= 0:
         parser.error("--link-mb-per-s must be positive")
     return args
