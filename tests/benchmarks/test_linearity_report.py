@@ -28,8 +28,8 @@ def measured_one_and_two_nodes() -> dict:
             "unshaped": flow_report(0.3, [0], [0], compute_s=0.0),
         },
         2: {
-            # Node 0 sends 1 MiB and receives 3 MiB: at 1 MiB/s its downlink needs 3 s,
-            # longer than the same flow's 0.5 s on unshaped links.
+            # Node 0 sends 1 MiB and receives 3 MiB; the dispatch, 2.5 s, is 0.5 s on
+            # unshaped links: the links add 2 s.
             "shaped": flow_report(10.0, [MIB, 3 * MIB], [3 * MIB, MIB], compute_s=7.5),
             "unshaped": flow_report(0.5, [MIB, 3 * MIB], [3 * MIB, MIB], compute_s=0.0),
         },
@@ -51,12 +51,15 @@ def test_linearity_is_throughput_per_node_against_one_node_and_names_the_link_bo
     assert "central" not in report
 
 
-def test_a_dispatch_the_cores_bound_makes_the_run_cpu_bound():
+def test_a_dispatch_the_links_add_little_to_is_cpu_bound_however_busy_a_link():
     measured = measured_one_and_two_nodes()
-    measured[2]["unshaped"]["median_s"]["td"] = 4.0  # the cores alone take longer
+    # The same flow takes 1.5 s on unshaped links: the links add 1 s to the 2.5 s, while
+    # the busiest link's bytes at the rate (3 s) would take longer than either.
+    measured[2]["unshaped"]["median_s"]["td"] = 1.5
 
     report = summarize(measured, mb_per_s=1.0)
 
+    assert report["td"]["2"]["busiest_link_s"] == pytest.approx(3.0)
     assert report["td"]["2"]["bound"] == "cpu"
     assert report["bound"] == "cpu"
 
