@@ -23,7 +23,9 @@ only. Per mode, after ``--warmup`` iterations: median iteration time, TPS and sa
 each stage's wall, busy and overlap time (a streamed stage's wall: its tail after
 generation; async: ``rollout`` wall is the wait when the batch is collected, its overlap
 the generation that ran during the previous update, ``weight_transfer`` the hand-over);
-the overhead (dock operations, resharding, scheduling); the trained samples' staleness.
+the overhead (dock operations, resharding, scheduling; ``dock beside``: the dock time of
+continuous generation's scoring chunks, spent in the scoring workers beside decoding and
+training, so not inside the iteration); the trained samples' staleness.
 Ratios are each mode / sync and async / disagg-sync (the asynchrony's own gain). Stream
 and sync train on the same samples (checked: every non-timing metric equal); the
 disaggregated modes do not (generation is split differently, and async trains on samples
@@ -955,8 +957,8 @@ def print_measured(report: dict[str, Any]) -> None:
         )
         overhead = s["overhead_s"]
         stages += "; " + ", ".join(
-            f"{k.removesuffix('_s')} {overhead[k]:.3f}"
-            for k in ("dock_s", "reshard_s", "scheduling_s")
+            f"{k.removesuffix('_s').replace('_', ' ')} {overhead[k]:.3f}"
+            for k in ("dock_s", "dock_beside_s", "reshard_s", "scheduling_s")
             if k in overhead
         )
         stale = (

@@ -72,6 +72,11 @@ def test_the_worker_decodes_beside_training_and_takes_weights_between_steps(reco
     assert sum(r["overlap"]["reward"] for r in records) > 0
     assert sum(r["overlap"]["ref_logp"] for r in records) > 0
     assert all(r["busy"][s] == r["overlap"][s] for r in records for s in ("reward", "ref_logp"))
+    # Their dock time was spent in the scoring workers meanwhile: booked beside the
+    # iteration, not as its overhead (which then holds the driver's and the training
+    # stages' dock calls alone).
+    assert sum(r["overhead"].get("dock_beside_s", 0.0) for r in records) > 0
+    assert all(r["overhead"]["dock_s"] > 0 for r in records)
 
 
 def test_a_run_resumed_from_a_checkpoint_that_interrupted_the_worker_trains_on(

@@ -147,12 +147,15 @@ class ContinuousSource(BatchSource):
         return sampled
 
     def after_update(self, iteration: int, ledger: Ledger) -> None:
-        """Send the new weights without waiting; book the streamed stages and the workers'
-        decode loops since the last record."""
-        if iteration + 1 < self.config.iterations:
-            self.push = start_push(self.run, iteration + 1)  # overlaps what follows
+        """Book the streamed stages and the workers' decode loops since the last record;
+        send the new weights without waiting. The workers are asked first: a rollout
+        worker's actor runs one call at a time, so asked after the push started, its
+        answer waited for the whole hand-over (the weights' receive ran first), which then
+        stood between this update and the next instead of beside them."""
         self._book_streams(ledger)
         self._book_workers(ledger)
+        if iteration + 1 < self.config.iterations:
+            self.push = start_push(self.run, iteration + 1)  # overlaps what follows
 
     def _sampled(self, kept: list[int], indexes: np.ndarray) -> Sampled:
         rewards = [self.rewards.pop(int(i)) for i in indexes]
@@ -237,11 +240,16 @@ class ContinuousSource(BatchSource):
                 self._open_claim(stream)
         while True:
             self._refill(ledger)
-            ready = self._within_bound(ledger, iteration)
-            kept = self._pick(list(ready), iteration)
+            ready = self._scored()
+            kept = self._pick(ready, iteration)
             if kept is not None:
-                self.lags = np.array([ready[slot] for slot in kept])
-                return kept
+                lags = self._lags(ledger, ready, iteration)
+                stale = [slot for slot in ready if lags[slot] > self.max_staleness]
+                if not stale:
+                    self.lags = np.array([lags[slot] for slot in kept])
+                    return kept
+                self._drop(ledger, stale)  # their slots refill; pick again
+                continue
             refs = [*self.chunks, *(s.claim.ref for s in self.streams.values() if s.claim)]
             refs += [] if self.push is None else self.push.refs
             done, _ = ray.wait(refs, num_returns=1, timeout=POLL_S)
@@ -256,28 +264,24 @@ class ContinuousSource(BatchSource):
             else:
                 self._claim_answered(done[0])
 
-    def _within_bound(self, ledger: Ledger, iteration: int) -> dict[int, int]:
-        """Scored groups by draw order -> their lag (updates between their oldest token
-        and the trained weights), after refusing those past ``max_staleness`` (their
-        slots freed)."""
+    def _scored(self) -> list[int]:
+        """The groups every streamed stage scored, by draw order."""
         ready = [slot for slot, done in self.scored_by.items() if len(done) == len(self.streams)]
-        ready.sort(key=lambda slot: self.pool.flights[slot].order)
-        if not ready:
-            return {}
+        return sorted(ready, key=lambda slot: self.pool.flights[slot].order)
+
+    def _lags(self, ledger: Ledger, ready: list[int], iteration: int) -> dict[int, int]:
+        """Scored group -> its lag: updates between its oldest token and the trained weights.
+
+        Asked of the dock once a pick is complete, for every scored group whose version
+        is not known yet, in one call: a group's version is fixed once it is put, and
+        asking at each arrival cost a round trip per scored chunk while nothing needed it
+        (a stale group is only found where a pick would train or pass it)."""
         new = [slot for slot in ready if slot not in self.versions]
         if new:
             firsts = np.asarray(new, dtype=np.int64) * self.N  # a group is put whole: one version
             asked = self.runner.timed_dock(ledger, self.run.dock.versions, "update", firsts)
             self.versions |= dict(zip(new, asked.tolist(), strict=True))
-        lag = [iteration - self.versions[slot] for slot in ready]
-        stale = [slot for slot, late in zip(ready, lag, strict=True) if late > self.max_staleness]
-        if stale:
-            self._drop(ledger, stale)
-        return {
-            slot: int(late)
-            for slot, late in zip(ready, lag, strict=True)
-            if late <= self.max_staleness
-        }
+        return {slot: iteration - self.versions[slot] for slot in ready}
 
     def _pick(self, ready: list[int], iteration: int) -> list[int] | None:
         """The ``G`` groups this update trains, by draw order; None while one is missing.
@@ -397,7 +401,7 @@ class ContinuousSource(BatchSource):
             ledger.busy[name] = stream.busy_s
             ledger.overlap[name] = stream.busy_s
             ledger.stages.setdefault(name, 0.0)
-            ledger.dock_s += stream.dock_s
+            ledger.dock_beside_s += stream.dock_s  # in the scoring workers, beside decoding
             book_peaks(ledger.memory, name, stream.results)
             stream.busy_s = stream.dock_s = 0.0
             stream.results = []

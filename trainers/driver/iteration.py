@@ -49,6 +49,12 @@ class Ledger:
     its tail after generation ended); ``busy`` its slowest worker's compute; ``overlap``
     the part of a streamed stage's busy time that ran during generation; ``memory`` the
     largest memory peaks its workers reported (MiB, ``mindrl.metrics.memory``).
+
+    ``dock_s`` is dock time inside the iteration's stages (the driver's dock calls, the
+    stages' workers'); ``dock_beside_s`` that of stages whose wall the iteration does not
+    book, because they ran beside decoding and training (continuous generation's scoring
+    chunks): adding it to ``dock_s`` counted seconds other processes spent meanwhile as
+    the iteration's overhead.
     """
 
     stages: dict[str, float] = field(default_factory=dict)
@@ -56,6 +62,7 @@ class Ledger:
     overlap: dict[str, float] = field(default_factory=dict)
     memory: dict[str, dict[str, float]] = field(default_factory=dict)
     dock_s: float = 0.0
+    dock_beside_s: float = 0.0
     reshard_s: float = 0.0
     scheduling_s: float = 0.0
 
@@ -81,12 +88,13 @@ class Ledger:
 
     def overhead(self, iteration_s: float) -> dict[str, float]:
         total = self.dock_s + self.reshard_s + self.scheduling_s
+        beside = {"dock_beside_s": self.dock_beside_s} if self.dock_beside_s else {}
         return {
             "dock_s": self.dock_s,
             "reshard_s": self.reshard_s,
             "scheduling_s": self.scheduling_s,
             "share": total / iteration_s,
-        }
+        } | beside
 
 
 @dataclass
