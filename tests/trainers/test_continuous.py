@@ -6,12 +6,13 @@ worker) resumes."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 from tests.foundation.plans import DISAGGREGATED
-from tests.trainers.test_pipeline import records_of, resumed_records, trained_run
+from tests.trainers.test_pipeline import NO_VLLM_REASON, records_of, resumed_records, trained_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -86,3 +87,16 @@ def test_a_run_resumed_from_a_checkpoint_that_interrupted_the_worker_trains_on(
     assert [r["iteration"] for r in resumed] == [2, 3]
     assert [r["trained_groups"] for r in resumed] == [G, G]
     assert all(r["staleness_max"] <= 1 for r in resumed)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM_REASON)
+def test_vllm_decodes_continuously_through_its_request_queue(tmp_path_factory):
+    """The same run with vLLM's engine: its requests join and leave the engine's queue,
+    and new weights load between two of its steps."""
+    records = records_of(trained_run(tmp_path_factory, "grpo", *CONTINUOUS, "rollout.engine=vllm"))
+
+    assert [r["trained_groups"] for r in records] == [G] * 4
+    assert all(r["staleness_max"] <= 1 and r["dropped_stale_groups"] == 0 for r in records)
+    assert sum(r["weights_loaded_while_decoding"] for r in records) >= 2
+    assert records[0]["rollout_logprob_diff"] < 1e-4  # vLLM holds exactly the trained weights
