@@ -137,6 +137,7 @@ class ContinuousSource(BatchSource):
         waited = time.perf_counter()
         kept = self._gather(ledger, iteration)
         ledger.stages["rollout"] = time.perf_counter() - waited
+        self._refill_before_update(ledger)
         indexes = runner.indexes(kept)
         sampled = self._sampled(kept, indexes)
         self.pool.held = sorted(set(self.pool.flights) - set(kept))
@@ -222,6 +223,19 @@ class ContinuousSource(BatchSource):
             self.timeout,
         )
         self._feed(np.sort(claimed), np.zeros(0, dtype=np.int64))
+
+    def _refill_before_update(self, ledger: Ledger) -> None:
+        """Refill the slots the last update freed before this update starts, the hand-over
+        waited for if it is still running.
+
+        The batch is often complete before the hand-over ends (the due groups decoded
+        during the last update); refilled only at the next wait, the freed slots then
+        stayed empty for a whole update and the workers idled, while the next batch's
+        groups started an update late. Waiting costs the update nothing: actor rank 0
+        runs one call at a time, so the update starts after its sends anyway."""
+        if self.push is not None:
+            self._push_done(ledger)
+        self._refill(ledger)
 
     def _push_done(self, ledger: Ledger) -> None:
         push, self.push = self.push, None
