@@ -9,7 +9,9 @@ shares: a group's draw order, paused responses, the in-flight checkpoint):
 
 * Prompts go into every free slot, and are fed to the workers, once the workers hold the
   trained weights: a group then starts at most ``max_staleness`` updates before the one
-  that trains it, were groups trained in draw order (AReaL's admission bound).
+  that trains it, were groups trained in draw order (AReaL's admission bound). The slots
+  an update freed are refilled before the next update starts at the latest, so every
+  batch decodes during the update before the one that trains it.
 * ``reward`` and ``ref_logp`` (the frozen reference) score finished groups as they
   arrive, with chunked claims open all the time (trainers/driver/streaming.py's calls),
   while the workers decode and the trainer updates.
@@ -234,15 +236,20 @@ class ContinuousSource(BatchSource):
         groups started an update late. Waiting costs the update nothing: actor rank 0
         runs one call at a time, so the update starts after its sends anyway."""
         if self.push is not None:
-            self._push_done(ledger)
+            self._push_done(ledger, blocking=True)
         self._refill(ledger)
 
-    def _push_done(self, ledger: Ledger) -> None:
+    def _push_done(self, ledger: Ledger, blocking: bool = False) -> None:
+        """The hand-over ended: book it; ``blocking``: the driver waited for it before the
+        update, so that wait is not overlap (waited for inside the wait for groups, it
+        ran beside scoring and decoding)."""
         push, self.push = self.push, None
+        waited = time.perf_counter()
         report = push.wait(self.timeout)
-        wall = time.perf_counter() - push.started
+        done = time.perf_counter()
+        wall = done - push.started
         ledger.add_stage("weight_transfer", wall, [report])
-        ledger.overlap["weight_transfer"] = wall  # it ran beside scoring and decoding
+        ledger.overlap["weight_transfer"] = wall - (done - waited if blocking else 0.0)
         self.weights_version = push.version
 
     # ---- waiting for G scored groups ----------------------------------------------------------
