@@ -119,16 +119,15 @@ others. Simulated (defaults, 2026-11-26): sync 918.6 s per iteration, stream 913
 972.0 s (x0.95), continuous async 8 + 8 1147.4 s (x0.80), best split 5 + 11 835.4 s
 (x1.10); with the transfer at 25 GB/s async is x0.80, its best split x0.99.
 
-Continuous vs sync measured (2026-11-26, under the heavy-run lock, load average 36 -> 29
-from other work; ``--modes sync continuous --warm-start-steps 400 --iterations 30
---warmup 5 --repeats 2``, ``synthetic:longtail-48``, 64-token responses and prompts, lr
-1e-4; continuous on 1 rollout + 1 training device): sync 25.77 trained groups/s,
-continuous 27.48 (1.066x; per repeat 0.91x and 1.27x), both trained responses of 8.3
-tokens and prompts of 10.3 on average, 0 of continuous's 800 drawn groups refused as
-stale, final reward 0.995 both. A second invocation gave 1.431x (per repeat 0.92x and
-1.97x, one sync repeat slowed by load); with ``--continuous-slots 256`` (two batches)
-1.273x (per repeat 1.21x and 1.33x), lengths, refusals and reward as above. Details and
-why: docs/pipeline.md, "Continuous generation".
+Continuous vs sync measured (2026-11-26, under the heavy-run lock, quiet: load average
+1.6 -> 2.6; ``--modes sync continuous --warm-start-steps 400 --iterations 30 --warmup 5
+--repeats 3``, ``synthetic:longtail-48``, 64-token responses and prompts, lr 1e-4;
+continuous on 1 rollout + 1 training device): sync 39.27 trained groups/s, continuous
+51.14 (1.302x; per repeat 1.296x, 1.240x, 1.378x), both trained responses of 8.3 tokens
+and prompts of 10.3 on average, 0 of continuous's 1200 drawn groups refused as stale,
+final reward 0.995 vs 0.994. With ``--continuous-slots 256`` (two batches) 1.225x. The
+remaining gap is the wait for a due batch's longest response (a third of the iterations).
+Details and why: docs/pipeline.md, "Continuous generation".
 
 **Partial rollout** (``--partial-budget B``): instead of the four modes, the same config
 trains with every response generated to its end (``whole``) and with
