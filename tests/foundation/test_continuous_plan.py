@@ -9,7 +9,9 @@ from mindrl.config import load_config
 from mindrl.config.layout import DISAGGREGATED
 from mindrl.run_plan import CONTINUOUS, build_run_plan
 from tests.foundation.plans import DISAGGREGATED as SPLIT
+from tests.foundation.plans import config_and_plan
 from tests.foundation.test_placement import TINY, problems_of
+from trainers.driver.continuous import streamed_stages
 from trainers.registry import get_algorithm
 
 GRPO = get_algorithm("grpo")
@@ -52,3 +54,20 @@ def test_on_policy_continuous_is_the_on_policy_run():
 def test_continuous_settings_without_what_they_need_are_refused_in_one_line(overrides, message):
     (problem,) = problems_of(overrides)
     assert message in problem
+
+
+@pytest.mark.parametrize(
+    ("trainer", "streamed"),
+    [
+        ("grpo", ["reward", "ref_logp", "advantage"]),
+        ("rloo", ["reward", "ref_logp", "advantage"]),
+        # PPO's advantages read the critic's values, scored only for the groups an update
+        # keeps; REINFORCE++ whitens over the whole batch.
+        ("ppo", ["reward", "ref_logp"]),
+        ("reinforce_pp", ["reward", "ref_logp"]),
+    ],
+)
+def test_group_local_advantages_are_computed_as_groups_finish(trainer, streamed):
+    overrides = (*SPLIT, "rollout.continuous=true", "rollout.max_staleness=1")
+    _, plan = config_and_plan(trainer, *overrides, "algorithm.kl_coef=0.001")
+    assert streamed_stages(plan) == streamed

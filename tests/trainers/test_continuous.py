@@ -67,12 +67,15 @@ def test_the_worker_decodes_beside_training_and_takes_weights_between_steps(reco
     later = records[1:]
     assert all("weight_transfer" in r["time"] for r in later if r["iteration"] != 2)
     assert sum(r["weights_loaded_while_decoding"] for r in records) >= 2
-    # Reward and the reference pass scored finished groups while the worker decoded. An
-    # update whose whole batch was scored before the previous record books none, so the
-    # run as a whole scored beside decoding, and every streamed second counts as overlap.
-    assert sum(r["overlap"]["reward"] for r in records) > 0
-    assert sum(r["overlap"]["ref_logp"] for r in records) > 0
-    assert all(r["busy"][s] == r["overlap"][s] for r in records for s in ("reward", "ref_logp"))
+    # Reward, the reference pass and GRPO's group advantages scored finished groups while
+    # the worker decoded. An update whose whole batch was scored before the previous
+    # record books none, so the run as a whole scored beside decoding, and every
+    # streamed second counts as overlap: none is on the path to the update.
+    streamed = ("reward", "ref_logp", "advantage")
+    assert all(sum(r["overlap"][s] for r in records) > 0 for s in streamed)
+    assert all(r["busy"][s] == r["overlap"][s] for r in records for s in streamed)
+    assert all(r["time"][s] == 0.0 for r in records for s in streamed)
+    assert sum(r["scoring_chunks"]["advantage"] for r in records) > 0
     # Their dock time was spent in the scoring workers meanwhile: booked beside the
     # iteration, not as its overhead (which then holds the driver's and the training
     # stages' dock calls alone).

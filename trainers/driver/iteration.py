@@ -338,7 +338,8 @@ class IterationRunner:
         if len(indexes):
             self._score_stages(indexes, ledger)
             self.source.beside_training(iteration, ledger)
-            self.stage(ledger, "advantage", self._advantages, indexes)
+            if "advantage" not in self.source.scored:
+                self.stage(ledger, "advantage", self._advantages, indexes)
             checked = self.source.before_update(indexes, iteration)
             metrics |= mean_by_key(
                 self.stage(ledger, "update", self._update, indexes), skip=TIMING_KEYS

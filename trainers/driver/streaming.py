@@ -46,15 +46,19 @@ class StageCall:
     args: Callable[[list[np.ndarray]], list[tuple]]
     #: the warehouse beside each part's worker (None: no preference)
     part_warehouses: list[int | None] | None = None
+    #: the workers' method that scores a part
+    method: str = "score"
 
 
 def stage_call(run: RunState, stage: StagePlan) -> StageCall:
-    """The call of a scoring stage (``reward``, ``ref_logp``, ``old_logp``, ``values``)."""
+    """The call of a scoring stage (``reward``, ``ref_logp``, ``old_logp``, ``values``),
+    or of a group-local ``advantage`` stage streamed beside them."""
     if stage.role == "reward":
         group = run.groups["reward"]
         return StageCall(
             stage.name, group, list(stage.reads), group.size, lambda parts: [(p,) for p in parts],
             run.part_warehouses("reward", range(group.size)),
+            "advantages" if stage.name == "advantage" else "score",
         )  # fmt: skip
     return StageCall(
         stage.name,
@@ -204,7 +208,7 @@ class StreamScheduler:
         call = stage.call
         chunk = _Chunk(stage, {})
         for sent, name in zip(
-            call.group.submit_each("score", call.args(parts)), call.group.names(), strict=True
+            call.group.submit_each(call.method, call.args(parts)), call.group.names(), strict=True
         ):
             chunk.waiting[sent] = name
             chunks[sent] = chunk
