@@ -372,6 +372,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         mode: summarize([r for run in runs[mode] for r in run[args.warmup :]], samples, groups)
         | {
             "run_iteration_s": [run_median(run[args.warmup :]) for run in runs[mode]],
+            "groups_per_s_per_repeat": [
+                summarize(run[args.warmup :], samples, groups)["groups_per_s"] for run in runs[mode]
+            ],
             "reward_final": statistics.fmean(
                 r["reward_mean"] for run in runs[mode] for r in run[-FINAL_REWARD_ITERATIONS:]
             ),
@@ -400,9 +403,22 @@ def ratios(summaries: dict[str, dict]) -> dict[str, dict[str, float]]:
             "throughput": summaries[mode]["tps"] / summaries[base]["tps"],
             "samples_per_s": summaries[mode]["samples_per_s"] / summaries[base]["samples_per_s"],
             "groups_per_s": summaries[mode]["groups_per_s"] / summaries[base]["groups_per_s"],
+            **repeat_ratios(summaries[mode], summaries[base]),
         }
         for mode, base in RATIOS
         if mode in summaries and base in summaries
+    }
+
+
+def repeat_ratios(mode: dict, base: dict) -> dict[str, Any]:
+    """Trained groups/s of each repeat over the baseline's of the same repeat (run next to
+    it, in alternating order), and their median: the box's speed drifts between repeats,
+    and a ratio of neighbours sees less of that drift than one over the invocation."""
+    pairs = zip(mode["groups_per_s_per_repeat"], base["groups_per_s_per_repeat"], strict=True)
+    per_repeat = [m / b for m, b in pairs]
+    return {
+        "groups_per_s_per_repeat": per_repeat,
+        "groups_per_s_median_repeat": statistics.median(per_repeat),
     }
 
 
@@ -981,7 +997,9 @@ def print_measured(report: dict[str, Any]) -> None:
     for pair, r in report["ratios"].items():
         print(
             f"  {pair}: iteration time {r['iteration_time']:.3f}x, TPS {r['throughput']:.3f}x, "
-            f"samples/s {r['samples_per_s']:.3f}x, trained groups/s {r['groups_per_s']:.3f}x"
+            f"samples/s {r['samples_per_s']:.3f}x, trained groups/s {r['groups_per_s']:.3f}x "
+            f"(per repeat {', '.join(f'{x:.3f}x' for x in r['groups_per_s_per_repeat'])}; "
+            f"median {r['groups_per_s_median_repeat']:.3f}x)"
         )
     print(
         f"  reward(final): mean reward of each run's last {FINAL_REWARD_ITERATIONS} iterations; "

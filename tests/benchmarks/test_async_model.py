@@ -304,6 +304,11 @@ def test_the_measured_summary_and_its_ratios_against_sync():
     assert (a["staleness_max"], a["staleness_mean"]) == (1, pytest.approx(2.5 / 3))
     assert a["overlap_s"] == {"rollout": pytest.approx(0.6), "total": pytest.approx(0.6)}
     assert a["stage_s"]["rollout"] == 0.0 and a["busy_s"]["weight_transfer"] == pytest.approx(0.1)
+    # Each mode's repeats, run next to each other: repeat i of a mode over repeat i of its
+    # baseline, and the median of those.
+    for mode, repeats in {"sync": [2.0, 1.0, 1.5], "disagg-sync": [1.0, 1.0, 1.0],
+                          "async": [3.0, 3.0, 1.8]}.items():  # fmt: skip
+        summaries[mode]["groups_per_s_per_repeat"] = repeats
     ratios = bench.ratios(summaries)
     assert list(ratios) == ["disagg-sync / sync", "async / sync", "async / disagg-sync"]
     assert ratios["async / sync"] == {
@@ -311,6 +316,8 @@ def test_the_measured_summary_and_its_ratios_against_sync():
         "throughput": 2.0,
         "samples_per_s": 2.0,
         "groups_per_s": pytest.approx(7.0 / 3.5),
+        "groups_per_s_per_repeat": pytest.approx([1.5, 3.0, 1.2]),
+        "groups_per_s_median_repeat": pytest.approx(1.5),
     }
     assert ratios["async / disagg-sync"]["iteration_time"] == pytest.approx(0.8)
     assert ratios["async / disagg-sync"]["throughput"] == pytest.approx(1.25)
