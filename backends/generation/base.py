@@ -370,6 +370,7 @@ class GenerationEngine(ABC):
         if not prompts:
             raise InvalidPromptError("no prompts given: pass at least one list of token ids")
         limit = self.config.max_model_len - 1  # room for at least one response token
+        vocab = self.vocab_size  # once: an engine may look it up in the model each time
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise InvalidPromptError(f"prompt {i} is empty: every prompt needs >= 1 token")
@@ -379,11 +380,11 @@ class GenerationEngine(ABC):
                     f"{self.config.max_model_len} leaves room for {limit}: shorten it "
                     "or raise EngineConfig.max_model_len"
                 )
-            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-            if bad:
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                bad = next(t for t in prompt if not 0 <= t < vocab)
                 raise InvalidPromptError(
-                    f"prompt {i} holds token id {bad[0]} outside the vocabulary "
-                    f"[0, {self.vocab_size}): check the tokenizer matches the model"
+                    f"prompt {i} holds token id {bad} outside the vocabulary "
+                    f"[0, {vocab}): check the tokenizer matches the model"
                 )
 
 
