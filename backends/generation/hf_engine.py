@@ -279,7 +279,9 @@ class HFGenerationEngine(GenerationEngine):
             sampling = {
                 "temperature": params.temperature,
                 "top_p": params.top_p,
-                "top_k": params.top_k or None,
+                # 0 turns top-k off; None would let transformers fill in its default of 50
+                # (5.x does), which the continuous batch and vLLM do not apply.
+                "top_k": params.top_k,
             }
         from transformers import GenerationConfig
 

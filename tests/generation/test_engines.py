@@ -17,7 +17,7 @@ from backends.generation import (
     SamplingParams,
     get_engine_class,
 )
-from backends.generation.base import ends_with_stop, stop_end
+from backends.generation.base import SequenceRequest, ends_with_stop, stop_end
 from tests.generation.conftest import MAX_MODEL_LEN, reference_model, tiny_llama_config
 
 PROMPTS = [[5, 17, 42], [9, 8, 7, 6, 5, 4, 3, 2, 1], [200]]
@@ -134,6 +134,37 @@ def test_a_prompt_repeated_within_one_seeded_call_samples_different_responses(en
     params = SamplingParams(temperature=1.0, max_tokens=12, seed=7)
     results = engine.generate([PROMPTS[0]] * 4, params)
     assert len({tuple(r.token_ids) for r in results}) > 1
+
+
+def ranks_in(model, prompt: list[int], tokens: list[int]) -> list[int]:
+    """Where each token stands among ``model``'s next-token logits after ``prompt`` (0: the
+    most likely)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1]
+    order = logits.argsort(descending=True).tolist()
+    return [order.index(t) for t in tokens]
+
+
+def first_tokens_of_a_continuous_batch(engine, prompt: list[int], params, count: int):
+    batch = engine.continuous(params)
+    batch.add([SequenceRequest(k, prompt, 1) for k in range(count)])
+    tokens = []
+    while batch.live:
+        tokens += [output.token_ids[0] for output in batch.step()]
+    return tokens
+
+
+@pytest.mark.parametrize("top_k", [0, 5])
+def test_one_call_and_a_continuous_batch_sample_with_the_top_k_asked(engine, reference_a, top_k):
+    # About 10 % of this prompt's next-token mass lies outside its 50 likeliest tokens.
+    # transformers fills an unset top-k with 50, so an engine leaving it unset for "off"
+    # (0) sampled from another distribution than the continuous batch and vLLM.
+    params = SamplingParams(n=64, temperature=1.0, top_k=top_k, max_tokens=1, seed=3)
+    one_call = [r.token_ids[0] for r in engine.generate([PROMPTS[0]], params)]
+    continuous = first_tokens_of_a_continuous_batch(engine, PROMPTS[0], params, 64)
+    for tokens in (one_call, continuous):
+        ranks = ranks_in(reference_a, PROMPTS[0], tokens)
+        assert max(ranks) < 5 if top_k == 5 else max(ranks) >= 50
 
 
 def test_n_samples_per_prompt_come_prompt_major_and_differ(engine):
