@@ -126,8 +126,10 @@ continuous on 1 rollout + 1 training device): sync 39.27 trained groups/s, conti
 51.14 (1.302x; per repeat 1.296x, 1.240x, 1.378x), both trained responses of 8.3 tokens
 and prompts of 10.3 on average, 0 of continuous's 1200 drawn groups refused as stale,
 final reward 0.995 vs 0.994; a second invocation 1.296x (1.216x, 1.295x, 1.387x). With
-``--continuous-slots 256`` (two batches) 1.225x. The
-remaining gap is the wait for a due batch's longest response (a third of the iterations).
+``--continuous-slots 256`` (two batches) 1.225x. Five later invocations on the quiet box
+gave 1.20x-1.45x, the final code (7d0ea46) 1.217x: the 1.3x goal is not met.
+The remaining gap is the wait for a due batch's longest response (a third of the
+iterations) and the two cores four busy processes share.
 Details and why: docs/pipeline.md, "Continuous generation".
 
 **Partial rollout** (``--partial-budget B``): instead of the four modes, the same config

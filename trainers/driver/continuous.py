@@ -12,9 +12,11 @@ shares: a group's draw order, paused responses, the in-flight checkpoint):
   that trains it, were groups trained in draw order (AReaL's admission bound). The slots
   an update freed are refilled before the next update starts at the latest, so every
   batch decodes during the update before the one that trains it.
-* ``reward`` and ``ref_logp`` (the frozen reference) score finished groups as they
-  arrive, with chunked claims open all the time (trainers/driver/streaming.py's calls),
-  while the workers decode and the trainer updates.
+* ``reward``, ``ref_logp`` (the frozen reference) and a group-local estimator's
+  ``advantage`` (:func:`streamed_stages`) score finished groups as they arrive, while the
+  workers decode and the trainer updates: each keeps one chunked claim or one chunk in
+  flight (trainers/driver/streaming.py's calls), its next claim opened when its workers
+  finish the last chunk.
 * An update trains ``G`` groups picked by draw order, not by finishing order
   (:meth:`ContinuousSource._pick`): every group that would pass the staleness bound at
   the next update is *due* and waited for, finished or not; the rest of the batch is
@@ -88,8 +90,7 @@ class _Stream:
 
     call: StageCall
     claim: PendingClaim | None = None
-    scoring: bool = False  # a chunk is with its workers; the next claim opens after it
-    chunks: int = 0
+    chunks_scored: int = 0
     busy_s: float = 0.0
     dock_s: float = 0.0
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -274,7 +275,7 @@ class ContinuousSource(BatchSource):
         """Stream, score and refill until the groups :meth:`_pick` trains are scored."""
         deadline = time.perf_counter() + self.timeout
         for stream in self.streams.values():
-            if stream.claim is None and not stream.scoring:
+            if stream.claim is None and not self._scoring(stream):
                 self._open_claim(stream)
         while True:
             self._refill(ledger)
@@ -387,6 +388,10 @@ class ContinuousSource(BatchSource):
             part_warehouses=call.part_warehouses,
         )
 
+    def _scoring(self, stream: _Stream) -> bool:
+        """A chunk of ``stream`` is with its workers (its next claim opens after it)."""
+        return any(chunk.stream is stream for chunk in self.chunks.values())
+
     def _claim_answered(self, ref: Any) -> None:
         """A chunk for a streamed stage's workers. Its next claim opens once they are done
         with it, so that claim takes every group finished meanwhile: opened at once, it
@@ -395,8 +400,8 @@ class ContinuousSource(BatchSource):
         train (about 12 ms a group on tiny)."""
         stream = next(s for s in self.streams.values() if s.claim and s.claim.ref is ref)
         parts = stream.claim.result()
-        stream.claim, stream.scoring = None, True
-        stream.chunks += 1
+        stream.claim = None
+        stream.chunks_scored += 1
         call = stream.call
         chunk = _Chunk(stream, np.concatenate(parts), {})
         for sent, name in zip(
@@ -423,7 +428,6 @@ class ContinuousSource(BatchSource):
         for slot in np.unique(chunk.indexes // self.N).tolist():
             if slot in self.pool.flights:
                 self.scored_by.setdefault(slot, set()).add(stream.call.stage)
-        stream.scoring = False
         self._open_claim(stream)
 
     # ---- after the update ---------------------------------------------------------------------
@@ -449,9 +453,9 @@ class ContinuousSource(BatchSource):
             ledger.stages.setdefault(name, 0.0)
             ledger.dock_beside_s += stream.dock_s  # in the scoring workers, beside decoding
             book_peaks(ledger.memory, name, stream.results)
-            self.scoring_chunks[name] = stream.chunks
+            self.scoring_chunks[name] = stream.chunks_scored
             stream.busy_s = stream.dock_s = 0.0
-            stream.chunks = 0
+            stream.chunks_scored = 0
             stream.results = []
 
     def _book_workers(self, ledger: Ledger) -> None:
