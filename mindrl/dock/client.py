@@ -263,9 +263,18 @@ class DockClient:
         if self.handle.central is not None:
             refs, names = [self.handle.central.recycle.remote(indexes)], ["centralized buffer"]
         else:
+            # A warehouse announces a put without waiting; one still travelling when the
+            # controllers forget would mark the index ready again with the old payload.
+            self._flush(np.unique(self.owner(indexes)))
             stages = list(self.handle.controllers)
             refs = [self.handle.controllers[s].recycle.remote(indexes) for s in stages]
             names = [f"TD controller of stage '{s}'" for s in stages]
+        self._get(refs, names, self.handle.timeout_s)
+
+    def _flush(self, warehouses: np.ndarray) -> None:
+        """Wait until the controllers have heard of every put ``warehouses`` took so far."""
+        refs = [self.handle.warehouses[w].actor.flush.remote() for w in warehouses]
+        names = [self._warehouse_name(int(w)) for w in warehouses]
         self._get(refs, names, self.handle.timeout_s)
 
     def hold(
@@ -290,7 +299,10 @@ class DockClient:
         return self._ask_stage(stage, "versions", np.asarray(indexes, dtype=np.int64))
 
     def ready_count(self, stage: str, fields: list[str]) -> int:
-        """How many samples have every one of ``fields`` stored, as ``stage`` sees it."""
+        """How many samples have every one of ``fields`` stored, as ``stage`` sees it once
+        it has heard of every put made so far (progress bars poll it about once a second)."""
+        if self.handle.central is None:
+            self._flush(np.arange(len(self.handle.warehouses)))
         return self._ask_stage(stage, "ready_count", fields)
 
     def _controller(self, stage: str) -> Any:

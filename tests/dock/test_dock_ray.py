@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -24,6 +25,9 @@ from mindrl.dock import (
     shutdown_dock,
     snapshot_samples,
 )
+from mindrl.dock.controller import TDController
+from mindrl.dock.handle import DockHandle, WarehouseInfo
+from mindrl.dock.warehouse import TDWarehouse
 
 pytestmark = pytest.mark.ray
 
@@ -307,6 +311,34 @@ def test_clear_right_after_a_put_leaves_no_stale_metadata(dock):
         client.claim("rollout", ["prompt_ids"], 1, timeout_s=1)
     empty = client.fetch(np.array([], dtype=np.int64), ["prompt_ids", "reward"])
     assert empty.batch_size == (0,) and empty["prompt_ids"].shape == (0, 0)
+
+
+@ray.remote(num_cpus=0)
+class LateListeningController(TDController.__ray_actor_class__):
+    """A real TD controller that hears of each put half a second late, as over a slow
+    link between nodes: calls from the driver overtake the warehouse's announcements."""
+
+    async def on_put(self, *args, **kwargs) -> None:
+        await asyncio.sleep(0.5)
+        await super().on_put(*args, **kwargs)
+
+
+def test_recycle_right_after_a_put_is_not_undone_by_the_puts_late_announcement(ray_cluster):
+    fields = ["response_ids"]
+    controller = LateListeningController.remote("reward", N, N, fields)
+    node = ray.get_runtime_context().get_node_id()
+    warehouse = TDWarehouse.remote(0, 0, N, RL_FIELDS, {"reward": (controller, fields)})
+    client = DockClient(DockHandle(RL_FIELDS, N, N, [WarehouseInfo(warehouse, node, 0, N)],
+                                   {"reward": controller}, timeout_s=10))  # fmt: skip
+    client.put(np.arange(N), {"response_ids": [response(i) for i in range(N)]})
+    client.recycle(np.arange(N))  # the put's announcements are still travelling
+    time.sleep(1.0)  # long enough for any that was still travelling to land
+    assert client.ready_count("reward", fields) == 0
+    client.put(np.arange(1), {"response_ids": [response(7)]})
+    assert client.ready_count("reward", fields) == 1  # its own late announcement waited for
+    assert client.claim("reward", fields, 1, timeout_s=5)[0].tolist() == [0]
+    for actor in (warehouse, controller):
+        ray.kill(actor, no_restart=True)
 
 
 @pytest.fixture
