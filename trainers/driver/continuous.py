@@ -15,8 +15,8 @@ shares: a group's draw order, paused responses, the in-flight checkpoint):
 * ``reward``, ``ref_logp`` (the frozen reference) and a group-local estimator's
   ``advantage`` (:func:`streamed_stages`) score finished groups as they arrive, while the
   workers decode and the trainer updates: each keeps one chunked claim or one chunk in
-  flight (trainers/driver/streaming.py's calls), its next claim opened when its workers
-  finish the last chunk.
+  flight (trainers/driver/streaming.py's calls and chunks), its next claim opened when
+  its workers finish the last chunk.
 * An update trains ``G`` groups picked by draw order, not by finishing order
   (:meth:`ContinuousSource._pick`): every group that would pass the staleness bound at
   the next update is *due* and waited for, finished or not; the rest of the batch is
@@ -41,18 +41,16 @@ save or on resume (docs/architecture.md §8).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import ray
 
 from mindrl.config.layout import ROLLOUT_WORKER
-from mindrl.dock.client import PendingClaim
 from mindrl.metrics.memory import book_peaks
 from mindrl.run_plan import RunPlan, continuous_groups
 from mindrl.workers.continuous import Feed, default_slots
-from mindrl.workers.group import POLL_S, StageTimeoutError, checked_get, wait_all
+from mindrl.workers.group import POLL_S, StageTimeoutError, wait_all
 from trainers.driver.iteration import (
     BatchSource,
     InFlightState,
@@ -62,7 +60,13 @@ from trainers.driver.iteration import (
 )
 from trainers.driver.partial_rollout import FlightPool
 from trainers.driver.rollout_placement import WeightPush, start_push
-from trainers.driver.streaming import StageCall, stage_call
+from trainers.driver.streaming import (
+    Chunk,
+    ChunksInFlight,
+    StageStream,
+    answered_stream,
+    stage_call,
+)
 
 #: The decode loop's counters a record reports per iteration (mindrl/workers/continuous.py).
 LOOP_COUNTERS = ("decode_s", "idle_s", "steps", "weight_loads")
@@ -82,28 +86,6 @@ def streamed_stages(plan: RunPlan) -> list[str]:
     if plan.group_local_advantages and not later & set(plan.stage("advantage").reads):
         stages.append("advantage")
     return stages
-
-
-@dataclass
-class _Stream:
-    """A streamed stage: its call, its open claim, what it did since the last record."""
-
-    call: StageCall
-    claim: PendingClaim | None = None
-    chunks_scored: int = 0
-    busy_s: float = 0.0
-    dock_s: float = 0.0
-    results: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class _Chunk:
-    """Claimed samples of a streamed stage being scored by its workers."""
-
-    stream: _Stream
-    indexes: np.ndarray
-    waiting: dict[Any, str]
-    results: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ContinuousSource(BatchSource):
@@ -128,9 +110,9 @@ class ContinuousSource(BatchSource):
         self.running = False
         self.unstarted = np.zeros(0, dtype=np.int64)
         stages = streamed_stages(self.plan)
-        self.streams = {s: _Stream(stage_call(run, self.plan.stage(s))) for s in stages}
+        self.streams = {s: StageStream(stage_call(run, self.plan.stage(s))) for s in stages}
         self.scored = tuple(self.streams)
-        self.chunks: dict[Any, _Chunk] = {}
+        self.chunks = ChunksInFlight()
         #: Stage -> the chunks its workers scored since the last record.
         self.scoring_chunks: dict[str, int] = {}
         #: Slot -> the streamed stages that finished scoring its group.
@@ -275,7 +257,7 @@ class ContinuousSource(BatchSource):
         """Stream, score and refill until the groups :meth:`_pick` trains are scored."""
         deadline = time.perf_counter() + self.timeout
         for stream in self.streams.values():
-            if stream.claim is None and not self._scoring(stream):
+            if stream.claim is None and not self.chunks.of(stream):
                 self._open_claim(stream)
         while True:
             self._refill(ledger)
@@ -289,7 +271,7 @@ class ContinuousSource(BatchSource):
                     return kept
                 self._drop(ledger, stale)  # their slots refill; pick again
                 continue
-            refs = [*self.chunks, *(s.claim.ref for s in self.streams.values() if s.claim)]
+            refs = [*self.chunks.refs(), *(s.claim.ref for s in self.streams.values() if s.claim)]
             refs += [] if self.push is None else self.push.refs
             done, _ = ray.wait(refs, num_returns=1, timeout=POLL_S)
             if not done:
@@ -374,7 +356,7 @@ class ContinuousSource(BatchSource):
                 f"{', '.join(self.streams)})"
             )
 
-    def _open_claim(self, stream: _Stream) -> None:
+    def _open_claim(self, stream: StageStream) -> None:
         call = stream.call
         step = int(np.lcm(self.N, call.dp_parts))
         stream.claim = self.run.dock.claim_async(
@@ -388,43 +370,29 @@ class ContinuousSource(BatchSource):
             part_warehouses=call.part_warehouses,
         )
 
-    def _scoring(self, stream: _Stream) -> bool:
-        """A chunk of ``stream`` is with its workers (its next claim opens after it)."""
-        return any(chunk.stream is stream for chunk in self.chunks.values())
-
     def _claim_answered(self, ref: Any) -> None:
         """A chunk for a streamed stage's workers. Its next claim opens once they are done
         with it, so that claim takes every group finished meanwhile: opened at once, it
         answered with each group as it was put, and the workers scored one group a chunk,
         paying a chunk's fetch, put and report per group on the cores that decode and
         train (about 12 ms a group on tiny)."""
-        stream = next(s for s in self.streams.values() if s.claim and s.claim.ref is ref)
-        parts = stream.claim.result()
-        stream.claim = None
-        stream.chunks_scored += 1
-        call = stream.call
-        chunk = _Chunk(stream, np.concatenate(parts), {})
-        for sent, name in zip(
-            call.group.submit_each(call.method, call.args(parts)), call.group.names(), strict=True
-        ):
-            chunk.waiting[sent] = name
-            self.chunks[sent] = chunk
+        stream = answered_stream(self.streams.values(), ref)
+        self.chunks.send(stream, stream.take_claim())
 
     def _chunk_part_done(self, ref: Any) -> None:
-        chunk = self.chunks.pop(ref)
-        stream = chunk.stream
-        report = checked_get(ref, chunk.waiting.pop(ref), stream.call.stage)
-        chunk.results.append(report)
-        if chunk.waiting:
-            return
-        stream.busy_s += max(r.get("busy_s", 0.0) for r in chunk.results)
-        stream.dock_s += max(r.get("dock_s", 0.0) for r in chunk.results)
-        stream.results += chunk.results
+        chunk = self.chunks.part_done(ref)
+        if chunk is not None:
+            self._chunk_scored(chunk)
+
+    def _chunk_scored(self, chunk: Chunk) -> None:
+        """Its groups are scored by its stage (the rewards kept for the record); the
+        stage's next claim opens."""
         for report in chunk.results:
             if "sample_rewards" in report:
                 scores = zip(report["sample_rewards"], report["sample_tokens"], strict=True)
                 for index, score in zip(report["indexes"].tolist(), scores, strict=True):
                     self.rewards[index] = score
+        stream = chunk.stream
         for slot in np.unique(chunk.indexes // self.N).tolist():
             if slot in self.pool.flights:
                 self.scored_by.setdefault(slot, set()).add(stream.call.stage)
@@ -453,9 +421,9 @@ class ContinuousSource(BatchSource):
             ledger.stages.setdefault(name, 0.0)
             ledger.dock_beside_s += stream.dock_s  # in the scoring workers, beside decoding
             book_peaks(ledger.memory, name, stream.results)
-            self.scoring_chunks[name] = stream.chunks_scored
+            self.scoring_chunks[name] = stream.chunks
             stream.busy_s = stream.dock_s = 0.0
-            stream.chunks_scored = 0
+            stream.chunks = 0
             stream.results = []
 
     def _book_workers(self, ledger: Ledger) -> None:
@@ -480,7 +448,7 @@ class ContinuousSource(BatchSource):
         if self.push is not None:
             self._push_done(Ledger())
         while self.chunks:
-            (ref,), _ = ray.wait(list(self.chunks), num_returns=1)
+            (ref,), _ = ray.wait(self.chunks.refs(), num_returns=1)
             self._chunk_part_done(ref)
         if self.running:
             stops = self.workers.call("stop_continuous", stage="checkpoint", timeout_s=self.timeout)

@@ -16,12 +16,16 @@ sync ledger books a stage); the chunk is taken to have run during the ``busy_s``
 the driver saw it finish, and the part of that interval before generation ended is its
 overlap -- seconds of stage work taken off the iteration's critical path. Timestamps are
 the driver's own clock, so they hold across nodes.
+
+The stage calls, a stage's stream of claims and the chunks with its workers are written
+here once, for this scheduler and for continuous generation's
+(trainers/driver/continuous.py), which streams its scoring stages across iterations.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,26 +75,98 @@ def stage_call(run: RunState, stage: StagePlan) -> StageCall:
 
 
 @dataclass
-class StreamedStage:
-    """One streaming stage's progress through a batch and its accounting."""
+class StageStream:
+    """A streamed stage: its call, its open claim, and what its scored chunks did."""
 
     call: StageCall
-    total: int
-    claimed: int = 0
     claim: PendingClaim | None = None
-    results: list[dict[str, Any]] = field(default_factory=list)
     chunks: int = 0
     busy_s: float = 0.0
     dock_s: float = 0.0
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def take_claim(self) -> list[np.ndarray]:
+        """The answered claim's parts, one per data-parallel rank; the claim is closed."""
+        parts, self.claim = self.claim.result(), None
+        return parts
+
+
+@dataclass
+class StreamedStage(StageStream):
+    """A stage streamed through one sync batch: how much of it is claimed, when it
+    scored its last chunk and how much of its work overlapped generation."""
+
+    total: int = 0
+    claimed: int = 0
     overlap_s: float = 0.0
     finished_at: float = 0.0
 
 
+def answered_stream(streams: Iterable[StageStream], ref: Any) -> StageStream:
+    """The stream whose open claim ``ref`` is."""
+    return next(s for s in streams if s.claim is not None and s.claim.ref is ref)
+
+
 @dataclass
-class _Chunk:
-    stage: StreamedStage
-    waiting: dict[Any, str]  # ref -> worker name
+class Chunk:
+    """Claimed samples of a streamed stage being scored by its workers, one call each."""
+
+    stream: StageStream
+    indexes: np.ndarray
+    waiting: dict[Any, str]  # ref of a worker's call -> the worker's name
     results: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def busy_s(self) -> float:
+        """The slowest worker's busy time: what the chunk took (as sync books a stage)."""
+        return max(r.get("busy_s", 0.0) for r in self.results)
+
+
+class ChunksInFlight:
+    """The streamed stages' chunks with their workers, by the refs of the workers' calls;
+    a finished chunk is booked on its stream (busy and dock time, reports)."""
+
+    def __init__(self) -> None:
+        self.by_ref: dict[Any, Chunk] = {}
+
+    def send(self, stream: StageStream, parts: list[np.ndarray]) -> None:
+        """``parts`` (one per data-parallel rank) to ``stream``'s workers."""
+        call = stream.call
+        chunk = Chunk(stream, np.concatenate(parts), {})
+        sent = call.group.submit_each(call.method, call.args(parts))
+        for ref, name in zip(sent, call.group.names(), strict=True):
+            chunk.waiting[ref] = name
+            self.by_ref[ref] = chunk
+        stream.chunks += 1
+
+    def part_done(self, ref: Any) -> Chunk | None:
+        """A worker answered ``ref`` (raised if it failed); the chunk once all have."""
+        chunk = self.by_ref.pop(ref)
+        stream = chunk.stream
+        chunk.results.append(checked_get(ref, chunk.waiting.pop(ref), stream.call.stage))
+        if chunk.waiting:
+            return None
+        stream.busy_s += chunk.busy_s
+        stream.dock_s += max(r.get("dock_s", 0.0) for r in chunk.results)
+        stream.results += chunk.results
+        return chunk
+
+    def of(self, stream: StageStream) -> bool:
+        """Whether a chunk of ``stream`` is with its workers."""
+        return any(chunk.stream is stream for chunk in self.by_ref.values())
+
+    def refs(self) -> list[Any]:
+        return list(self.by_ref)
+
+    def workers(self) -> set[str]:
+        """The workers a chunk still waits on."""
+        return {name for chunk in self.by_ref.values() for name in chunk.waiting.values()}
+
+    def __contains__(self, ref: Any) -> bool:
+        return ref in self.by_ref
+
+    def __bool__(self) -> bool:
+        return bool(self.by_ref)
 
 
 @dataclass
@@ -132,10 +208,10 @@ class StreamScheduler:
             zip(actor.submit_each("generate", generate_args), actor.names(), strict=True)
         )
         generation_refs = list(generating)
-        stages = {c.stage: StreamedStage(c, n_samples) for c in self.calls}
+        stages = {c.stage: StreamedStage(c, total=n_samples) for c in self.calls}
         for stage in stages.values():
             self._open_claim(stage, deadline)
-        chunks: dict[Any, _Chunk] = {}
+        chunks = ChunksInFlight()
         generation_end: float | None = None
         while generating or chunks or any(s.claim for s in stages.values()):
             for ref in self._finished(generating, chunks, stages, deadline):
@@ -144,9 +220,15 @@ class StreamScheduler:
                     if not generating:
                         generation_end = time.perf_counter()
                 elif ref in chunks:
-                    self._chunk_part_done(ref, chunks, start, generation_end)
+                    chunk = chunks.part_done(ref)
+                    if chunk is not None:
+                        self._chunk_done(chunk, start, generation_end)
                 else:
-                    self._claim_answered(ref, stages, chunks, deadline)
+                    stage = answered_stream(stages.values(), ref)
+                    parts = stage.take_claim()
+                    stage.claimed += sum(len(p) for p in parts)
+                    chunks.send(stage, parts)
+                    self._open_claim(stage, deadline)
             if on_poll is not None:
                 on_poll()
         generated = [ray.get(ref) for ref in generation_refs]
@@ -155,19 +237,17 @@ class StreamScheduler:
     def _finished(
         self,
         generating: dict[Any, str],
-        chunks: dict[Any, _Chunk],
+        chunks: ChunksInFlight,
         stages: dict[str, StreamedStage],
         deadline: float,
     ) -> list[Any]:
         """Every ref finished now, generation first (its end times the overlap); waits up
         to a poll interval for the first."""
         claims = [s.claim.ref for s in stages.values() if s.claim is not None]
-        refs = [*generating, *chunks, *claims]
+        refs = [*generating, *chunks.refs(), *claims]
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
-            waiting = sorted(
-                {*generating.values(), *(n for c in chunks.values() for n in c.waiting.values())}
-            )
+            waiting = sorted({*generating.values(), *chunks.workers()})
             raise StageTimeoutError(
                 f"streamed stages {['rollout', *stages]} timed out waiting on "
                 f"{', '.join(waiting) or 'the dock'}"
@@ -194,40 +274,13 @@ class StreamScheduler:
             else None
         )
 
-    def _claim_answered(
-        self,
-        ref: Any,
-        stages: dict[str, StreamedStage],
-        chunks: dict[Any, _Chunk],
-        deadline: float,
-    ) -> None:
-        stage = next(s for s in stages.values() if s.claim is not None and s.claim.ref is ref)
-        parts = stage.claim.result()
-        stage.claimed += sum(len(p) for p in parts)
-        stage.chunks += 1
-        call = stage.call
-        chunk = _Chunk(stage, {})
-        for sent, name in zip(
-            call.group.submit_each(call.method, call.args(parts)), call.group.names(), strict=True
-        ):
-            chunk.waiting[sent] = name
-            chunks[sent] = chunk
-        self._open_claim(stage, deadline)
-
-    def _chunk_part_done(
-        self, ref: Any, chunks: dict[Any, _Chunk], start: float, generation_end: float | None
-    ) -> None:
-        chunk = chunks.pop(ref)
-        stage = chunk.stage
-        chunk.results.append(checked_get(ref, chunk.waiting.pop(ref), stage.call.stage))
-        if chunk.waiting:
-            return
+    @staticmethod
+    def _chunk_done(chunk: Chunk, start: float, generation_end: float | None) -> None:
+        """The chunk ran during the ``busy_s`` before the driver saw it finish: the part
+        of that before generation ended is its overlap."""
         now = time.perf_counter()
-        busy = max(r.get("busy_s", 0.0) for r in chunk.results)
-        stage.results += chunk.results
-        stage.busy_s += busy
-        stage.dock_s += max(r.get("dock_s", 0.0) for r in chunk.results)
-        stage.overlap_s += overlap(now - busy, now, start, generation_end or now)
+        stage = chunk.stream
+        stage.overlap_s += overlap(now - chunk.busy_s, now, start, generation_end or now)
         stage.finished_at = now
 
 
