@@ -55,14 +55,39 @@ class RewardWorker:
         if ENV_REWARD in reads:
             return self._episode_rewards(indexes, start)
         data = self.dock.fetch(indexes, list(reads))
-        lengths = data["response_ids_lengths"].tolist()
-        responses = [row[:n].tolist() for row, n in zip(data["response_ids"], lengths, strict=True)]
+        rewards = self._rewards(data)
+        self.dock.put(indexes, {"reward": rewards})
+        return self._score_report(indexes, data, rewards, start)
+
+    def score_with_advantages(self, indexes: np.ndarray) -> dict[str, float]:
+        """The ``reward`` stage and a group-local estimator's ``advantage`` stage on whole
+        groups ``indexes`` in one call: one fetch and one put instead of two of each.
+        Continuous generation scores each group as it finishes, in small chunks, where
+        the second stage's claim, fetch, put and report cost more than its arithmetic."""
+        start = time.perf_counter()
+        if not len(indexes):  # no group of this chunk is stored beside this worker
+            return self._score_report(indexes, None, torch.zeros(0), start)
+        reads = [*self.context.stage("reward").reads, *self.context.stage("advantage").reads]
+        data = self.dock.fetch(indexes, [f for f in dict.fromkeys(reads) if f != "reward"])
+        rewards = self._rewards(data)
+        advantages, _ = self._advantages_of(data, rewards)
+        self.dock.put(indexes, {"reward": rewards, **advantages})
+        return self._score_report(indexes, data, rewards, start)
+
+    def _rewards(self, data: Any) -> torch.Tensor:
+        """The verifiers' (and the reward model's) score of each fetched response."""
+        responses = _responses(data)
         truths = _texts(data[ANSWER], data[f"{ANSWER}_lengths"])
         verifiers = self.config.reward.verifiers
         rewards = score_batch(responses, truths, verifiers, tokenizer=self.tokenizer)
         if self.reward_model is not None:
             rewards = rewards + self._model_scores(data, responses)
-        self.dock.put(indexes, {"reward": rewards})
+        return rewards
+
+    def _score_report(
+        self, indexes: np.ndarray, data: Any, rewards: torch.Tensor, start: float
+    ) -> dict[str, Any]:
+        lengths = [] if data is None else data["response_ids_lengths"].tolist()
         return {
             "reward_sum": float(rewards.sum()),
             "response_tokens": float(sum(lengths)),
@@ -126,14 +151,23 @@ class RewardWorker:
         """Put ``advantages`` (and ``returns`` with a critic, whose values the stage reads)
         for whole groups ``indexes``."""
         start = time.perf_counter()
+        data = self.dock.fetch(indexes, list(self.context.stage("advantage").reads))
+        put, score = self._advantages_of(data, data["reward"])
+        self.dock.put(indexes, put)
+        return {"score_mean": score, **self._timing(start)}
+
+    def _advantages_of(
+        self, data: Any, rewards: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], float]:
+        """The fields the advantage stage puts for fetched whole groups with sequence
+        ``rewards``, and the mean shaped score."""
         reads = self.context.stage("advantage").reads
         inputs = [f for f in reads if f not in ("reward", "response_ids", GROUP_ID, LOSS_MASK)]
-        data = self.dock.fetch(indexes, list(reads))
         lengths = data["response_ids_lengths"]
         width = data["response_ids"].shape[1]
         mask = loss_mask(lengths, width, data[LOSS_MASK] if LOSS_MASK in reads else None)
-        token_rewards = torch.zeros(len(indexes), width)
-        token_rewards[torch.arange(len(indexes)), last_counted(mask)] = data["reward"]
+        token_rewards = torch.zeros(len(lengths), width)
+        token_rewards[torch.arange(len(lengths)), last_counted(mask)] = rewards
         shaped = self.algorithm.shape_rewards(
             token_rewards * mask, mask, self.config.rollout.max_response_length, self.options
         )
@@ -145,9 +179,13 @@ class RewardWorker:
         put = {"advantages": out["advantages"].float(), "advantages_lengths": lengths}
         if "returns" in out:
             put |= {"returns": out["returns"].float(), "returns_lengths": lengths}
-        self.dock.put(indexes, put)
-        score = (shaped * mask).sum(-1)
-        return {"score_mean": float(score.mean()), **self._timing(start)}
+        return put, float((shaped * mask).sum(-1).mean())
+
+
+def _responses(data: Any) -> list[list[int]]:
+    """Each fetched response's token ids, without padding."""
+    lengths = data["response_ids_lengths"].tolist()
+    return [row[:n].tolist() for row, n in zip(data["response_ids"], lengths, strict=True)]
 
 
 def _texts(rows: torch.Tensor, lengths: torch.Tensor) -> list[str]:

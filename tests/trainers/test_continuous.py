@@ -19,9 +19,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 G = 16  # tiny's data.global_batch_size
 #: Responses of 1 to 8 tokens (the untrained policy mostly runs to the cap), one update
 #: of staleness allowed, a KL term (so the frozen reference scores finished groups while
-#: the worker decodes), checkpointed after iteration 1.
+#: the worker decodes), two reward workers (each group's reward and advantages computed
+#: whole by one of them), checkpointed after iteration 1.
 CONTINUOUS = (
     *DISAGGREGATED,
+    "reward.workers=2",
     "rollout.continuous=true",
     "rollout.max_staleness=1",
     "data.source=synthetic:longtail",
@@ -67,15 +69,18 @@ def test_the_worker_decodes_beside_training_and_takes_weights_between_steps(reco
     later = records[1:]
     assert all("weight_transfer" in r["time"] for r in later if r["iteration"] != 2)
     assert sum(r["weights_loaded_while_decoding"] for r in records) >= 2
-    # Reward, the reference pass and GRPO's group advantages scored finished groups while
-    # the worker decoded. An update whose whole batch was scored before the previous
-    # record books none, so the run as a whole scored beside decoding, and every
-    # streamed second counts as overlap: none is on the path to the update.
-    streamed = ("reward", "ref_logp", "advantage")
+    # Reward, the reference pass and GRPO's group advantages (in reward's calls) scored
+    # finished groups while the worker decoded. An update whose whole batch was scored
+    # before the previous record books none, so the run as a whole scored beside
+    # decoding, and every streamed second counts as overlap: none is on the path to the
+    # update, and no advantage stage runs between the last group and the update.
+    streamed = ("reward", "ref_logp")
     assert all(sum(r["overlap"][s] for r in records) > 0 for s in streamed)
     assert all(r["busy"][s] == r["overlap"][s] for r in records for s in streamed)
     assert all(r["time"][s] == 0.0 for r in records for s in streamed)
-    assert sum(r["scoring_chunks"]["advantage"] for r in records) > 0
+    assert all("advantage" not in r["time"] for r in records)
+    assert all(sum(r["scoring_chunks"][s] for r in records) > 0 for s in streamed)
+    assert all(set(r["scoring_chunks"]) == set(streamed) for r in records)
     # Their dock time was spent in the scoring workers meanwhile: booked beside the
     # iteration, not as its overhead (which then holds the driver's and the training
     # stages' dock calls alone).

@@ -119,8 +119,8 @@ def test_group_local_advantages_run_beside_each_warehouse_and_the_rest_on_reward
 
     from mindrl.dock import RL_FIELDS, DockClient
     from mindrl.dock.handle import DockHandle, WarehouseInfo
-    from trainers.driver.iteration import IterationRunner
     from trainers.driver.state import RunState
+    from trainers.driver.streaming import advantage_parts
 
     shares = [(0, 8), (8, 16), (16, 24)]  # groups of 4: two per warehouse
     handle = DockHandle(RL_FIELDS, 24, 4, [WarehouseInfo(None, f"node{i}", a, b)
@@ -132,8 +132,8 @@ def test_group_local_advantages_run_beside_each_warehouse_and_the_rest_on_reward
     # Reward workers on nodes 1, 1, 2: nothing beside warehouse 0.
     run.rank_nodes["reward"] = ["node1", "node1", "node2"]
     claimed = np.array([0, 1, 2, 3, 8, 9, 10, 11, 20, 21, 22, 23])
-    runner = SimpleNamespace(run=run, plan=SimpleNamespace(group_local_advantages=True))
-    parts = IterationRunner._advantage_parts(runner, claimed)
+    run.plan = SimpleNamespace(group_local_advantages=True)
+    parts = advantage_parts(run, claimed)
     # Warehouse 1's groups to rank 0 (the first worker on node 1) with warehouse 0's,
     # which has no worker beside it; warehouse 2's to rank 2; rank 1 gets nothing.
     assert {r: p.tolist() for r, p in parts.items()} == {
@@ -141,16 +141,16 @@ def test_group_local_advantages_run_beside_each_warehouse_and_the_rest_on_reward
         2: [20, 21, 22, 23],
     }
     run.rank_nodes["reward"] = ["node2", "node1", "node0"]
-    parts = IterationRunner._advantage_parts(runner, claimed)
+    parts = advantage_parts(run, claimed)
     assert {r: p.tolist() for r, p in parts.items()} == {
         0: [20, 21, 22, 23], 1: [8, 9, 10, 11], 2: [0, 1, 2, 3]
     }  # fmt: skip
     # A batch-normalising estimator (PPO's whitened GAE) needs the batch on one worker,
     # and so does a run whose claims ignore the warehouses.
-    runner.plan.group_local_advantages = False
-    assert list(IterationRunner._advantage_parts(runner, claimed)) == [0]
-    runner.plan.group_local_advantages, config.dock.local_claims = True, False
-    assert list(IterationRunner._advantage_parts(runner, claimed)) == [0]
+    run.plan.group_local_advantages = False
+    assert list(advantage_parts(run, claimed)) == [0]
+    run.plan.group_local_advantages, config.dock.local_claims = True, False
+    assert list(advantage_parts(run, claimed)) == [0]
 
 
 def test_grpo_like_estimators_declare_group_local_advantages_and_batch_whitening_ones_do_not():

@@ -13,10 +13,11 @@ shares: a group's draw order, paused responses, the in-flight checkpoint):
   an update freed are refilled before the next update starts at the latest, so every
   batch decodes during the update before the one that trains it.
 * ``reward``, ``ref_logp`` (the frozen reference) and a group-local estimator's
-  ``advantage`` (:func:`streamed_stages`) score finished groups as they arrive, while the
-  workers decode and the trainer updates: each keeps one chunked claim or one chunk in
-  flight (trainers/driver/streaming.py's calls and chunks), its next claim opened when
-  its workers finish the last chunk.
+  ``advantage`` (:func:`streamed_stages`; computed in reward's call, one fetch and one
+  put for both) score finished groups as they arrive, while the workers decode and the
+  trainer updates: each keeps one chunked claim or one chunk in flight
+  (trainers/driver/streaming.py's calls and chunks), its next claim opened when its
+  workers finish the last chunk.
 * An update trains ``G`` groups picked by draw order, not by finishing order
   (:meth:`ContinuousSource._pick`): every group that would pass the staleness bound at
   the next update is *due* and waited for, finished or not; the rest of the batch is
@@ -48,7 +49,7 @@ import ray
 
 from mindrl.config.layout import ROLLOUT_WORKER
 from mindrl.metrics.memory import book_peaks
-from mindrl.run_plan import RunPlan, continuous_groups
+from mindrl.run_plan import ENV_REWARD, RunPlan, continuous_groups
 from mindrl.workers.continuous import Feed, default_slots
 from mindrl.workers.group import POLL_S, StageTimeoutError, wait_all
 from trainers.driver.iteration import (
@@ -60,11 +61,14 @@ from trainers.driver.iteration import (
 )
 from trainers.driver.partial_rollout import FlightPool
 from trainers.driver.rollout_placement import WeightPush, start_push
+from trainers.driver.state import RunState
 from trainers.driver.streaming import (
     Chunk,
     ChunksInFlight,
+    StageCall,
     StageStream,
     answered_stream,
+    reward_with_advantages_call,
     stage_call,
 )
 
@@ -78,14 +82,27 @@ STREAMED = ("reward", "ref_logp")
 def streamed_stages(plan: RunPlan) -> list[str]:
     """The stages scored as groups finish: :data:`STREAMED`, and ``advantage`` where the
     estimator reads one group alone (``group_local_advantages``: GRPO, RLOO) and nothing
-    a later stage writes. Its advantages are then the same whenever computed, so they
-    stream too, off the path between the last scored group and the update."""
+    a later stage writes. Its advantages are then the same whenever computed, so they are
+    computed in the reward stage's call (:func:`reward_with_advantages_call`), off the path
+    between the last scored group and the update. (An environment's rewards are its
+    episodes', not a rule's: that stage keeps its own call, so no advantage joins it.)"""
     stages = [s for s in STREAMED if s in plan.stage_names]
     streamed = {"rollout", *stages}
     later = {f for s in plan.stages if s.name not in streamed for f in s.writes}
-    if plan.group_local_advantages and not later & set(plan.stage("advantage").reads):
+    fusable = "reward" in stages and ENV_REWARD not in plan.stage("reward").reads
+    if fusable and plan.group_local_advantages and not later & set(plan.stage("advantage").reads):
         stages.append("advantage")
     return stages
+
+
+def stream_calls(run: RunState, stages: list[str]) -> dict[str, StageCall]:
+    """Each stream's call: one per streamed stage, the advantage stage's in reward's."""
+    if "advantage" in stages:
+        calls = {"reward": reward_with_advantages_call(run)}
+        stages = [s for s in stages if s not in ("reward", "advantage")]
+    else:
+        calls = {}
+    return calls | {s: stage_call(run, run.plan.stage(s)) for s in stages}
 
 
 class ContinuousSource(BatchSource):
@@ -110,8 +127,8 @@ class ContinuousSource(BatchSource):
         self.running = False
         self.unstarted = np.zeros(0, dtype=np.int64)
         stages = streamed_stages(self.plan)
-        self.streams = {s: StageStream(stage_call(run, self.plan.stage(s))) for s in stages}
-        self.scored = tuple(self.streams)
+        self.streams = {s: StageStream(call) for s, call in stream_calls(run, stages).items()}
+        self.scored = tuple(stages)
         self.chunks = ChunksInFlight()
         #: Stage -> the chunks its workers scored since the last record.
         self.scoring_chunks: dict[str, int] = {}
@@ -174,7 +191,7 @@ class ContinuousSource(BatchSource):
 
     def _training_stages(self) -> list[str]:
         """The stages whose claims must take exactly the kept groups."""
-        return [s for s in self.plan.stage_names if s != "rollout" and s not in self.streams]
+        return [s for s in self.plan.stage_names if s != "rollout" and s not in self.scored]
 
     # ---- the workers: start, feed, weights ----------------------------------------------------
     def _start(self, iteration: int) -> None:

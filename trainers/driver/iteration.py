@@ -35,7 +35,12 @@ from mindrl.metrics import generation_progress, mean_by_key, print_progress_line
 from mindrl.metrics.memory import MEMORY_KEYS, MEMORY_RECORD_KEY, book_peaks, peaks_by_role
 from mindrl.run_plan import ANSWER, GROUP_ID
 from trainers.driver.state import RunState
-from trainers.driver.streaming import StreamedStage, StreamScheduler, stage_call
+from trainers.driver.streaming import (
+    StreamedStage,
+    StreamScheduler,
+    advantage_parts,
+    stage_call,
+)
 
 #: With no batch limit (``algorithm.max_sample_batches: 0``) say how sampling goes this often.
 DRAWS_BETWEEN_NOTES = 8
@@ -467,7 +472,10 @@ class IterationRunner:
             name, call.fields, len(indexes), self.source.whole_group_claims, call.dp_parts,
             self.timeout, part_warehouses=call.part_warehouses,
         )  # fmt: skip
-        return call.group.call_each("score", call.args(parts), stage=name, timeout_s=self.timeout)
+        args = call.args(parts)
+        return call.group.call_each(
+            "score", list(args.values()), stage=name, timeout_s=self.timeout, ranks=list(args)
+        )
 
     # ---- scoring, advantages, updates --------------------------------------------------------
     def _score_stages(self, indexes: np.ndarray, ledger: Ledger) -> None:
@@ -494,7 +502,7 @@ class IterationRunner:
         (claimed,) = self.run.dock.claim(
             "advantage", fields, len(indexes), whole_groups=True, timeout_s=self.timeout
         )
-        parts = self._advantage_parts(claimed)
+        parts = advantage_parts(self.run, claimed)
         return self.run.groups["reward"].call_each(
             "advantages",
             [(part,) for part in parts.values()],
@@ -502,21 +510,6 @@ class IterationRunner:
             timeout_s=self.timeout,
             ranks=list(parts),
         )
-
-    def _advantage_parts(self, claimed: np.ndarray) -> dict[int, np.ndarray]:
-        """Reward rank -> the whole groups it computes advantages for. A group-local
-        estimator (``plan.group_local_advantages``) runs on the first reward worker beside
-        each warehouse, on the groups that warehouse stores, so no response crosses to
-        another node for it; groups with no reward worker beside them, and every group
-        of an estimator that needs the whole batch, go to reward rank 0."""
-        beside = self.run.part_warehouses("reward", range(self.run.groups["reward"].size))
-        if not self.plan.group_local_advantages or beside is None or len(set(beside)) < 2:
-            return {0: claimed}
-        rank_of: dict[int | None, int] = {}
-        for rank, warehouse in enumerate(beside):
-            rank_of.setdefault(warehouse, rank)
-        ranks = np.array([rank_of.get(int(w), 0) for w in self.run.dock.owner(claimed)])
-        return {int(r): claimed[ranks == r] for r in np.unique(ranks)}
 
     def _minibatches(self, indexes: np.ndarray, role: str) -> int:
         prompts = len(indexes) // self.N

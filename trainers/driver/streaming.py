@@ -46,8 +46,9 @@ class StageCall:
     group: WorkerGroup
     fields: list[str]
     dp_parts: int
-    #: claimed parts (one per data-parallel rank) -> each worker's ``score`` arguments
-    args: Callable[[list[np.ndarray]], list[tuple]]
+    #: claimed parts (one per data-parallel rank) -> each called worker's rank and its
+    #: arguments (a worker with nothing to score is not called)
+    args: Callable[[list[np.ndarray]], dict[int, tuple]]
     #: the warehouse beside each part's worker (None: no preference)
     part_warehouses: list[int | None] | None = None
     #: the workers' method that scores a part
@@ -55,23 +56,64 @@ class StageCall:
 
 
 def stage_call(run: RunState, stage: StagePlan) -> StageCall:
-    """The call of a scoring stage (``reward``, ``ref_logp``, ``old_logp``, ``values``),
-    or of a group-local ``advantage`` stage streamed beside them."""
+    """The call of a scoring stage (``reward``, ``ref_logp``, ``old_logp``, ``values``)."""
     if stage.role == "reward":
         group = run.groups["reward"]
         return StageCall(
-            stage.name, group, list(stage.reads), group.size, lambda parts: [(p,) for p in parts],
+            stage.name, group, list(stage.reads), group.size,
+            lambda parts: {rank: (part,) for rank, part in enumerate(parts)},
             run.part_warehouses("reward", range(group.size)),
-            "advantages" if stage.name == "advantage" else "score",
         )  # fmt: skip
     return StageCall(
         stage.name,
         run.groups[stage.role],
         list(stage.reads),
         run.dp_size(stage.role),
-        lambda parts: [(p, stage.name) for p in run.per_worker(stage.role, parts)],
+        lambda parts: dict(enumerate((p, stage.name) for p in run.per_worker(stage.role, parts))),
         run.part_warehouses(stage.role),
     )
+
+
+def reward_with_advantages_call(run: RunState) -> StageCall:
+    """The ``reward`` stage with a group-local estimator's ``advantage`` stage in the same
+    call on whole groups (RewardWorker.score_with_advantages: one fetch and one put for
+    both). The claim takes whole groups as one part; each group goes to the reward worker
+    :func:`advantage_parts` names, as the advantage stage's groups do."""
+    group = run.groups["reward"]
+    return StageCall(
+        "reward",
+        group,
+        list(run.plan.stage("reward").reads),
+        1,
+        lambda parts: {rank: (part,) for rank, part in advantage_parts(run, parts[0]).items()},
+        method="score_with_advantages",
+    )
+
+
+def advantage_parts(run: RunState, claimed: np.ndarray) -> dict[int, np.ndarray]:
+    """Reward rank -> the whole groups of ``claimed`` it computes advantages for. A
+    group-local estimator (``plan.group_local_advantages``) runs on the first reward
+    worker beside each warehouse, on the groups that warehouse stores (a group is stored
+    whole in one), so no response crosses to another node for it; groups with no reward
+    worker beside them, and every group of an estimator that needs the whole batch, go
+    to reward rank 0."""
+    beside = run.part_warehouses("reward", range(run.groups["reward"].size))
+    if not run.plan.group_local_advantages or beside is None or len(set(beside)) < 2:
+        return {0: claimed}
+    return parts_beside(claimed, run.dock.owner(claimed), beside)
+
+
+def parts_beside(
+    indexes: np.ndarray, owners: np.ndarray, beside: list[int | None]
+) -> dict[int, np.ndarray]:
+    """Rank -> the ``indexes`` whose warehouse (``owners``) is beside it (``beside``: each
+    rank's warehouse), the first such rank taking them; those with none beside go to
+    rank 0. Ranks with nothing are left out."""
+    rank_of: dict[int | None, int] = {}
+    for rank, warehouse in enumerate(beside):
+        rank_of.setdefault(warehouse, rank)
+    ranks = np.array([rank_of.get(int(w), 0) for w in owners], dtype=np.int64)
+    return {int(r): indexes[ranks == r] for r in np.unique(ranks)}
 
 
 @dataclass
@@ -133,8 +175,10 @@ class ChunksInFlight:
         """``parts`` (one per data-parallel rank) to ``stream``'s workers."""
         call = stream.call
         chunk = Chunk(stream, np.concatenate(parts), {})
-        sent = call.group.submit_each(call.method, call.args(parts))
-        for ref, name in zip(sent, call.group.names(), strict=True):
+        args = call.args(parts)
+        sent = call.group.submit_each(call.method, list(args.values()), ranks=list(args))
+        names = [call.group.names()[rank] for rank in args]
+        for ref, name in zip(sent, names, strict=True):
             chunk.waiting[ref] = name
             self.by_ref[ref] = chunk
         stream.chunks += 1
