@@ -142,7 +142,8 @@ class TDWarehouse:
 
         The announcement is not waited for: a claim waits until its samples are ready
         anyway, and :meth:`clear` drains it first, so no stale metadata outlives an
-        iteration (DockClient's recycle and ready_count drain through :meth:`flush`). A failed announcement is raised by the next put or clear.
+        iteration (DockClient's recycle and ready_count drain through :meth:`flush`). A
+        failed announcement is raised by the next put or clear.
         """
         self._raise_failed(wait_s=0)
         lengths = self.store.put(indexes, columns, repeat)
