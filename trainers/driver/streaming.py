@@ -4,9 +4,11 @@ In sync mode every stage waits for the whole batch of the stage before it. Here 
 driver starts generation on the actor ranks without waiting for it and keeps one chunked
 claim open per streaming stage (:meth:`RunPlan.streaming_stages`): the stage's TD
 controller answers as soon as a chunk of samples has its fields, the chunk goes to the
-stage's workers, and the next claim is opened, until the stage has taken the whole
-batch. One ``ray.wait`` over the generation calls, the open claims and the chunks in
-flight drives it all; nothing else runs on the driver.
+stage's workers, and the next claim is opened once they are done with it (it then takes
+every sample ready meanwhile rather than a few per chunk, each chunk paying a fetch, a
+put and a report), until the stage has taken the whole batch. One ``ray.wait`` over the
+generation calls, the open claims and the chunks in flight drives it all; nothing else
+runs on the driver.
 
 The samples are the same as in sync mode: generation gets the same calls, and every
 scoring stage scores a sample the same way whichever chunk it arrives in.
@@ -267,12 +269,12 @@ class StreamScheduler:
                     chunk = chunks.part_done(ref)
                     if chunk is not None:
                         self._chunk_done(chunk, start, generation_end)
+                        self._open_claim(chunk.stream, deadline)
                 else:
                     stage = answered_stream(stages.values(), ref)
                     parts = stage.take_claim()
                     stage.claimed += sum(len(p) for p in parts)
                     chunks.send(stage, parts)
-                    self._open_claim(stage, deadline)
             if on_poll is not None:
                 on_poll()
         generated = [ray.get(ref) for ref in generation_refs]
