@@ -127,9 +127,12 @@ continuous on 1 rollout + 1 training device): sync 39.27 trained groups/s, conti
 and prompts of 10.3 on average, 0 of continuous's 1200 drawn groups refused as stale,
 final reward 0.995 vs 0.994; a second invocation 1.296x (1.216x, 1.295x, 1.387x). With
 ``--continuous-slots 256`` (two batches) 1.225x. Five later invocations on the quiet box
-gave 1.20x-1.45x, the final code (7d0ea46) 1.217x: the 1.3x goal is not met.
-The remaining gap is the wait for a due batch's longest response (a third of the
-iterations) and the two cores four busy processes share.
+gave 1.20x-1.45x, 7d0ea46 1.217x. On 2026-11-27, with GRPO's advantages computed in the
+reward workers' call, three invocations gave 1.385x, 1.341x and at 62ee1be (``--modes
+sync stream continuous --repeats 4``) 1.375x, median repeat 1.301x (stream 1.034x),
+final reward 0.996 vs 0.995: 1.3x reached in all three, within the spread between
+invocations. What bounds it is the wait for a due batch's longest response (a third of
+the iterations) and the two cores four busy processes share.
 Details and why: docs/pipeline.md, "Continuous generation".
 
 **Partial rollout** (``--partial-budget B``): instead of the four modes, the same config
