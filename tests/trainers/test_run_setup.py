@@ -153,6 +153,27 @@ def test_group_local_advantages_run_beside_each_warehouse_and_the_rest_on_reward
     assert list(advantage_parts(run, claimed)) == [0]
 
 
+def test_a_chunks_groups_are_dealt_whole_over_every_reward_worker_beside_their_warehouse():
+    import numpy as np
+
+    from trainers.driver.streaming import groups_over_workers
+
+    # Groups of 4; groups 0, 1, 5 in warehouse 0, groups 2, 3 in warehouse 1, 4 in 2.
+    claimed = np.concatenate([np.arange(g * 4, g * 4 + 4) for g in (0, 2, 1, 3, 4, 5)])
+    owners = np.array([{0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 0}[i // 4] for i in claimed])
+    # Ranks 0 and 2 beside warehouse 0, rank 1 beside warehouse 1, none beside 2.
+    dealt = groups_over_workers(claimed, 4, owners, [0, 1, 0])
+    groups = {rank: sorted(set((part // 4).tolist())) for rank, part in dealt.items()}
+    assert groups == {0: [0, 4, 5], 1: [2, 3], 2: [1]}  # group 4: no rank beside, so any
+    assert all(len(part) % 4 == 0 for part in dealt.values())  # never a split group
+    assert sorted(np.concatenate(list(dealt.values())).tolist()) == sorted(claimed.tolist())
+    # Workers that say nothing of where they are share every warehouse's groups in turn.
+    dealt = groups_over_workers(claimed, 4, owners, [None, None])
+    assert {r: sorted(set((p // 4).tolist())) for r, p in dealt.items()} == {
+        0: [0, 2, 4, 5], 1: [1, 3]
+    }  # fmt: skip
+
+
 def test_grpo_like_estimators_declare_group_local_advantages_and_batch_whitening_ones_do_not():
     local = {name for name in ("grpo", "dapo", "dr_grpo", "gspo", "rloo")
              if get_algorithm(name).group_local_advantages}  # fmt: skip

@@ -79,17 +79,43 @@ def stage_call(run: RunState, stage: StagePlan) -> StageCall:
 def reward_with_advantages_call(run: RunState) -> StageCall:
     """The ``reward`` stage with a group-local estimator's ``advantage`` stage in the same
     call on whole groups (RewardWorker.score_with_advantages: one fetch and one put for
-    both). The claim takes whole groups as one part; each group goes to the reward worker
-    :func:`advantage_parts` names, as the advantage stage's groups do."""
+    both). The claim takes whole groups as one part, dealt over the reward workers by
+    :func:`groups_over_workers`: scoring (a verifier, a reward model) is the costly half,
+    so every worker beside a warehouse takes a share of its groups."""
     group = run.groups["reward"]
-    return StageCall(
-        "reward",
-        group,
-        list(run.plan.stage("reward").reads),
-        1,
-        lambda parts: {rank: (part,) for rank, part in advantage_parts(run, parts[0]).items()},
-        method="score_with_advantages",
-    )
+    beside = run.part_warehouses("reward", range(group.size)) or [None] * group.size
+
+    def args(parts: list[np.ndarray]) -> dict[int, tuple]:
+        claimed = parts[0]
+        owners = run.dock.owner(claimed)
+        dealt = groups_over_workers(claimed, run.dock.handle.group_size, owners, beside)
+        return {rank: (indexes,) for rank, indexes in dealt.items()}
+
+    reads = list(run.plan.stage("reward").reads)
+    return StageCall("reward", group, reads, 1, args, method="score_with_advantages")
+
+
+def groups_over_workers(
+    indexes: np.ndarray, group_size: int, owners: np.ndarray, beside: list[int | None]
+) -> dict[int, np.ndarray]:
+    """Rank -> whole groups of ``indexes``: each warehouse's groups (``owners``: each
+    index's warehouse) dealt in turn over the ranks beside it (``beside``: each rank's
+    warehouse), or over every rank where none is. Ranks with nothing are left out."""
+    ranks_at: dict[int | None, list[int]] = {}
+    for rank, warehouse in enumerate(beside):
+        ranks_at.setdefault(warehouse, []).append(rank)
+    everyone = list(range(len(beside)))
+    dealt: dict[int, list[int]] = {}
+    turns: dict[int, int] = {}
+    groups = indexes // group_size
+    for group in dict.fromkeys(groups.tolist()):
+        members = indexes[groups == group]
+        warehouse = int(owners[groups == group][0])
+        candidates = ranks_at.get(warehouse, everyone)
+        turn = turns.get(warehouse, 0)
+        turns[warehouse] = turn + 1
+        dealt.setdefault(candidates[turn % len(candidates)], []).extend(members.tolist())
+    return {rank: np.array(members, dtype=np.int64) for rank, members in sorted(dealt.items())}
 
 
 def advantage_parts(run: RunState, claimed: np.ndarray) -> dict[int, np.ndarray]:
