@@ -65,8 +65,6 @@ class RewardWorker:
         Continuous generation scores each group as it finishes, in small chunks, where
         the second stage's claim, fetch, put and report cost more than its arithmetic."""
         start = time.perf_counter()
-        if not len(indexes):  # no group of this chunk is stored beside this worker
-            return self._score_report(indexes, None, torch.zeros(0), start)
         reads = [*self.context.stage("reward").reads, *self.context.stage("advantage").reads]
         data = self.dock.fetch(indexes, [f for f in dict.fromkeys(reads) if f != "reward"])
         rewards = self._rewards(data)
@@ -87,7 +85,7 @@ class RewardWorker:
     def _score_report(
         self, indexes: np.ndarray, data: Any, rewards: torch.Tensor, start: float
     ) -> dict[str, Any]:
-        lengths = [] if data is None else data["response_ids_lengths"].tolist()
+        lengths = data["response_ids_lengths"].tolist()
         return {
             "reward_sum": float(rewards.sum()),
             "response_tokens": float(sum(lengths)),

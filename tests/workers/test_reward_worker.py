@@ -75,9 +75,3 @@ def test_reward_and_advantages_in_one_call_put_what_the_two_stages_put(reward_wo
     assert expected["advantages"].abs().sum() > 0
     assert report["indexes"].tolist() == together.tolist()
     assert report["sample_rewards"].tolist() == expected["reward"].tolist()
-
-
-def test_a_worker_with_no_group_of_the_chunk_beside_it_reports_nothing(reward_worker_and_dock):
-    worker, _ = reward_worker_and_dock
-    report = worker.score_with_advantages(np.zeros(0, dtype=np.int64))
-    assert report["count"] == 0 and report["reward_sum"] == 0.0

@@ -63,7 +63,6 @@ from trainers.driver.partial_rollout import FlightPool
 from trainers.driver.rollout_placement import WeightPush, start_push
 from trainers.driver.state import RunState
 from trainers.driver.streaming import (
-    Chunk,
     ChunksInFlight,
     StageCall,
     StageStream,
@@ -397,13 +396,11 @@ class ContinuousSource(BatchSource):
         self.chunks.send(stream, stream.take_claim())
 
     def _chunk_part_done(self, ref: Any) -> None:
+        """A worker of a chunk answered; once all have, the chunk's groups are scored by
+        its stage (the rewards kept for the record) and the stage's next claim opens."""
         chunk = self.chunks.part_done(ref)
-        if chunk is not None:
-            self._chunk_scored(chunk)
-
-    def _chunk_scored(self, chunk: Chunk) -> None:
-        """Its groups are scored by its stage (the rewards kept for the record); the
-        stage's next claim opens."""
+        if chunk is None:
+            return
         for report in chunk.results:
             if "sample_rewards" in report:
                 scores = zip(report["sample_rewards"], report["sample_tokens"], strict=True)

@@ -128,20 +128,11 @@ def advantage_parts(run: RunState, claimed: np.ndarray) -> dict[int, np.ndarray]
     beside = run.part_warehouses("reward", range(run.groups["reward"].size))
     if not run.plan.group_local_advantages or beside is None or len(set(beside)) < 2:
         return {0: claimed}
-    return parts_beside(claimed, run.dock.owner(claimed), beside)
-
-
-def parts_beside(
-    indexes: np.ndarray, owners: np.ndarray, beside: list[int | None]
-) -> dict[int, np.ndarray]:
-    """Rank -> the ``indexes`` whose warehouse (``owners``) is beside it (``beside``: each
-    rank's warehouse), the first such rank taking them; those with none beside go to
-    rank 0. Ranks with nothing are left out."""
     rank_of: dict[int | None, int] = {}
     for rank, warehouse in enumerate(beside):
         rank_of.setdefault(warehouse, rank)
-    ranks = np.array([rank_of.get(int(w), 0) for w in owners], dtype=np.int64)
-    return {int(r): indexes[ranks == r] for r in np.unique(ranks)}
+    ranks = np.array([rank_of.get(int(w), 0) for w in run.dock.owner(claimed)])
+    return {int(r): claimed[ranks == r] for r in np.unique(ranks)}
 
 
 @dataclass
