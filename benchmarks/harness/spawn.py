@@ -4,20 +4,39 @@
 computed inside the ranks (results must be picklable); a rank that raises makes the call
 raise with that rank's traceback. Used by the benchmarks and, pinned to the CPU with
 one torch thread per rank, by the multi-rank tests (``tests/support/spawn.py``).
+
+CPU ranks are forked from a fork server that has imported torch and Megatron once
+(:data:`PRELOAD`): a spawned rank spends seconds of CPU on those imports, and the
+multi-rank tests start a few hundred ranks. Accelerator ranks are still spawned: a
+process forked after its parent touched CUDA or CANN cannot use the device, and
+Megatron's imports may touch it.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import traceback
 from typing import Any
 
 import torch.multiprocessing as mp
 
+from backends.device import resolve_device
 from mindrl.workers.rendezvous import host_store, join_store
 
 #: Seconds a rank waits for its peers at the rendezvous.
 RENDEZVOUS_TIMEOUT_S = 300.0
+
+#: What the CPU ranks' fork server imports before it forks any rank: what almost every
+#: rank function needs (a module missing here is imported by the rank as usual).
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "backends.megatron.engine",
+    "backends.megatron.families",
+    "backends.generation",
+    "mindrl.workers.rendezvous",
+]
 
 
 def _leave_process_group() -> None:
@@ -45,8 +64,12 @@ def _entry(
     fn: Any,
     args: tuple,
     queue: Any,
+    environ: dict[str, str],
 ):
     try:
+        # A forked rank has the fork server's environment, from when it started.
+        os.environ.clear()
+        os.environ.update(environ)
         import torch
 
         from backends.device import get_device
@@ -75,17 +98,18 @@ def run_ranks(
     threads: int | None = None,
     timeout_s: float = 300.0,
 ) -> list[Any]:
-    """Spawn ``world`` ranks, run ``fn(rank, world, *args)`` in each, return the results."""
-    ctx = mp.get_context("spawn")
+    """Start ``world`` ranks, run ``fn(rank, world, *args)`` in each, return the results."""
+    ctx = _start_context(device)
     queue = ctx.SimpleQueue()
     # This process hosts the ranks' store: its port is bound before any rank starts (no
     # other process can take it meanwhile) and it outlives every rank's exit.
     store = host_store(world, RENDEZVOUS_TIMEOUT_S)
     context = mp.start_processes(
         _entry,
-        args=(world, store.port, device, threads, fn, args, queue),
+        args=(world, store.port, device, threads, fn, args, queue, dict(os.environ)),
         nprocs=world,
         join=False,
+        start_method=ctx.get_start_method(),
     )
     results: dict[int, Any] = {}
     try:
@@ -100,3 +124,13 @@ def run_ranks(
             if process.is_alive():
                 process.terminate()
     return [results[r] for r in range(world)]
+
+
+def _start_context(device: str | None) -> Any:
+    """The multiprocessing context that starts the ranks: a preloaded fork server on the
+    CPU, a fresh interpreter per rank on an accelerator (see the module docstring)."""
+    if resolve_device(device) != "cpu":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: on first use
+    return ctx
