@@ -18,20 +18,18 @@ import ray
 
 from mindrl.config.layout import ROLLOUT_WORKER
 from mindrl.workers.context import stage_context
-from mindrl.workers.group import wait_all
+from mindrl.workers.group import WorkerGroup, wait_all
 from mindrl.workers.placement import DevicePlacement
 from mindrl.workers.rollout_worker import RolloutWorker
 from trainers.driver.state import RunState
 
 
-def place_rollout_workers(run: RunState, device_name: str, placement: DevicePlacement) -> None:
-    """Start the plan's rollout workers, each on a device of its own."""
+def start_rollout_workers(
+    run: RunState, device_name: str, placement: DevicePlacement
+) -> WorkerGroup:
+    """Start the plan's rollout workers, each on a device of its own (not waited on)."""
     context = stage_context(run.plan, "actor", run.config, run.algorithm, only=("rollout",))
-    group = placement.start(ROLLOUT_WORKER, ray.remote(RolloutWorker), (context, device_name))
-    run.groups[ROLLOUT_WORKER] = group
-    (run.worker_nodes[ROLLOUT_WORKER],) = group.call(
-        "node_id", stage="start-up", timeout_s=run.plan.stage_deadline_s, ranks=[0]
-    )
+    return placement.start(ROLLOUT_WORKER, ray.remote(RolloutWorker), (context, device_name))
 
 
 def connect_rollout_workers(run: RunState) -> None:

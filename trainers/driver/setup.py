@@ -23,7 +23,7 @@ import ray
 
 from backends.device import get_device
 from backends.megatron import checkpoint
-from mindrl.config.layout import DISAGGREGATED
+from mindrl.config.layout import DISAGGREGATED, ROLLOUT_WORKER
 from mindrl.config.schema import MindRLConfig
 from mindrl.config.specs import engine_specs
 from mindrl.data import PromptDataset, load_tokenizer
@@ -42,7 +42,7 @@ from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.placement import DevicePlacement
 from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
-from trainers.driver.rollout_placement import connect_rollout_workers, place_rollout_workers
+from trainers.driver.rollout_placement import connect_rollout_workers, start_rollout_workers
 from trainers.driver.state import RunState
 from trainers.kl_control import make_kl_controller
 from trainers.registry import get_algorithm
@@ -279,12 +279,17 @@ def _start_dock(run: RunState, controller_nodes: dict[str, str]) -> None:
 
 
 def _place_workers(run: RunState, device_name: str) -> None:
-    """Start every worker group (placement groups, processes); engines come later."""
+    """Start every worker group (placement groups, processes); engines come later.
+
+    Every group is started before the driver waits on any: a process's start is mostly
+    its imports (seconds each), and waiting on one role before starting the next would
+    add those seconds up role by role instead of letting the processes start together.
+    """
     config, plan, device = run.config, run.plan, get_device(device_name)
-    timeout = plan.stage_deadline_s
     run.placement = DevicePlacement(
         device, plan.layout, config.resources.cpus_per_worker, strategy=_model_placement(config)
     )
+    started: dict[str, list[Any]] = {}  # group name -> its start-up calls, in rank order
     for role in plan.model_roles:
         specs = engine_specs(
             getattr(config, role), plan.layout.training[role], _steps(config, role)
@@ -292,32 +297,56 @@ def _place_workers(run: RunState, device_name: str) -> None:
         context = model_context(plan, role, config, run.algorithm, specs)
         group = run.placement.start(role, ray.remote(ModelWorker), (context, device_name))
         run.groups[role] = group
-        (rendezvous,) = group.call("rendezvous", stage="start-up", timeout_s=timeout, ranks=[0])
+        started[role] = [group.workers[0].rendezvous.remote()]
+    if plan.mode == DISAGGREGATED:
+        group = start_rollout_workers(run, device_name, run.placement)
+        run.groups[ROLLOUT_WORKER] = group
+        started[ROLLOUT_WORKER] = [group.workers[0].node_id.remote()]
+    for group in _cpu_worker_groups(run):
+        run.groups[group.name] = group
+        started[group.name] = [worker.node_id.remote() for worker in group.workers]
+    answers = _start_up_answers(started, plan.stage_deadline_s)
+    for role in plan.model_roles:
+        (rendezvous,) = answers[role]
         run.rendezvous[role] = rendezvous[:2]
         run.worker_nodes[role] = rendezvous[2]
     if plan.mode == DISAGGREGATED:
-        place_rollout_workers(run, device_name, run.placement)
-    if plan.offline:
-        return  # stored pairs carry their preference: no reward workers
-    # Spread over the nodes: each reward worker scores (and, for a group-local
-    # estimator, computes advantages for) what its own node's warehouse stores.
-    reward = WorkerGroup(
-        "reward",
-        ray.remote(RewardWorker),
-        config.reward.workers,
-        None,
-        args=(stage_context(plan, "reward", config, run.algorithm),),
-        strategy="SPREAD" if config.resources.nodes > 1 else "PACK",
-    )
-    run.groups["reward"] = reward
-    run.rank_nodes["reward"] = reward.call("node_id", stage="start-up", timeout_s=timeout)
-    run.worker_nodes["reward"] = run.rank_nodes["reward"][0]
+        (run.worker_nodes[ROLLOUT_WORKER],) = answers[ROLLOUT_WORKER]
+    if "reward" in answers:
+        run.rank_nodes["reward"] = answers["reward"]
+        run.worker_nodes["reward"] = answers["reward"][0]
+
+
+def _cpu_worker_groups(run: RunState) -> list[WorkerGroup]:
+    """The run's CPU-only groups: reward workers (none offline: stored pairs carry their
+    preference), spread over the nodes so each scores (and, for a group-local estimator,
+    computes advantages for) what its own node's warehouse stores; environment workers."""
+    config, groups = run.config, []
+    if not run.plan.offline:
+        groups.append(
+            WorkerGroup(
+                "reward",
+                ray.remote(RewardWorker),
+                config.reward.workers,
+                None,
+                args=(stage_context(run.plan, "reward", config, run.algorithm),),
+                strategy="SPREAD" if config.resources.nodes > 1 else "PACK",
+            )
+        )
     if config.env.enabled:
         env = config.env
-        run.groups["env"] = WorkerGroup(
-            "env", env_worker_class(), env.workers, None, args=(env.cls, env.kwargs)
+        groups.append(
+            WorkerGroup("env", env_worker_class(), env.workers, None, args=(env.cls, env.kwargs))
         )
-        run.groups["env"].call("node_id", stage="start-up", timeout_s=timeout)
+    return groups
+
+
+def _start_up_answers(started: dict[str, list[Any]], timeout_s: float) -> dict[str, list[Any]]:
+    """Every group's start-up answers, waited on together (the first death raises)."""
+    refs = [ref for calls in started.values() for ref in calls]
+    names = [f"{name}[{rank}]" for name, calls in started.items() for rank in range(len(calls))]
+    answers = iter(wait_all(refs, names, "start-up", timeout_s))
+    return {name: [next(answers) for _ in calls] for name, calls in started.items()}
 
 
 def _model_placement(config: MindRLConfig) -> str:
