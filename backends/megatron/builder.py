@@ -34,13 +34,13 @@ def initialize_parallel(parallel: ParallelSpec, seed: int = 0) -> None:
 
     Call after ``get_device().init_process_group(...)``. Seeds Megatron's TP RNG tracker.
     """
-    from megatron.core import parallel_state, tensor_parallel
-
     if not dist.is_initialized():
         raise RuntimeError(
             "torch.distributed is not initialised; call get_device().init_process_group(...) first"
         )
-    with megatron_compat(get_device()):
+    with megatron_compat(get_device()):  # first: on the CPU it imports Megatron its way
+        from megatron.core import parallel_state, tensor_parallel
+
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
         parallel_state.initialize_model_parallel(

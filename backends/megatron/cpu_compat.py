@@ -1,6 +1,12 @@
 """Megatron-core without TransformerEngine, and on the CPU.
 
-Two separate things, both entered through :func:`megatron_compat` (every engine call):
+Three separate things, all entered through :func:`megatron_compat` (every engine call):
+
+**An import without compiled helpers, on the CPU** (:func:`import_megatron_eager`):
+Megatron wraps its fused helpers in ``torch.compile`` as its modules are imported
+(``megatron.core.jit.jit_fuser``), and the first wrap imports inductor, 1.5-2 s of CPU in
+every process before any model exists. On the CPU those helpers run eagerly anyway (the
+redirection's ``force_eager`` stance, below), so there they are left unwrapped.
 
 **TE-absent fixes, on every device** (:func:`fix_te_absent_names`). Megatron-core 0.16.1
 has two bugs when TransformerEngine is not installed, on a GPU as much as on the CPU:
@@ -53,10 +59,34 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+
+def import_megatron_eager() -> None:
+    """Import ``megatron.core`` with ``torch.compile`` the identity meanwhile, so that
+    Megatron's ``jit_fuser`` is the identity in every module imported then or later
+    (module docstring). Megatron's own ``disable_jit_fuser()`` comes too late: importing
+    ``megatron.core`` already imports and wraps the fused helpers. For CPU processes
+    only (:func:`megatron_compat`); a no-op once ``megatron.core`` is imported.
+    """
+    if "megatron.core" in sys.modules:
+        return
+    real_compile = torch.compile
+    torch.compile = _compile_nothing
+    try:
+        import megatron.core  # noqa: F401
+    finally:
+        torch.compile = real_compile
+
+
+def _compile_nothing(model: Any = None, **options: Any) -> Any:
+    """``torch.compile`` that compiles nothing: ``model`` itself, or (called with options
+    only, as a decorator factory) a decorator that returns its function."""
+    return model if model is not None else (lambda fn: fn)
 
 
 class _Patches:
@@ -234,7 +264,10 @@ def megatron_on_cpu() -> Iterator[None]:
 @contextlib.contextmanager
 def megatron_compat(device: Any) -> Iterator[None]:
     """Make Megatron-core usable on ``device``: the TE-absent fixes on every device, the
-    CPU redirection (:func:`megatron_on_cpu`) on the CPU only."""
+    CPU redirection (:func:`megatron_on_cpu`) on the CPU only, after importing Megatron
+    without its compiled helpers there (:func:`import_megatron_eager`)."""
+    if device.torch_device_type == "cpu":
+        import_megatron_eager()
     fix_te_absent_names()
     if device.torch_device_type != "cpu":
         yield

@@ -32,6 +32,7 @@ RENDEZVOUS_TIMEOUT_S = 300.0
 PRELOAD = [
     "torch",
     "torch.distributed",
+    "backends.megatron.eager_import",  # the server is CPU-only: Megatron the CPU's way
     "backends.megatron.engine",
     "backends.megatron.families",
     "backends.generation",
