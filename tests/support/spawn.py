@@ -1,4 +1,5 @@
-"""Multi-rank tests run in spawned processes, one torch thread per rank (CPU by default).
+"""Multi-rank tests run in processes of their own, one torch thread per rank (CPU by default:
+forked from a fork server that imported torch and Megatron once).
 
 A thin pin of :func:`benchmarks.harness.spawn.run_ranks`, the one spawner the benchmarks use
 too: ``run_ranks(fn, world, *args)`` returns ``[fn(rank, world, *args) for each rank]``.
