@@ -1,4 +1,4 @@
-"""Run a function on N local ranks (spawned processes) over the device layer's backend.
+"""Run a function on N local ranks (processes of their own) over the device layer's backend.
 
 ``run_ranks(fn, world, *args)`` returns ``[fn(rank, world, *args) for each rank]`` as
 computed inside the ranks (results must be picklable); a rank that raises makes the call
