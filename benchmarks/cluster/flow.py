@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import ray
 
-from benchmarks.cluster.netns import REPORT_MARKER, ShapedCluster
+from benchmarks.cluster.netns import DOCK_KINDS, REPORT_MARKER, ShapedCluster
 from mindrl.config import load_config
 from mindrl.dock import DockClient, create_dock, shutdown_dock
 from mindrl.run_plan import RunPlan, build_run_plan
@@ -50,8 +50,6 @@ DEVICE_ROLES = frozenset({"actor", "reference", "critic"})
 #: Stages the trainer claims in whole groups.
 WHOLE_GROUPS = frozenset({"rollout", "advantage"})
 VOCAB = 32000
-#: The systems compared, by the dock kind each is built as.
-DOCK_KINDS = {"td": "distributed", "central": "central"}
 
 
 @dataclass(frozen=True)

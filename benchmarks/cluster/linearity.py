@@ -30,9 +30,15 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.cluster.netns import PYTHON, ShapedCluster, refused_in_one_line, report_line
+from benchmarks.cluster.netns import (
+    DOCK_KINDS,
+    PYTHON,
+    ShapedCluster,
+    refused_in_one_line,
+    report_line,
+)
 
-SYSTEMS = ("td", "central")
+SYSTEMS = tuple(DOCK_KINDS)
 #: An iteration is its emulated compute plus its dispatch (the sample flow's moves). A
 #: dispatch is link-bound when the links add more to it than the cores take (shaped minus
 #: unshaped dispatch over the unshaped one): bytes a link carries spread over the

@@ -60,6 +60,9 @@ EPHEMERAL_PORT_BIT = 0x8000  # Linux's ephemeral ports are 32768-60999
 TRAFFIC_CLASSES = {"objects": 10, "dock": 20, "collective": 30, "ray": 40}
 DEFAULT_CLASS = "ray"
 MTU = 9000  # fewer packets per byte: the two cores move the bytes, not the headers
+#: The systems the cluster benchmark compares, by the dock kind each is built as (here,
+#: not in flow.py, so the parent process reads it without importing Ray and the dock).
+DOCK_KINDS = {"td": "distributed", "central": "central"}
 NODE_READY_TIMEOUT_S = 120.0
 KILL_WAIT_S = 10.0
 #: Ray re-requests an object whose transfer outlives 10 s; on a slow link shared by
