@@ -289,7 +289,7 @@ def _place_workers(run: RunState, device_name: str) -> None:
     run.placement = DevicePlacement(
         device, plan.layout, config.resources.cpus_per_worker, strategy=_model_placement(config)
     )
-    started: dict[str, list[Any]] = {}  # group name -> its start-up calls, in rank order
+    started: dict[str, dict[str, Any]] = {}  # group -> worker name -> its start-up call
     for role in plan.model_roles:
         specs = engine_specs(
             getattr(config, role), plan.layout.training[role], _steps(config, role)
@@ -297,14 +297,17 @@ def _place_workers(run: RunState, device_name: str) -> None:
         context = model_context(plan, role, config, run.algorithm, specs)
         group = run.placement.start(role, ray.remote(ModelWorker), (context, device_name))
         run.groups[role] = group
-        started[role] = [group.workers[0].rendezvous.remote()]
+        started[role] = {group.names()[0]: group.workers[0].rendezvous.remote()}
     if plan.mode == DISAGGREGATED:
         group = start_rollout_workers(run, device_name, run.placement)
         run.groups[ROLLOUT_WORKER] = group
-        started[ROLLOUT_WORKER] = [group.workers[0].node_id.remote()]
+        started[ROLLOUT_WORKER] = {group.names()[0]: group.workers[0].node_id.remote()}
     for group in _cpu_worker_groups(run):
         run.groups[group.name] = group
-        started[group.name] = [worker.node_id.remote() for worker in group.workers]
+        started[group.name] = {
+            name: worker.node_id.remote()
+            for name, worker in zip(group.names(), group.workers, strict=True)
+        }
     answers = _start_up_answers(started, plan.stage_deadline_s)
     for role in plan.model_roles:
         (rendezvous,) = answers[role]
@@ -341,10 +344,11 @@ def _cpu_worker_groups(run: RunState) -> list[WorkerGroup]:
     return groups
 
 
-def _start_up_answers(started: dict[str, list[Any]], timeout_s: float) -> dict[str, list[Any]]:
-    """Every group's start-up answers, waited on together (the first death raises)."""
-    refs = [ref for calls in started.values() for ref in calls]
-    names = [f"{name}[{rank}]" for name, calls in started.items() for rank in range(len(calls))]
+def _start_up_answers(started: dict[str, dict[str, Any]], timeout_s: float) -> dict[str, list[Any]]:
+    """Every group's start-up answers in rank order, waited on together (the first death
+    raises, naming its worker)."""
+    refs = [ref for calls in started.values() for ref in calls.values()]
+    names = [name for calls in started.values() for name in calls]
     answers = iter(wait_all(refs, names, "start-up", timeout_s))
     return {name: [next(answers) for _ in calls] for name, calls in started.items()}
 
