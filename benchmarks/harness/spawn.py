@@ -5,11 +5,12 @@ computed inside the ranks (results must be picklable); a rank that raises makes 
 raise with that rank's traceback. Used by the benchmarks and, pinned to the CPU with
 one torch thread per rank, by the multi-rank tests (``tests/support/spawn.py``).
 
-CPU ranks are forked from a fork server that has imported torch and Megatron once
-(:data:`PRELOAD`): a spawned rank spends seconds of CPU on those imports, and the
-multi-rank tests start a few hundred ranks. Accelerator ranks are still spawned: a
-process forked after its parent touched CUDA or CANN cannot use the device, and
-Megatron's imports may touch it.
+On a machine without an accelerator, ranks are forked from a fork server that has
+imported torch and Megatron once (:data:`PRELOAD`): a spawned rank spends seconds of CPU on
+those imports, and the multi-rank tests start a few hundred ranks. On a machine with a GPU
+or NPU every rank is spawned, CPU ranks included: a process forked after its parent asked
+CUDA or CANN anything fails its next device call, and torch's optimizer makes one even for
+CPU tensors.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from backends.device import resolve_device
+from backends.device import available_devices, resolve_device
 from mindrl.workers.rendezvous import host_store, join_store
 
 #: Seconds a rank waits for its peers at the rendezvous.
@@ -128,9 +129,14 @@ def run_ranks(
 
 
 def _start_context(device: str | None) -> Any:
-    """The multiprocessing context that starts the ranks: a preloaded fork server on the
-    CPU, a fresh interpreter per rank on an accelerator (see the module docstring)."""
-    if resolve_device(device) != "cpu":
+    """The multiprocessing context that starts the ranks: a preloaded fork server on a
+    machine with no accelerator, a fresh interpreter per rank elsewhere (see the module
+    docstring)."""
+    # CPU ranks on an accelerator machine are spawned too: torch's optimizer asks CUDA
+    # whether a graph is being captured whenever CUDA is available, even for CPU tensors,
+    # and that call fails in a process forked from a server whose imports asked CUDA for
+    # its devices ("CUDA error: initialization error", seen on an H100).
+    if resolve_device(device) != "cpu" or available_devices() != ["cpu"]:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # read when the server starts: on first use
