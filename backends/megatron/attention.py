@@ -175,11 +175,17 @@ def spans_of(document: torch.Tensor, member: torch.Tensor) -> Spans:
     return tuple((start, end, bool(member[start:end].any())) for start, end in bounds)
 
 
-def packed_kernel(device: torch.device) -> str:
+#: The narrowest query / key / value head Inductor's FlexAttention kernel compiles for (it
+#: raises "NYI: embedding dimension ... must be at least 16", torch 2.11 on an H100).
+FLEX_MIN_HEAD_WIDTH = 16
+
+
+def packed_kernel(device: torch.device, head_widths: tuple[int, ...] = ()) -> str:
     """``flex`` (one compiled FlexAttention call per row) on a CUDA GPU with Triton, where
-    FlexAttention compiles; ``sdpa`` (one fused SDPA call per document) elsewhere: torch
-    has no FlexAttention backward on the CPU, and compiling it there took ~50 s."""
-    if device.type != "cuda":
+    FlexAttention compiles, for heads of at least :data:`FLEX_MIN_HEAD_WIDTH`; ``sdpa``
+    (one fused SDPA call per document) elsewhere: torch has no FlexAttention backward on
+    the CPU, and compiling it there took ~50 s."""
+    if device.type != "cuda" or min(head_widths, default=FLEX_MIN_HEAD_WIDTH) < FLEX_MIN_HEAD_WIDTH:
         return "sdpa"
     try:
         import triton  # noqa: F401
@@ -223,7 +229,7 @@ def attend(
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=~mask, scale=scale, enable_gqa=gqa
         )
-    kernel = kernel or packed_kernel(query.device)
+    kernel = kernel or packed_kernel(query.device, (query.shape[-1], value.shape[-1]))
     if kernel == "flex":
         flex = _compiled_flex_attention() if query.device.type != "cpu" else _eager_flex()
         block = mask.block_mask(query.device)

@@ -55,6 +55,8 @@ def masks() -> dict[str, PackedMask | torch.Tensor | None]:
 
 #: (heads, query groups, q / k width, value width, softmax scale): GQA and MLA's shape.
 SHAPES = {"gqa": (4, 2, 8, 8, None), "mla": (4, 4, 12, 8, 0.3)}
+#: The same at the narrowest heads FlexAttention compiles for on a GPU.
+GPU_SHAPES = {"gqa": (4, 2, 16, 16, None), "mla": (4, 4, 24, 16, 0.3)}
 
 
 def _config(heads: int, groups: int, value_width: int):

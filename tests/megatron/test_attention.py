@@ -76,6 +76,8 @@ def test_flex_attention_is_the_packed_kernel_on_cuda_only_where_triton_imports(m
     assert packed_kernel(torch.device("cuda")) == "sdpa"
     monkeypatch.setitem(sys.modules, "triton", type(sys)("triton"))  # FAKE Triton
     assert packed_kernel(torch.device("cuda")) == "flex"
+    assert packed_kernel(torch.device("cuda"), (64, 64)) == "flex"
+    assert packed_kernel(torch.device("cuda"), (16, 8)) == "sdpa"  # too narrow for Inductor
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +101,9 @@ def test_models_at_tp2_with_sequence_parallelism_train_the_same_with_either_atte
 
 
 def kernel_outputs(device: str, kernel: str, shape: str, mask_name: str) -> list[torch.Tensor]:
-    """Output and q / k / v grads of :func:`attend` with ``kernel`` on ``device`` (fp32)."""
-    heads, groups, width, value_width, scale = cases.SHAPES[shape]
+    """Output and q / k / v grads of :func:`attend` with ``kernel`` on ``device`` (fp32),
+    at :data:`~tests.megatron.attention_cases.GPU_SHAPES` (FlexAttention's narrowest)."""
+    heads, groups, width, value_width, scale = cases.GPU_SHAPES[shape]
     mask = cases.masks()[mask_name].to(device)
     gen = torch.Generator().manual_seed(3)
     widths = ((heads, width), (groups, width), (groups, value_width))
@@ -112,12 +115,12 @@ def kernel_outputs(device: str, kernel: str, shape: str, mask_name: str) -> list
 
 
 @pytest.mark.parametrize("mask", ["shared_prompt", "documents"])
-@pytest.mark.parametrize("shape", list(cases.SHAPES))
+@pytest.mark.parametrize("shape", list(cases.GPU_SHAPES))
 @pytest.mark.parametrize("device", device_params(platforms=("cuda",)))
 def test_compiled_flex_attention_trains_like_per_document_sdpa_on_a_gpu(device, shape, mask):
     """The GPU's packed kernel (compiled FlexAttention, forward and backward, which the
     CPU cannot run) against one SDPA call per document on the same GPU."""
-    assert packed_kernel(torch.device(device)) == "flex"
+    assert packed_kernel(torch.device(device), cases.GPU_SHAPES[shape][2:4]) == "flex"
     flex = kernel_outputs(device, "flex", shape, mask)
     sdpa = kernel_outputs(device, "sdpa", shape, mask)
     for name, got, want in zip(["out", "q", "k", "v"], flex, sdpa, strict=True):
