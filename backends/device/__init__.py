@@ -12,6 +12,18 @@ Example:
 """
 
 from backends.device.base import Device, DeviceUnavailableError
-from backends.device.registry import available_devices, get_device, resolve_device
+from backends.device.registry import (
+    available_devices,
+    get_device,
+    library_workspace_bytes,
+    resolve_device,
+)
 
-__all__ = ["Device", "DeviceUnavailableError", "available_devices", "get_device", "resolve_device"]
+__all__ = [
+    "Device",
+    "DeviceUnavailableError",
+    "available_devices",
+    "get_device",
+    "library_workspace_bytes",
+    "resolve_device",
+]

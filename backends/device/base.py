@@ -27,6 +27,9 @@ class Device(ABC):
             ``None`` when the platform has none (CPU).
         shares_host_memory: the device's memory is the host's (CPU), so a worker's
             resident size holds its "device" tensors too.
+        library_workspace_bytes: device memory a process's math libraries take from the
+            allocator on first use and keep (cuBLAS's workspace), beside every tensor the
+            planner sizes; 0 where it is none or not yet measured.
     """
 
     name: str
@@ -35,6 +38,7 @@ class Device(ABC):
     ray_resource: str
     visible_devices_env: str | None
     shares_host_memory: bool = False
+    library_workspace_bytes: int = 0
 
     # ---- availability -------------------------------------------------------------
     @classmethod

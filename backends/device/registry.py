@@ -21,6 +21,12 @@ def available_devices() -> list[str]:
     return [name for name, cls in DEVICE_CLASSES.items() if cls.is_available()]
 
 
+def library_workspace_bytes(name: str) -> int:
+    """:attr:`Device.library_workspace_bytes` of platform ``name``, read without a device
+    (the planner sizes a cluster's devices from anywhere)."""
+    return DEVICE_CLASSES[name].library_workspace_bytes
+
+
 def resolve_device(requested: str | None = None) -> str:
     """Name of the device to use: ``requested``, else ``$MINDRL_DEVICE``, else detected.
 

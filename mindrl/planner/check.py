@@ -75,8 +75,8 @@ def planned_actor_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan)
         return update
     if plan.mode == DISAGGREGATED:
         rollout = rollout_device_memory(config, memory.device_bytes)
-        return {"rollout": rollout.shard + rollout.working, **update}
-    return {"rollout": memory.rollout.peak, **update}
+        return {"rollout": rollout.shard + rollout.working + memory.workspace, **update}
+    return {"rollout": memory.rollout_peak, **update}
 
 
 def cpu_worker_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) -> dict[str, int]:
@@ -124,14 +124,16 @@ def check_memory(
     device_bytes: int,
     stage_peaks: Mapping[str, Mapping[str, float]],
     on_cpu: bool,
+    workspace: int = 0,
 ) -> list[StageCheck]:
     """Planned against measured for the generation (if ``plan`` generates) and update
-    stages: device bytes on an accelerator, the worker's resident size ``on_cpu``.
+    stages: device bytes on an accelerator, the worker's resident size ``on_cpu``;
+    ``workspace``: each process's library workspace on the device.
 
     ``stage_peaks``: stage name -> the largest ``device_peak_mib`` / ``host_peak_mib``
     over the run (``IterationRunner.stage_peaks``).
     """
-    memory = plan_run_memory(config, plan, device_bytes)
+    memory = plan_run_memory(config, plan, device_bytes, workspace)
     if on_cpu:
         key, measured_as, planned = "host_peak_mib", "host RSS", cpu_worker_bytes
     else:

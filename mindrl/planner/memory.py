@@ -138,11 +138,20 @@ class MemoryPlan:
     #: The generation engine's bytes still on the device in the update: without the swap
     #: nothing puts it to sleep (``Rollout.restore_training_state``).
     engine_in_update: int = 0
+    #: What each worker process's math libraries keep on the device
+    #: (``Device.library_workspace_bytes``), counted once per process.
+    workspace: int = 0
 
     @property
     def update_stage(self) -> int:
-        """The actor worker's update peak: its training state and its engine."""
-        return self.training.total + self.engine_in_update
+        """The actor worker's update peak: its training state, its engine, its libraries'
+        workspace."""
+        return self.training.total + self.engine_in_update + self.workspace
+
+    @property
+    def rollout_peak(self) -> int:
+        """The actor worker's rollout peak: its steps' largest, and its workspace."""
+        return (self.rollout.peak + self.workspace) if self.rollout else 0
 
     @property
     def training_stage_total(self) -> int:
@@ -152,7 +161,7 @@ class MemoryPlan:
     @property
     def rollout_stage_total(self) -> int:
         """The actor's rollout peak plus the other roles' resident state."""
-        return (self.rollout.peak if self.rollout else 0) + sum(self.other_roles.values())
+        return self.rollout_peak + sum(self.other_roles.values())
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -161,7 +170,7 @@ class MemoryPlan:
         out["update_stage"] = self.update_stage
         out["training_stage_total"] = self.training_stage_total
         if self.rollout is not None:
-            out["rollout"]["peak"] = self.rollout.peak
+            out["rollout"]["peak"] = self.rollout_peak
             out["rollout_stage_total"] = self.rollout_stage_total
         return out
 
@@ -285,17 +294,23 @@ def plan_memory(
     device_bytes: int,
     roles: tuple[str, ...] = ("actor",),
     generates: bool = True,
+    workspace: int = 0,
 ) -> MemoryPlan:
     """Per-device memory of both stages, with and without allgather–swap.
 
     ``roles``: the trainer's model roles; all but the actor are resident throughout.
     ``generates``: whether the run has a generation stage (``RunPlan.generates``);
-    without one only the training stage is sized.
+    without one only the training stage is sized. ``workspace``: what each worker
+    process's math libraries keep on the device (``Device.library_workspace_bytes``):
+    the actor's and each resident role's. An offloaded role's process keeps its own
+    too, which is not counted (64 MiB on a GPU, below what the fit check decides on).
     """
     training = training_memory(config)
-    others = {r: resident_bytes(config, r) for r in roles if r in ("reference", "critic")}
+    others = {
+        r: resident_bytes(config, r) + workspace for r in roles if r in ("reference", "critic")
+    }
     if not generates:  # the rollout settings are not read: no engine, KV cache or swap
-        return MemoryPlan(device_bytes, training, None, None, 0, 0, others)
+        return MemoryPlan(device_bytes, training, None, None, 0, 0, others, workspace=workspace)
     model, rollout = config.model, config.rollout
     disaggregated = placement_mode(config) == DISAGGREGATED  # the actor does not generate
     shard = generation_shard_bytes(config)
@@ -323,6 +338,7 @@ def plan_memory(
         other_roles=others,
         rollout=None if disaggregated else rollout_steps(config, training, shard, working),
         engine_in_update=engine_in_update(config, shard, working),
+        workspace=workspace,
     )
 
 

@@ -25,18 +25,19 @@ OFFLOADABLE = ("reference", "critic")
 
 
 def plan_offload(
-    config: MindRLConfig, plan: RunPlan, device_bytes: int, host_bytes: int
+    config: MindRLConfig, plan: RunPlan, device_bytes: int, host_bytes: int, workspace: int = 0
 ) -> RunPlan:
     """``plan`` with the fewest roles offloaded (in :data:`OFFLOADABLE` order) that make
-    every stage fit. When no choice fits, the one with the fewest fit problems (fewer
-    roles first): offloading cannot help a host that is already too small, and the fit
-    check then reports what still does not fit."""
+    every stage fit (``workspace``: each process's library workspace on the device).
+    When no choice fits, the one with the fewest fit problems (fewer roles first):
+    offloading cannot help a host that is already too small, and the fit check then
+    reports what still does not fit."""
     candidates = [role for role in OFFLOADABLE if role in plan.model_roles]
     trials = []
     for count in range(len(candidates) + 1):
         trial = dataclasses.replace(plan, offloaded_roles=tuple(candidates[:count]))
         problems = fit_problems(
-            plan_run_memory(config, trial, device_bytes), config, trial, host_bytes
+            plan_run_memory(config, trial, device_bytes, workspace), config, trial, host_bytes
         )
         if not problems:
             return trial

@@ -136,6 +136,11 @@ def training_rows(mem: dict) -> list[tuple[str, int]]:
             if mem.get("engine_in_update")
             else ()
         ),
+        *(
+            (("each process: math libraries' workspace", mem["workspace"]),)
+            if mem.get("workspace")
+            else ()
+        ),
         *((f"{role}: resident (all stages)", size) for role, size in mem["other_roles"].items()),
         ("train: stage total", mem["training_stage_total"]),
     ]

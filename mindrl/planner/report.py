@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from backends.device import library_workspace_bytes
 from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED, GenerationLayout, TrainingLayout
 from mindrl.dock.schema import RL_FIELDS, RUN_FIELDS
@@ -33,13 +34,16 @@ def planned_roles(plan: RunPlan) -> tuple[str, ...]:
     return (plan.model_roles[0], "rollout", *plan.model_roles[1:])
 
 
-def plan_run_memory(config: MindRLConfig, plan: RunPlan, device_bytes: int) -> MemoryPlan:
-    """The per-device memory of ``plan``'s stages (the dry run and the end-of-run check).
+def plan_run_memory(
+    config: MindRLConfig, plan: RunPlan, device_bytes: int, workspace: int = 0
+) -> MemoryPlan:
+    """The per-device memory of ``plan``'s stages (the dry run and the end-of-run check);
+    ``workspace``: each process's library workspace on the device (:func:`plan_memory`).
 
     A role the plan offloads is not resident beside the actor's stages: its state waits
     on the host (:func:`offloaded_bytes`)."""
     resident = tuple(r for r in planned_roles(plan) if r not in plan.offloaded_roles)
-    return plan_memory(config, device_bytes, resident, plan.generates)
+    return plan_memory(config, device_bytes, resident, plan.generates, workspace)
 
 
 def offloaded_bytes(config: MindRLConfig, plan: RunPlan) -> dict[str, int]:
@@ -274,7 +278,7 @@ def build_plan(
 ) -> dict:
     """The whole plan as a JSON-serialisable dict."""
     data = config.data
-    memory = plan_run_memory(config, plan, device_bytes)
+    memory = plan_run_memory(config, plan, device_bytes, library_workspace_bytes(device_name))
     flow = sample_flow(
         data.global_batch_size,
         plan.group_size,  # samples per prompt: the responses, or a stored pair's two

@@ -97,6 +97,25 @@ def test_the_hf_engine_plans_the_kv_cache_and_logits_of_the_rows_it_batches():
     assert memory.generation_naive.working <= (kv + logits) * 1.1  # + one step's extras
 
 
+def test_each_gpu_process_is_planned_with_its_cublas_workspace_in_every_stage():
+    from backends.device import library_workspace_bytes
+
+    assert library_workspace_bytes("cuda") == 64 * MIB  # measured on an H100, torch 2.11
+    assert library_workspace_bytes("cpu") == 0
+    config, plan = smollm2_plan("algorithm.kl_coef=0.001")  # a reference beside the actor
+    bare = plan_memory(config, 80 * GIB, planned_roles(plan))
+    gpu = plan_memory(config, 80 * GIB, planned_roles(plan), workspace=64 * MIB)
+    assert gpu.update_stage == bare.update_stage + 64 * MIB
+    assert gpu.rollout_peak == bare.rollout.peak + 64 * MIB
+    assert gpu.other_roles["reference"] == bare.other_roles["reference"] + 64 * MIB
+    assert gpu.training_stage_total == bare.training_stage_total + 2 * 64 * MIB
+    checks = check_memory(config, plan, 80 * GIB, {}, on_cpu=False, workspace=64 * MIB)
+    assert {c.stage: c.planned for c in checks} == {
+        "rollout": gpu.rollout_peak,
+        "update": gpu.update_stage,
+    }
+
+
 def test_a_cpu_run_is_measured_by_resident_size_and_an_accelerator_by_the_allocator():
     config, plan = smollm2_plan()
     peaks = {"update": {"host_peak_mib": 4096.0, "device_peak_mib": 512.0}}

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from backends.device import DeviceUnavailableError
+from backends.device import DeviceUnavailableError, library_workspace_bytes
 from backends.device.registry import DEVICE_CLASSES, resolve_device
 from mindrl.algorithm import Algorithm
 from mindrl.config import ConfigError, MindRLConfig, load_config
@@ -86,7 +86,10 @@ def dry_run(
         requested_device if requested_device not in (None, "auto") else resolve_device(None)
     )
     per_device, per_node = device_bytes(config, device_name), host_bytes(config)
-    run_plan = plan_offload(config, build_run_plan(algorithm, config), per_device, per_node)
+    workspace = library_workspace_bytes(device_name)
+    run_plan = plan_offload(
+        config, build_run_plan(algorithm, config), per_device, per_node, workspace
+    )
     plan = build_plan(config, run_plan, device_name, per_device, per_node)
     if as_json:
         print(json.dumps(plan, indent=2))

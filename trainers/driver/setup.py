@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from backends.device import get_device
+from backends.device import get_device, library_workspace_bytes
 from backends.megatron import checkpoint
 from mindrl.config.layout import DISAGGREGATED, ROLLOUT_WORKER
 from mindrl.config.schema import MindRLConfig
@@ -152,7 +152,8 @@ def _offload_if_needed(run: RunState, device_name: str, say: Callable[[str], Non
     except CapacityError as exc:
         say(f"every role stays resident on its device: {exc}")
         return run.plan
-    plan = plan_offload(run.config, run.plan, per_device, host_bytes(run.config))
+    workspace = library_workspace_bytes(device_name)
+    plan = plan_offload(run.config, run.plan, per_device, host_bytes(run.config), workspace)
     if plan.offloaded_roles:
         roles = " and ".join(plan.offloaded_roles)
         say(f"{roles} wait on the host between their stages (the plan does not fit resident)")

@@ -170,12 +170,14 @@ def _print_memory_check(run: RunState, runner: IterationRunner, device_name: str
     scripts/accelerator_checks.py reports."""
     try:
         bytes_per_device = device_bytes(run.config, device_name)
+        device = get_device(device_name)
         checks = check_memory(
             run.config,
             run.plan,
             bytes_per_device,
             runner.stage_peaks,
-            get_device(device_name).shares_host_memory,
+            device.shares_host_memory,
+            device.library_workspace_bytes,
         )
     except (ValueError, KeyError) as exc:  # CapacityError included
         _error(f"no planned-vs-measured memory: {exc}")
