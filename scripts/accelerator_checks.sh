@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Every accelerator check in one command, within a 10-minute budget: four short training
-# runs on one device (0.18B planned vs measured memory, GRPO with a reference, PPO,
-# tiny_deepseek), train_step MFU of a ~1B dense model, the tests marked cuda / npu /
-# multi_device, reshard --measure swap bandwidth, rollout weight hand-over; one JSON file.
+# Every accelerator check in one command, within a 10-minute budget: train_step MFU of a
+# ~1B dense model, the tests marked cuda / npu / multi_device, four short training runs on
+# one device (0.18B planned vs measured memory, GRPO with a reference, PPO, tiny_deepseek),
+# reshard --measure swap bandwidth, rollout weight hand-over; one JSON file. On an H100 the
+# budget covers the first three groups but not all four runs: give the rest a second call
+# (--only "run ").
 #
 #   bash scripts/accelerator_checks.sh [--out accelerator_checks.json] [--only NAME]
 #       [--device cuda|npu|cpu] [--budget 540]
