@@ -18,7 +18,11 @@ x sequence x attention width.
 
     python benchmarks/train_step.py [--json] [--steps 3] [--seq 128]
     python benchmarks/train_step.py --device cuda --models dense-1b --tp 1 --seq 2048 \
-        --micro-batch 4 --peak-tflops 989 --json
+        --micro-batch 4 --peak-tflops 989 --json [--profile 1]
+
+``--profile N`` adds, per row, where N more steps spent their time
+(``benchmarks/harness/profile.py``): the costliest operators by device kernel time on a
+GPU, and the device's busy time per step against the step's wall time.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.device import get_device
 from backends.megatron import GPTSpec
+from benchmarks.harness.profile import profile_steps
 
 TINY = GPTSpec(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                ffn_hidden_size=128, vocab_size=256)  # fmt: skip
@@ -104,15 +109,21 @@ def measure(rank: int, world: int, spec: GPTSpec, tp: int, args: dict) -> dict:
     def loss_fn(out, micro, counts):
         return -out["logprobs"] * micro.fields["advantages"] - 1e-3 * out["entropy"]
 
-    times = []
-    for step in range(args["warmup"] + args["steps"]):
-        start = time.perf_counter()
+    def step() -> None:
         engine.train_step(batch, loss_fn, args["micro_batch"], with_entropy=True)
+
+    times = []
+    for index in range(args["warmup"] + args["steps"]):
+        start = time.perf_counter()
+        step()
         device.synchronize()
-        if step >= args["warmup"]:
+        if index >= args["warmup"]:
             times.append(time.perf_counter() - start)
+    # Profiled after the timed steps, so the profiler's overhead is in no timing.
+    profile = profile_steps(step, args["profile"], device) if args["profile"] else None
     destroy_parallel()
-    return {"step_s": sum(times) / len(times), "attention": attention_kernel(engine)}
+    result = {"step_s": sum(times) / len(times), "attention": attention_kernel(engine)}
+    return {**result, "profile": profile} if profile else result
 
 
 def attention_kernel(engine) -> str:
@@ -137,11 +148,14 @@ def run(name: str, spec: GPTSpec, tp: int, args: dict, peak_tflops: float | None
     # All TP ranks work on the same tokens: the model's FLOPs are shared by tp devices.
     tflops = train_flops_per_token(spec, args["seq"]) * tokens / step_s / tp / 1e12
     mfu = round(tflops / peak_tflops, 4) if peak_tflops else None
-    return {"model": name, "parameters": parameter_count(spec), "dtype": spec.dtype, "tp": tp,
-            "attention": results[0]["attention"], "tokens_per_step": tokens,
-            "step_s": round(step_s, 4),
-            "tokens_per_s": round(tokens / step_s, 1),
-            "model_tflops_per_device": round(tflops, 3), "mfu": mfu}  # fmt: skip
+    row = {"model": name, "parameters": parameter_count(spec), "dtype": spec.dtype, "tp": tp,
+           "attention": results[0]["attention"], "tokens_per_step": tokens,
+           "step_s": round(step_s, 4),
+           "tokens_per_s": round(tokens / step_s, 1),
+           "model_tflops_per_device": round(tflops, 3), "mfu": mfu}  # fmt: skip
+    if "profile" in results[0]:  # rank 0's
+        row["profile"] = results[0]["profile"]
+    return row
 
 
 def unfit_reason(spec: GPTSpec, tp: int, devices: int | None) -> str | None:
@@ -167,10 +181,19 @@ def main() -> None:
     parser.add_argument("--models", default="tiny,smollm2-135m", help=f"of {list(MODELS)}")
     parser.add_argument("--tp", default="1,2", help="comma list of TP sizes")
     parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="after the timed steps, profile STEPS more: rank 0's costliest operators "
+        "per step (device kernel time on CUDA) in each row's 'profile'",
+    )
+    parser.add_argument(
         "--peak-tflops", type=float, default=None, help="one device's dense peak (for MFU)"
     )
     opts = parser.parse_args()
-    keys = ("steps", "warmup", "seq", "micro_batch", "micro_batches", "threads", "device")
+    keys = ("steps", "warmup", "seq", "micro_batch", "micro_batches", "threads", "device",
+            "profile")  # fmt: skip
     args = {k: getattr(opts, k) for k in keys}
     device = get_device(opts.device)
     devices = None if device.name == "cpu" else device.device_count()

@@ -283,7 +283,7 @@ def benchmark_checks(python: str, machine: Machine, work: Path) -> list[Check]:
     # ~1B dense model in bf16, 16K tokens per step in micro-batches of 2 x 2048 tokens.
     train = [python, *shlex.split(
         f"benchmarks/train_step.py --device {device} --models dense-1b --tp {tps} --seq 2048 "
-        "--micro-batch 2 --micro-batches 4 --steps 5 --warmup 2 --json"
+        "--micro-batch 2 --micro-batches 4 --steps 5 --warmup 2 --profile 1 --json"
     )]  # fmt: skip
     peak = peak_tflops(machine)
     with_te = machine.modules.get("transformer_engine", False)

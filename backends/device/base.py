@@ -86,6 +86,11 @@ class Device(ABC):
     def new_event(self) -> Any:
         """An event that can be recorded on a stream and waited on."""
 
+    def profiler_activities(self) -> list[Any]:
+        """What ``torch.profiler`` records here: the host's operators, and the device's
+        kernels where torch's profiler can see them."""
+        return [torch.profiler.ProfilerActivity.CPU]
+
     # ---- host memory ---------------------------------------------------------------
     @abstractmethod
     def pinned_empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:

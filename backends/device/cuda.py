@@ -79,6 +79,9 @@ class CudaDevice(Device):
     def new_event(self) -> Any:
         return torch.cuda.Event()
 
+    def profiler_activities(self) -> list[Any]:
+        return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
     def pinned_empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=True)
 
