@@ -40,6 +40,7 @@ resident, since on CPU the "device" memory is host memory already.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import uuid
@@ -82,16 +83,59 @@ def _import_vllm() -> Any:
     return vllm
 
 
+#: The logger of vLLM's layer-by-layer reload, which warns "<layer class>: Failed to load
+#: weights" for each layer that got none (and keeps that layer's tensors as they were).
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
 def _load_weights_on_worker(worker: Any, weights: Weights) -> None:
     """Runs inside each vLLM worker: load HF-named full tensors into its model shard."""
     if hasattr(worker, "reload_weights"):
-        worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        with _quiet_expected_misses(worker.model_runner.model):
+            worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
     else:
         worker.model_runner.model.load_weights(iter(weights))
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
         _repack_cpu_moe_experts(worker.model_runner.model)
+
+
+@contextlib.contextmanager
+def _quiet_expected_misses(model: torch.nn.Module) -> Iterator[None]:
+    """While active, vLLM's reload does not warn about the layers that get no weights on
+    this rank by design (:func:`weightless_layers`); a miss anywhere else still warns. At
+    every weight update those warnings named RotaryEmbedding, and on a TP rank holding
+    only vocabulary padding its embedding and LM head, and read like a failed load."""
+    expected = weightless_layers(model)
+
+    def keep(record: logging.LogRecord) -> bool:
+        missed = record.msg == "%s: Failed to load weights" and bool(record.args)
+        return not (missed and record.args[0] in expected)
+
+    logger = logging.getLogger(RELOAD_LOGGER)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
+def weightless_layers(model: torch.nn.Module) -> set[str]:
+    """Class names of ``model``'s layers that get no weights on this rank by design: those
+    holding buffers only (a rotary embedding's cos / sin cache is computed, not loaded),
+    and vocabulary layers whose rows here are all padding (a vocabulary smaller than its
+    padded size splits into padding-only shards on the last TP ranks)."""
+    names = set()
+    for module in model.modules():
+        rows = getattr(module, "shard_indices", None)
+        padding_only = rows is not None and rows.num_org_elements + rows.num_added_elements == 0
+        buffers_only = next(module.parameters(recurse=False), None) is None and (
+            next(module.buffers(recurse=False), None) is not None
+        )
+        if padding_only or buffers_only:
+            names.add(type(module).__name__)
+    return names
 
 
 def _repack_cpu_moe_experts(model: torch.nn.Module) -> int:

@@ -7,6 +7,8 @@ put it to sleep put it back before they end.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -264,6 +266,48 @@ def test_vllm_cpus_kv_cache_comes_back_from_sleep_zeroed_with_its_views_intact()
     assert torch.equal(views[1], torch.zeros(4, 8))
     views[1][0, 0] = 3.0  # the views still see the cache's (new) storage
     assert cache[1, 0, 0] == 3.0
+
+
+def test_vllms_reload_warns_only_of_layers_that_should_have_had_weights(caplog):
+    # Stand-ins for vLLM's layers (vLLM is absent from this venv): a rotary embedding holds
+    # a computed buffer, a vocabulary shard past the real rows holds padding only.
+    from types import SimpleNamespace
+
+    from backends.generation.vllm_engine import (
+        RELOAD_LOGGER,
+        _quiet_expected_misses,
+        weightless_layers,
+    )
+
+    class RotaryEmbedding(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cos_sin_cache", torch.zeros(4, 2))
+
+    class ParallelLMHead(torch.nn.Linear):
+        def __init__(self, real_rows: int):
+            super().__init__(2, 4)
+            self.shard_indices = SimpleNamespace(num_org_elements=real_rows, num_added_elements=0)
+
+    class Model(torch.nn.Module):
+        def __init__(self, real_rows: int):
+            super().__init__()
+            self.rope, self.head = RotaryEmbedding(), ParallelLMHead(real_rows)
+            self.mlp = torch.nn.Linear(2, 2)
+
+    assert weightless_layers(Model(real_rows=4)) == {"RotaryEmbedding"}
+    assert weightless_layers(Model(real_rows=0)) == {"RotaryEmbedding", "ParallelLMHead"}
+    logger = logging.getLogger(RELOAD_LOGGER)
+    with caplog.at_level(logging.WARNING, logger=RELOAD_LOGGER):
+        with _quiet_expected_misses(Model(real_rows=4)):
+            for layer in ("RotaryEmbedding", "ParallelLMHead", "Linear"):
+                logger.warning("%s: Failed to load weights", layer)
+        logger.warning("%s: Failed to load weights", "RotaryEmbedding")  # filter removed
+    assert [r.getMessage() for r in caplog.records] == [
+        "ParallelLMHead: Failed to load weights",
+        "Linear: Failed to load weights",
+        "RotaryEmbedding: Failed to load weights",
+    ]
 
 
 def test_stop_rules_find_the_first_stop_token_or_sequence_end():
