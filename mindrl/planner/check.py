@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED
-from mindrl.planner.memory import MemoryPlan, gather_bucket_bytes, rollout_device_memory
+from mindrl.planner.memory import MemoryPlan, gather_bucket_bytes, rollout_worker_peak
 from mindrl.planner.report import plan_run_memory
 from mindrl.run_plan import RunPlan
 
@@ -69,13 +69,13 @@ def planned_actor_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan)
     """The actor worker's own device bytes per stage; the other roles live in their own
     workers (collocated on the device, but each measures only itself). A run that
     generates nothing plans the update alone; disaggregated, the rollout stage is a
-    rollout worker's: its engine's weights and working memory."""
+    rollout worker's (:func:`~mindrl.planner.memory.rollout_worker_peak`)."""
     update = {"update": memory.update_stage}
     if not plan.generates:
         return update
     if plan.mode == DISAGGREGATED:
-        rollout = rollout_device_memory(config, memory.device_bytes)
-        return {"rollout": rollout.shard + rollout.working + memory.workspace, **update}
+        peak = rollout_worker_peak(config, memory.device_bytes)
+        return {"rollout": peak + memory.workspace, **update}
     return {"rollout": memory.rollout_peak, **update}
 
 
@@ -99,15 +99,16 @@ def cpu_worker_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) ->
       freed, so the rollout peak holds the larger of the two.
 
     Disaggregated, the actor's workers train only (no engine, nothing swapped) and the
-    rollout stage is the rollout workers': an engine's weights and its working memory.
+    rollout stage is the rollout workers' (:func:`~mindrl.planner.memory.rollout_worker_peak`:
+    the engine's weights, the weights it receives and its working memory).
     """
     training, baseline = memory.training, CPU_WORKER_BASELINE_BYTES
     if not plan.generates:
         return {"update": baseline + training.total}
     shard = memory.generation_naive.shard
     if plan.mode == DISAGGREGATED:
-        working = rollout_device_memory(config, memory.device_bytes).working
-        return {"rollout": baseline + shard + working, "update": baseline + training.total}
+        rollout = baseline + rollout_worker_peak(config, memory.device_bytes)
+        return {"rollout": rollout, "update": baseline + training.total}
     working = memory.generation_naive.working
     swap_buffers = memory.swap_bytes if config.rollout.swap else 0
     held = baseline + shard + swap_buffers  # both stages, besides the training state

@@ -3,7 +3,10 @@ beyond its weights.
 
 * vLLM allocates its KV cache up front (``rollout.kv_cache_mib``, else what
   ``rollout.memory_fraction`` of the device leaves) and holds it from wake-up to sleep.
-* The transformers engine (``backends/generation/hf_engine.py``) allocates as it goes:
+* The transformers engine (``backends/generation/hf_engine.py``) allocates as it goes.
+  Its continuous loop (``backends/generation/hf_slots.py``) holds every slot's KV cache
+  over the longest live context and each step's logits, keeping none of them.
+  ``generate``:
   a batch of ``rows`` sequences (the engine sizes it with the same arithmetic,
   ``backends/generation_memory.py``, capped by the samples a rank hands it per call,
   ``mindrl/workers/chunks.py``) ends holding its KV cache over the whole context and the
@@ -27,6 +30,7 @@ from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED, placement_mode, training_devices
 from mindrl.planner.params import DTYPE_BYTES
 from mindrl.workers.chunks import chunk_samples
+from mindrl.workers.continuous import default_slots
 
 MIB = 2**20
 
@@ -58,17 +62,18 @@ def hf_rows_per_batch(config: MindRLConfig, budget: int) -> int:
     return min(call, prompts_per_call(budget, per_sequence, 1))
 
 
-def hf_working_bytes(config: MindRLConfig, rows: int) -> int:
+def hf_working_bytes(config: MindRLConfig, rows: int, keeps_logits: bool = True) -> int:
     """What ``rows`` sequences hold at the last step (see the module docstring): the KV
-    cache of every position but the last sampled token's, the kept logits, half a
-    layer's cache twice while it grows, the step's logits and probabilities, and the
-    step's activations."""
+    cache of every position but the last sampled token's, the kept logits (``generate``
+    keeps every step's; the continuous loop takes each step's log-probs and drops them),
+    half a layer's cache twice while it grows, the step's logits and probabilities, and
+    the step's activations."""
     model, rollout = config.model, config.rollout
     dtype = DTYPE_BYTES[model.dtype]
     cached = rollout.max_prompt_length + rollout.max_response_length - 1
     per_token = kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_dim, dtype)
     kv = rows * cached * per_token
-    logits = rows * rollout.max_response_length * model.vocab_size * LOGIT_BYTES
+    logits = rows * rollout.max_response_length * model.vocab_size * LOGIT_BYTES * keeps_logits
     growing = kv // (2 * model.num_layers)  # one layer's keys (or values) old and new
     step_logits = rows * model.vocab_size * (dtype + 2 * LOGIT_BYTES)
     projections = (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim
@@ -85,6 +90,19 @@ def generation_working_bytes(
     configured = None if rollout.kv_cache_mib is None else int(rollout.kv_cache_mib * MIB)
     if planned_engine(config).preallocates_kv_cache:
         return configured if configured is not None else max(kv_budget, 0)
+    if rollout.continuous:  # every slot live at once, whatever the budget
+        return hf_working_bytes(config, continuous_slots(config), keeps_logits=False)
     # The hf engine's own budget: the configured cache, else the fraction less its weights.
     budget = rollout.memory_fraction * device_bytes - shard if configured is None else configured
     return hf_working_bytes(config, hf_rows_per_batch(config, int(budget)))
+
+
+def continuous_slots(config: MindRLConfig) -> int:
+    """Sequences a rollout worker decodes at once in continuous generation:
+    ``rollout.continuous_slots``, else one batch's samples over the rollout workers (the
+    runner's rule, ``default_slots``)."""
+    if config.rollout.continuous_slots is not None:
+        return config.rollout.continuous_slots
+    gen_dp = max(config.rollout.devices // config.rollout.tp, 1)
+    total = config.data.global_batch_size * config.data.n_samples_per_prompt
+    return default_slots(total, gen_dp)

@@ -257,6 +257,20 @@ def rollout_device_memory(config: MindRLConfig, device_bytes: int) -> Generation
     )
 
 
+def rollout_worker_peak(config: MindRLConfig, device_bytes: int) -> int:
+    """A disaggregated rollout worker's peak on its device: the engine's weights, the next
+    weights it receives (a whole copy: ``RolloutWorker.receive_weights`` broadcasts every
+    tensor into a new buffer, then the engine copies them in) and the engine's working
+    memory. The continuous loop decodes beside the received copy until its next step loads
+    it, and an engine that preallocates its KV cache (vLLM) holds it while it receives, so
+    all three add up; otherwise the weights arrive between two generations."""
+    rollout = rollout_device_memory(config, device_bytes)
+    received = rollout.shard
+    if config.rollout.continuous or planned_engine(config).preallocates_kv_cache:
+        return rollout.shard + received + rollout.working
+    return rollout.shard + max(received, rollout.working)
+
+
 def gather_bucket_bytes(config: MindRLConfig, training: TrainingMemory) -> int:
     """The all-gather buffers of one resharding bucket: the gathered one,
     ``rollout.reshard_bucket_mib`` at most and no more than the TP-gathered weights of a

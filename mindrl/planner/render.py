@@ -228,6 +228,7 @@ def disaggregated_memory_table(plan: dict) -> Table:
     table.add_row("generate", "KV-cache budget", gb(rollout["kv_cache_budget"]))
     tokens = max(rollout["kv_cache_budget"], 0) // max(rollout["kv_bytes_per_token"], 1)
     table.add_row("generate", "KV-cache tokens", f"{tokens:,}")
+    table.add_row("generate", "peak (+ the next weights as they arrive)", gb(rollout["peak"]))
     return table
 
 

@@ -12,7 +12,13 @@ from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED, GenerationLayout, TrainingLayout
 from mindrl.dock.schema import RL_FIELDS, RUN_FIELDS
 from mindrl.planner.checkpoint import checkpoint_plan
-from mindrl.planner.memory import MemoryPlan, plan_memory, resident_bytes, rollout_device_memory
+from mindrl.planner.memory import (
+    MemoryPlan,
+    plan_memory,
+    resident_bytes,
+    rollout_device_memory,
+    rollout_worker_peak,
+)
 from mindrl.planner.params import model_params
 from mindrl.planner.sample_flow import (
     DockLayout,
@@ -242,6 +248,14 @@ def generation_problems(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan)
     generation = memory.generation_swap if config.rollout.swap else memory.generation_naive
     if plan.mode == DISAGGREGATED:
         generation = rollout_device_memory(config, memory.device_bytes)
+        peak = rollout_worker_peak(config, memory.device_bytes) + memory.workspace
+        if peak > memory.device_bytes:
+            problems.append(
+                f"a rollout device needs {peak / GB:.1f} GB (the engine's weights and working "
+                f"memory, and the next weights as they arrive) of its "
+                f"{memory.device_bytes / GB:.1f} GB: lower rollout.memory_fraction (or "
+                "rollout.kv_cache_mib) to leave room for one more copy of the weights"
+            )
     if generation.kv_cache_budget <= 0:
         over = -generation.kv_cache_budget / GB
         problems.append(
@@ -319,7 +333,10 @@ def build_plan(
             "offloaded_roles": offloaded_bytes(config, plan),
             "host_offload_bytes": host_offload_bytes(config, plan),
             "rollout_devices": (
-                asdict(rollout_device_memory(config, device_bytes))
+                {
+                    **asdict(rollout_device_memory(config, device_bytes)),
+                    "peak": rollout_worker_peak(config, device_bytes) + memory.workspace,
+                }
                 if plan.mode == DISAGGREGATED
                 else None
             ),

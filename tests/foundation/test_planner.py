@@ -276,3 +276,21 @@ def test_without_local_claims_each_rank_reads_three_quarters_of_its_share_remote
     blind = part_composition([0, 1, 2, 3], shares, nodes, local_claims=False)
     assert local[1] == [0.0, 32.0, 0.0, 0.0]  # rank 1 takes warehouse 1's share
     assert blind[1] == [8.0, 8.0, 8.0, 8.0]  # a quarter of every share, 24 of 32 remote
+
+
+def test_a_rollout_device_without_room_for_the_next_weights_is_a_fit_problem():
+    # Qwen2.5-7B's 15 GB of bf16 weights on an 80 GB vLLM rollout device: at 0.9 of it the
+    # engine's weights and KV cache leave 8 GB, too little to receive the next weights into.
+    grpo = get_algorithm("grpo")
+    layout = ["resources.nodes=1", "rollout.placement=disaggregated", "rollout.devices=4",
+              "rollout.tp=1", "rollout.engine=vllm"]  # fmt: skip
+
+    def problems(fraction: float) -> list[str]:
+        overrides = [*layout, f"rollout.memory_fraction={fraction}"]
+        config = load_config(CONFIGS / "qwen25_7b.yaml", overrides, grpo)
+        report = build_plan(config, build_run_plan(grpo, config), "cuda", 80 * GIB, 1024 * GIB)
+        return [p for p in report["fit_problems"] if "rollout device" in p]
+
+    (problem,) = problems(0.9)
+    assert "the next weights as they arrive" in problem and "of its 85.9 GB" in problem
+    assert problems(0.7) == []

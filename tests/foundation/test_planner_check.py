@@ -256,11 +256,35 @@ def test_disaggregated_on_a_cpu_the_actor_trains_only_and_the_rollout_worker_gen
     config = load_config(CONFIGS / "tiny.yaml", overrides, grpo)  # swap on, KV 64 MiB
     plan = build_run_plan(grpo, config)
     memory = round_plan()
-    working = rollout_device_memory(config, memory.device_bytes).working
+    engine = rollout_device_memory(config, memory.device_bytes)
     # no engine, swap buffers or resharding in the actor; the rollout worker holds an
-    # engine's weights and its working memory (well inside its 64 MiB budget)
-    assert 0 < working < 64 * MIB
+    # engine's weights, then the next weights it receives or its working memory (well
+    # inside its 64 MiB budget)
+    assert 0 < engine.working < 64 * MIB
     assert cpu_worker_bytes(memory, config, plan) == {
-        "rollout": CPU_WORKER_BASELINE_BYTES + 100 * MIB + working,
+        "rollout": CPU_WORKER_BASELINE_BYTES + engine.shard + max(engine.shard, engine.working),
         "update": CPU_WORKER_BASELINE_BYTES + 500 * MIB,
     }
+    # decoding continuously, it holds the received weights beside its working memory
+    continuous = [*overrides, "rollout.max_staleness=1", "rollout.continuous=true"]
+    config = load_config(CONFIGS / "tiny.yaml", continuous, grpo)
+    engine = rollout_device_memory(config, memory.device_bytes)
+    assert cpu_worker_bytes(memory, config, build_run_plan(grpo, config))["rollout"] == (
+        CPU_WORKER_BASELINE_BYTES + 2 * engine.shard + engine.working
+    )
+
+
+def test_the_continuous_loop_plans_every_slot_live_and_keeps_no_logits():
+    from mindrl.planner.generation import hf_working_bytes
+
+    disaggregated = ["rollout.placement=disaggregated", "rollout.devices=1", "rollout.engine=hf"]
+    continuous = [*disaggregated, "rollout.max_staleness=1", "rollout.continuous=true"]
+    config, _ = smollm2_plan(*continuous)  # 4 prompts x 4 samples, one rollout worker
+    working = rollout_device_memory(config, 24 * GIB).working
+    assert working == hf_working_bytes(config, rows=16, keeps_logits=False)
+    kept_logits = 16 * config.rollout.max_response_length * config.model.vocab_size * 4
+    assert hf_working_bytes(config, rows=16) == working + kept_logits
+    config, _ = smollm2_plan(*continuous, "rollout.continuous_slots=6")
+    assert rollout_device_memory(config, 24 * GIB).working == hf_working_bytes(
+        config, rows=6, keeps_logits=False
+    )
