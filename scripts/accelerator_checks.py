@@ -58,6 +58,8 @@ TAIL_CHARS = 3000
 #: The MFU goals of a dense-1b bf16 train_step at sequence 2048 on one device, without and
 #: with TransformerEngine.
 MFU_GOAL, MFU_GOAL_WITH_TE = 0.35, 0.45
+#: The metric that says how much of an update's forward was padding (1.0: none).
+PADDING = "train_tokens_per_real_token"
 #: Seconds the whole script may take: a 10-minute device call with time to spare.
 BUDGET_S = 540.0
 #: A check is not started with less time than this left in the budget.
@@ -193,11 +195,13 @@ def rollout_figures(report: dict) -> dict:
 def run_figures(run_dir: Path) -> dict:
     """A training run's figures: iterations, the median iteration time after the first
     (which compiles and allocates), the reward of the first and last iterations, the
-    generation / training log-prob gap (last and largest), and the end-of-run memory
-    check per stage (planned vs measured, ``memory_check.json``)."""
+    generation / training log-prob gap (last and largest), the update's computed tokens
+    per real token (largest: 1.0 = no padding), and the end-of-run memory check per stage
+    (planned vs measured, ``memory_check.json``)."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     times = [r["iteration_time_s"] for r in records[1:]] or [records[0]["iteration_time_s"]]
     diffs = [r["rollout_logprob_diff"] for r in records if "rollout_logprob_diff" in r]
+    padding = [r[PADDING] for r in records if PADDING in r]
     figures = {
         "iterations": len(records),
         "first_iteration_s": round(records[0]["iteration_time_s"], 3),
@@ -207,6 +211,7 @@ def run_figures(run_dir: Path) -> dict:
         "rollout_logprob_diff": diffs[-1] if diffs else None,
         "rollout_logprob_diff_max": max(diffs) if diffs else None,
         "tps": records[-1].get("tps"),
+        PADDING: round(max(padding), 4) if padding else None,
     }
     return figures | {"memory": memory_figures(run_dir / "memory_check.json")}
 

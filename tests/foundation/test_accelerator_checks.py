@@ -294,3 +294,16 @@ def test_a_runs_memory_figures_come_from_its_memory_check_file(tmp_path):
         "tolerance": 0.15,
     }
     assert checks.memory_figures(tmp_path / "absent.json") is None
+
+
+def test_a_runs_figures_say_how_much_of_its_updates_was_padding(tmp_path):
+    records = [
+        {"iteration_time_s": 9.0, "reward_mean": 0.1, "train_tokens_per_real_token": 1.04},
+        {"iteration_time_s": 1.0, "reward_mean": 0.3, "train_tokens_per_real_token": 1.08},
+        {"iteration_time_s": 2.0, "reward_mean": 0.5, "train_tokens_per_real_token": 1.02},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    figures = checks.run_figures(tmp_path)
+    assert figures["train_tokens_per_real_token"] == 1.08  # the worst update's
+    assert (figures["iterations"], figures["first_iteration_s"]) == (3, 9.0)
+    assert figures["iteration_time_s"] == 1.5 and figures["memory"] is None
