@@ -30,7 +30,6 @@ from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED, placement_mode, training_devices
 from mindrl.planner.params import DTYPE_BYTES
 from mindrl.workers.chunks import chunk_samples
-from mindrl.workers.continuous import default_slots
 
 MIB = 2**20
 
@@ -98,11 +97,7 @@ def generation_working_bytes(
 
 
 def continuous_slots(config: MindRLConfig) -> int:
-    """Sequences a rollout worker decodes at once in continuous generation:
-    ``rollout.continuous_slots``, else one batch's samples over the rollout workers (the
-    runner's rule, ``default_slots``)."""
-    if config.rollout.continuous_slots is not None:
-        return config.rollout.continuous_slots
-    gen_dp = max(config.rollout.devices // config.rollout.tp, 1)
-    total = config.data.global_batch_size * config.data.n_samples_per_prompt
-    return default_slots(total, gen_dp)
+    """Sequences a rollout worker decodes at once in continuous generation (the runner
+    starts its workers with this): ``rollout.continuous_slots``, else one batch's samples
+    over the rollout workers."""
+    return config.rollout.continuous_slots or samples_per_rank(config)

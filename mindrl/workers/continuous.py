@@ -299,10 +299,4 @@ class ContinuousGenerator:
         }
 
 
-def default_slots(samples_per_batch: int, workers: int) -> int:
-    """Sequences each rollout worker decodes at once by default: one batch's samples
-    shared over the workers."""
-    return max(1, -(-samples_per_batch // workers))
-
-
-__all__ = ["ContinuousGenerator", "Feed", "SamplingParams", "default_slots"]
+__all__ = ["ContinuousGenerator", "Feed", "SamplingParams"]

@@ -49,8 +49,9 @@ import ray
 
 from mindrl.config.layout import ROLLOUT_WORKER
 from mindrl.metrics.memory import book_peaks
+from mindrl.planner.generation import continuous_slots
 from mindrl.run_plan import ENV_REWARD, RunPlan, continuous_groups
-from mindrl.workers.continuous import Feed, default_slots
+from mindrl.workers.continuous import Feed
 from mindrl.workers.group import POLL_S, StageTimeoutError, wait_all
 from trainers.driver.iteration import (
     BatchSource,
@@ -195,8 +196,7 @@ class ContinuousSource(BatchSource):
     # ---- the workers: start, feed, weights ----------------------------------------------------
     def _start(self, iteration: int) -> None:
         """Start every worker's decode loop and feed it what an interruption left."""
-        rollout = self.config.rollout
-        slots = rollout.continuous_slots or default_slots(self.G * self.N, self.workers.size)
+        slots = continuous_slots(self.config)
         params = self.runner.sampling_params(iteration, 0)
         self.workers.call(
             "start_continuous", params, slots, stage="rollout", timeout_s=self.timeout
