@@ -105,7 +105,11 @@ trainer reports 2.35-2.67x with Qwen2.5-7B on 128 GPUs: with ``--sim-devices 128
 --sim-rollout-devices 64`` this model gives 2.45x (2.58x at 68 + 60), a ceiling of
 2.72x and a drain of 4.48x, as each replica then holds 32 sequences, fewer than its
 slots, and the whole batch is one wave waiting for its longest response. The gain is
-the drain's, and the drain grows with devices per sample.
+the drain's, and the drain grows with devices per sample. The
+scale table (the same batch on 16, 32, 64 and 128 devices) shows it: continuous async,
+long-CoT, best split, x1.27, x1.43, x1.81, x2.58. At 16 devices 2x would need the
+iteration in 1860 s, and its work alone, every device busy at the full-slot rate, takes
+2886 s: no schedule of this work reaches 2x there.
 
 Figures of the four modes (2026-11-25, this 2-core x86_64 box, quiet: load 1.0 at start;
 ``--iterations 20 --repeats 4``; tiny at TP 1, 128 samples per iteration; disaggregated:
@@ -920,6 +924,7 @@ def simulate(m: ClusterModel) -> dict[str, Any]:
             "long-cot": cot["sync_generation_vs_full_slots"],
         },
         "by_device": by_device(long_cot),
+        "by_scale": by_scale(long_cot),
     }
 
 
@@ -941,6 +946,39 @@ def by_device(m: ClusterModel) -> dict[str, dict[str, Any]]:
             "best_split": rows["continuous async, best split"]["devices"],
             "best_split_vs_sync": rows["continuous async, best split"]["throughput_vs_sync"],
             "ceiling_vs_sync": sim["ceiling_vs_sync"],
+            "sync_generation_vs_full_slots": sim["sync_generation_vs_full_slots"],
+        }
+    return out
+
+
+#: Cluster sizes the long-CoT comparison is also simulated at (half of each generates in
+#: the fixed split; the best split searched), the same G x N batch spread over more devices.
+SCALES = (16, 32, 64, 128)
+
+
+def by_scale(m: ClusterModel) -> dict[int, dict[str, Any]]:
+    """The long-CoT comparison at each of ``SCALES`` devices (the rest as ``m`` has it):
+    continuous async vs sync at half the devices generating and at its best split, the
+    overlap ceiling, sync's drain, and how long the iteration's work takes with every
+    device busy at the full-slot rate (the floor no placement goes under) against the
+    iteration a 2x gain over sync would need."""
+    out = {}
+    for devices in SCALES:
+        scaled = replace(m, devices=devices, rollout_devices=devices // 2)
+        sim = simulate_lengths(scaled)
+        rows = sim["rows"]
+        sync_s = rows["sync"]["iteration_s"]
+        best = rows["continuous async, best split"]
+        out[devices] = {
+            "slots_per_device": rows["continuous async"]["slots_per_device"],
+            "sequences_per_device": -(-m.samples // devices),
+            "sync_iteration_s": sync_s,
+            "continuous_vs_sync": rows["continuous async"]["throughput_vs_sync"],
+            "best_split": best["devices"],
+            "best_split_vs_sync": best["throughput_vs_sync"],
+            "ceiling_vs_sync": sim["ceiling_vs_sync"],
+            "work_floor_s": sync_s / sim["ceiling_vs_sync"],
+            "twice_sync_s": sync_s / 2,
             "sync_generation_vs_full_slots": sim["sync_generation_vs_full_slots"],
         }
     return out
@@ -1097,6 +1135,26 @@ def print_simulated(sim: dict[str, Any]) -> None:
             f"x{d['ceiling_vs_sync']:.3f}; sync generation "
             f"{d['sync_generation_vs_full_slots']:.2f}x full-slot"
         )
+    print(
+        "  long-cot by cluster size (the same G x N batch; the floor is the iteration's work "
+        "with every device busy at the full-slot rate, 2x needs the iteration in half sync's):"
+    )
+    for devices, d in sim["by_scale"].items():
+        print(
+            f"    {devices:>3} devices: sync holds {d['sequences_per_device']} sequences a "
+            f"device, continuous decodes {d['slots_per_device']}; sync "
+            f"{d['sync_iteration_s']:.0f}s (generation "
+            f"{d['sync_generation_vs_full_slots']:.2f}x full-slot), continuous "
+            f"async x{d['continuous_vs_sync']:.3f} at half, x{d['best_split_vs_sync']:.3f} "
+            f"at {d['best_split']}, ceiling x{d['ceiling_vs_sync']:.3f}; floor "
+            f"{d['work_floor_s']:.0f}s vs {d['twice_sync_s']:.0f}s for 2x"
+        )
+    reached = [n for n, d in sim["by_scale"].items() if d["best_split_vs_sync"] >= 2]
+    print(
+        "  continuous async reaches 2x sync from "
+        + (f"{reached[0]} devices" if reached else f"none of {list(sim['by_scale'])} devices")
+        + " (long-cot, best split)"
+    )
 
 
 def json_report(report: dict[str, Any]) -> dict[str, Any]:

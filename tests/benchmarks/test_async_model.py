@@ -195,6 +195,21 @@ def test_no_placement_beats_the_overlap_ceiling_and_each_device_is_simulated():
         assert device["best_split_vs_sync"] <= device["ceiling_vs_sync"] + 1e-9
 
 
+def test_the_same_batch_on_more_devices_drains_longer_and_no_scale_beats_its_floor():
+    scales = bench.simulate(SMALL)["by_scale"]
+    assert list(scales) == list(bench.SCALES)
+    drains = [scale["sync_generation_vs_full_slots"] for scale in scales.values()]
+    # Fewer sequences per device: sync's batch waits for its longest response longer.
+    assert drains == sorted(drains) and len(set(drains)) == len(drains)
+    for devices, scale in scales.items():
+        assert scale["sequences_per_device"] == -(-SMALL.samples // devices)
+        assert scale["best_split_vs_sync"] <= scale["ceiling_vs_sync"] + 1e-9
+        assert scale["work_floor_s"] * scale["ceiling_vs_sync"] == pytest.approx(
+            scale["sync_iteration_s"]
+        )
+        assert scale["twice_sync_s"] == pytest.approx(scale["sync_iteration_s"] / 2)
+
+
 def test_a_replica_with_fewer_slots_than_sequences_admits_one_as_another_ends():
     # Two slots for lengths 1, 3, 2: the third starts (its prefill) when the first ends.
     m = dataclasses.replace(HAND, prompt_len=1)
