@@ -24,7 +24,12 @@ from pathlib import Path
 
 from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED
-from mindrl.planner.memory import MemoryPlan, gather_bucket_bytes, rollout_worker_peak
+from mindrl.planner.memory import (
+    MemoryPlan,
+    gather_bucket_bytes,
+    rollout_device_peak,
+    rollout_worker_peak,
+)
 from mindrl.planner.report import plan_run_memory
 from mindrl.run_plan import RunPlan
 
@@ -74,8 +79,7 @@ def planned_actor_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan)
     if not plan.generates:
         return update
     if plan.mode == DISAGGREGATED:
-        peak = rollout_worker_peak(config, memory.device_bytes)
-        return {"rollout": peak + memory.workspace, **update}
+        return {"rollout": rollout_device_peak(config, memory), **update}
     return {"rollout": memory.rollout_peak, **update}
 
 

@@ -271,6 +271,12 @@ def rollout_worker_peak(config: MindRLConfig, device_bytes: int) -> int:
     return rollout.shard + max(received, rollout.working)
 
 
+def rollout_device_peak(config: MindRLConfig, memory: MemoryPlan) -> int:
+    """A disaggregated rollout device's planned peak: its worker's
+    (:func:`rollout_worker_peak`) and that process's math libraries' workspace."""
+    return rollout_worker_peak(config, memory.device_bytes) + memory.workspace
+
+
 def gather_bucket_bytes(config: MindRLConfig, training: TrainingMemory) -> int:
     """The all-gather buffers of one resharding bucket: the gathered one,
     ``rollout.reshard_bucket_mib`` at most and no more than the TP-gathered weights of a

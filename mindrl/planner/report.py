@@ -17,7 +17,7 @@ from mindrl.planner.memory import (
     plan_memory,
     resident_bytes,
     rollout_device_memory,
-    rollout_worker_peak,
+    rollout_device_peak,
 )
 from mindrl.planner.params import model_params
 from mindrl.planner.sample_flow import (
@@ -248,7 +248,7 @@ def generation_problems(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan)
     generation = memory.generation_swap if config.rollout.swap else memory.generation_naive
     if plan.mode == DISAGGREGATED:
         generation = rollout_device_memory(config, memory.device_bytes)
-        peak = rollout_worker_peak(config, memory.device_bytes) + memory.workspace
+        peak = rollout_device_peak(config, memory)
         if peak > memory.device_bytes:
             problems.append(
                 f"a rollout device needs {peak / GB:.1f} GB (the engine's weights and working "
@@ -335,7 +335,7 @@ def build_plan(
             "rollout_devices": (
                 {
                     **asdict(rollout_device_memory(config, device_bytes)),
-                    "peak": rollout_worker_peak(config, device_bytes) + memory.workspace,
+                    "peak": rollout_device_peak(config, memory),
                 }
                 if plan.mode == DISAGGREGATED
                 else None
