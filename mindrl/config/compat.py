@@ -107,7 +107,6 @@ FEATURES: dict[str, Feature] = {
         lambda f: f.config.dock.pipeline == "stream", _named("dock.pipeline: stream")
     ),
     "dynamic sampling": Feature(_dynamic_sampling, _named("dynamic sampling (DAPO)")),
-    "several nodes": Feature(lambda f: f.config.resources.nodes > 1, _named("resources.nodes > 1")),
     "validation": Feature(
         lambda f: f.config.data.val_every > 0, _named("validation (data.val_every > 0)")
     ),
@@ -149,7 +148,6 @@ NOT_YET_SUPPORTED: dict[str, Limits] = {
             "generation EP",
             "streaming",
             "dynamic sampling",
-            "several nodes",
             "validation",
             "an algorithm without stale rollouts",
         ),

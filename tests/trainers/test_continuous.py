@@ -7,12 +7,14 @@ worker) resumes."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 
 from tests.foundation.plans import DISAGGREGATED
 from tests.trainers.test_pipeline import NO_VLLM_REASON, records_of, resumed_records, trained_run
+from trainers.driver.setup import PLACEMENT_FILE
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -95,6 +97,32 @@ def test_a_run_resumed_from_a_checkpoint_that_interrupted_the_worker_trains_on(
     assert [r["iteration"] for r in resumed] == [2, 3]
     assert [r["trained_groups"] for r in resumed] == [G, G]
     assert all(r["staleness_max"] <= 1 for r in resumed)
+
+
+#: One device on each of the cluster's three nodes: the trainer on one, a rollout worker
+#: on each of the others.
+ON_THREE_NODES = (
+    *CONTINUOUS,
+    "resources.nodes=3",
+    "resources.devices_per_node=1",
+    "rollout.devices=2",
+    "iterations=3",
+    "checkpoint.every=0",
+)
+
+
+def test_rollout_workers_on_other_nodes_decode_for_the_trainer(tmp_path_factory):
+    run_dir = trained_run(tmp_path_factory, "grpo", *ON_THREE_NODES)
+    placement = json.loads((run_dir / "run" / PLACEMENT_FILE).read_text())
+    rollout, actor = placement["ranks"]["rollout"], placement["ranks"]["actor"]
+    assert len(set(rollout)) == 2 and not set(rollout) & set(actor)
+    assert len(set(placement["warehouses"])) == 3  # one per node, rollout nodes' included
+    records = records_of(run_dir)
+    assert [r["trained_groups"] for r in records] == [G] * 3
+    assert all(r["staleness_max"] <= 1 and r["dropped_stale_groups"] == 0 for r in records)
+    # The weights crossed nodes exactly: iteration 0's samples are the trainer's policy.
+    assert records[0]["rollout_logprob_diff"] < 1e-5
+    assert sum(r["weights_loaded_while_decoding"] for r in records) >= 1
 
 
 @pytest.mark.vllm

@@ -112,6 +112,30 @@ def test_each_data_parallel_part_is_claimed_beside_its_first_ranks_warehouse():
     assert _model_placement(SimpleNamespace(resources=resources)) == "PACK"
 
 
+def test_generation_claims_prompts_beside_the_rollout_workers_where_they_generate():
+    from types import SimpleNamespace
+
+    from mindrl.dock import RL_FIELDS, DockClient
+    from mindrl.dock.handle import DockHandle, WarehouseInfo
+    from trainers.driver.state import RunState
+
+    shares = [(0, 8), (8, 16), (16, 24)]
+    handle = DockHandle(RL_FIELDS, 24, 4, [WarehouseInfo(None, f"node{i}", a, b)
+                                           for i, (a, b) in enumerate(shares)])  # fmt: skip
+    config = SimpleNamespace(dock=SimpleNamespace(local_claims=True))
+    run = RunState(config, *[None] * 8)
+    run.dock = DockClient(handle)
+    run.rank_nodes["actor"] = ["node0", "node0"]
+    run.dp_ranks["actor"] = [0, 1]
+    run.gen_dp_ranks = [0, 1]
+    # Collocated: the actor's ranks generate, beside warehouse 0.
+    assert run.generation_warehouses() == [0, 0]
+    # Disaggregated: two rollout workers on nodes 1 and 2 generate, each beside its own.
+    run.groups["rollout"] = SimpleNamespace(size=2)
+    run.rank_nodes["rollout"] = ["node1", "node2"]
+    assert run.generation_warehouses() == [1, 2]
+
+
 def test_group_local_advantages_run_beside_each_warehouse_and_the_rest_on_reward_rank_0():
     from types import SimpleNamespace
 

@@ -435,7 +435,7 @@ class IterationRunner:
             whole_groups=True,
             dp_parts=len(set(self.run.gen_dp_ranks)),
             timeout_s=self.timeout,
-            part_warehouses=self.run.part_warehouses("actor", self.run.gen_dp_ranks),
+            part_warehouses=self.run.generation_warehouses(),
         )
 
     def sampling_params(self, iteration: int, draw: int) -> SamplingParams:

@@ -12,6 +12,7 @@ stage.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -141,6 +142,7 @@ def launch_run(
         phase("connecting the rollout workers and sending them the weights")
         connect_rollout_workers(run)
     phase("ready")
+    _write_placement(run)
     _announce(run, device_name)
 
 
@@ -302,23 +304,27 @@ def _place_workers(run: RunState, device_name: str) -> None:
     if plan.mode == DISAGGREGATED:
         group = start_rollout_workers(run, device_name, run.placement)
         run.groups[ROLLOUT_WORKER] = group
-        started[ROLLOUT_WORKER] = {group.names()[0]: group.workers[0].node_id.remote()}
+        started[ROLLOUT_WORKER] = _node_ids(group)
     for group in _cpu_worker_groups(run):
         run.groups[group.name] = group
-        started[group.name] = {
-            name: worker.node_id.remote()
-            for name, worker in zip(group.names(), group.workers, strict=True)
-        }
+        started[group.name] = _node_ids(group)
     answers = _start_up_answers(started, plan.stage_deadline_s)
     for role in plan.model_roles:
         (rendezvous,) = answers[role]
         run.rendezvous[role] = rendezvous[:2]
         run.worker_nodes[role] = rendezvous[2]
-    if plan.mode == DISAGGREGATED:
-        (run.worker_nodes[ROLLOUT_WORKER],) = answers[ROLLOUT_WORKER]
-    if "reward" in answers:
-        run.rank_nodes["reward"] = answers["reward"]
-        run.worker_nodes["reward"] = answers["reward"][0]
+    for name in (ROLLOUT_WORKER, "reward"):  # each worker's node: it claims beside it
+        if name in answers:
+            run.rank_nodes[name] = answers[name]
+            run.worker_nodes[name] = answers[name][0]
+
+
+def _node_ids(group: WorkerGroup) -> dict[str, Any]:
+    """Worker name -> its ``node_id`` call (the node each worker started on)."""
+    return {
+        name: worker.node_id.remote()
+        for name, worker in zip(group.names(), group.workers, strict=True)
+    }
 
 
 def _cpu_worker_groups(run: RunState) -> list[WorkerGroup]:
@@ -425,6 +431,26 @@ def _resume(run: RunState) -> None:
     run.resumed = True
 
 
+#: Where every worker and warehouse of a run started, in its run folder.
+PLACEMENT_FILE = "placement.json"
+
+
+def _write_placement(run: RunState) -> None:
+    """``placement.json``: each role's node per rank (model roles, rollout and reward
+    workers), each warehouse's node, and the address of every node they use; what to
+    look at first when one node of a cluster is slow or dies."""
+    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    warehouses = [warehouse.node_id for warehouse in run.dock_handle.warehouses]
+    used = {node for nodes in run.rank_nodes.values() for node in nodes} | set(warehouses)
+    placement = {
+        "ranks": run.rank_nodes,
+        "warehouses": warehouses,
+        "addresses": {node: addresses.get(node) for node in sorted(used)},
+    }
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    (run.run_dir / PLACEMENT_FILE).write_text(json.dumps(placement, indent=2) + "\n")
+
+
 def _announce(run: RunState, device_name: str) -> None:
     config = run.config
     actor = config.actor.parallel
@@ -441,7 +467,7 @@ def _announce(run: RunState, device_name: str) -> None:
         ),
         f"  roles {', '.join(run.groups)}; dock {config.dock.kind} with "
         f"{len(run.dock_handle.warehouses)} warehouse(s) on {nodes} node(s)",
-        f"  metrics -> {run.run_dir}; checkpoints -> {run.checkpoint_dir}"
+        f"  metrics and {PLACEMENT_FILE} -> {run.run_dir}; checkpoints -> {run.checkpoint_dir}"
         + (f"; resuming at iteration {run.start_iteration}" if run.resumed else ""),
     ]
     print("\n".join(lines), file=sys.stderr)

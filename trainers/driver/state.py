@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mindrl.algorithm import Algorithm
+from mindrl.config.layout import ROLLOUT_WORKER
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 from mindrl.data import PromptDataset
 from mindrl.dock import DockClient
@@ -80,6 +81,12 @@ class RunState:
         for rank, part in enumerate(ranks):
             first.setdefault(part, rank)
         return [self.dock.warehouse_on(nodes[first[part]]) for part in sorted(first)]
+
+    def generation_warehouses(self) -> list[int | None] | None:
+        """The warehouse beside each generation data-parallel part: its rollout worker's
+        node where rollout workers generate (disaggregated), else its actor ranks'."""
+        role = ROLLOUT_WORKER if ROLLOUT_WORKER in self.groups else "actor"
+        return self.part_warehouses(role, self.gen_dp_ranks)
 
     def trained_groups(self) -> list[WorkerGroup]:
         return [self.groups[name] for name in ("actor", "critic") if name in self.groups]
