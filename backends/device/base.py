@@ -176,13 +176,15 @@ class Device(ABC):
         devices; the count in use. Accelerator workers keep Ray's (their ``num_cpus``)."""
         return torch.get_num_threads()
 
-    def ray_bundle(self, processes: int = 1, cpus_per_worker: float = 1.0) -> dict[str, float]:
-        """One device as a Ray placement-group bundle shared by ``processes`` worker
-        processes (the roles collocated on it). On CPU the device *is* one CPU slot, which
-        its processes share; an accelerator's bundle adds each process's CPU slots."""
+    def ray_bundle(
+        self, processes: int = 1, cpus_per_worker: float = 1.0, devices: int = 1
+    ) -> dict[str, float]:
+        """``devices`` devices as a Ray placement-group bundle shared by ``processes``
+        worker processes (the roles collocated on it). On CPU a device *is* one CPU slot,
+        which its processes share; an accelerator's bundle adds each process's CPU slots."""
         if self.ray_resource == "CPU":
-            return {"CPU": 1.0}
-        return {self.ray_resource: 1.0, "CPU": cpus_per_worker * processes}
+            return {"CPU": float(devices)}
+        return {self.ray_resource: float(devices), "CPU": cpus_per_worker * processes}
 
     def ray_actor_options(self, cpus_per_worker: float = 1.0, device_share: float = 1.0) -> dict:
         """Ray actor options reserving ``device_share`` of one device for a worker (Ray

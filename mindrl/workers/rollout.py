@@ -78,13 +78,20 @@ def make_generation_engine(config: MindRLConfig, initial: InitialModel) -> Gener
 
 
 def make_resharder(
-    trainer: MegatronEngine, spec: GPTSpec, config: MindRLConfig, world: int, swap: bool
+    trainer: MegatronEngine,
+    spec: GPTSpec,
+    config: MindRLConfig,
+    world: int,
+    swap: bool,
+    whole: bool = False,
 ) -> NaiveResharder | AllgatherSwapResharder:
-    """Training layout of ``world`` ranks -> generation layout (``rollout.tp``) over the
-    same ranks; with ``swap`` the training state goes to the host while generating."""
+    """Training layout of ``world`` ranks -> generation layout (``rollout.tp``, or whole
+    tensors with ``whole``) over the same ranks; with ``swap`` the training state goes to
+    the host while generating."""
     parallel = config.actor.parallel
     train = TrainLayout(world, parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp)
-    gen = GenLayout(world, config.rollout.tp, config.rollout.ep, whole_vocab=True)
+    tp, ep = (1, 1) if whole else (config.rollout.tp, config.rollout.ep)
+    gen = GenLayout(world, tp, ep, whole_vocab=True)
     kwargs = {
         "model": ModelShape(spec.num_attention_heads, spec.num_query_groups, spec.num_experts),
         "bucket_bytes": int(config.rollout.reshard_bucket_mib * 2**20),

@@ -1,5 +1,6 @@
-"""Disaggregated placement: a rollout worker, one Ray actor per generating
-device, with a generation engine of its own and no training engine.
+"""Disaggregated placement: a rollout worker, one Ray actor per generation TP group
+of devices (one device at ``rollout.tp: 1``), with a generation engine of its own and no
+training engine.
 
 It receives whole HF-named weights from actor rank 0 over the transfer group
 (:mod:`mindrl.workers.weight_transfer`) and remembers their version (the number of
@@ -67,10 +68,7 @@ class RolloutWorker:
         the decode loop runs, it loads them between two steps (the broadcast itself runs
         beside its decoding)."""
         start = time.perf_counter()
-        where = self.device.device() if self.device.transfer_on_device else torch.device("cpu")
-        named = empty_like_manifest(self.manifest, where)
-        for _, tensor in named:
-            self.device.broadcast(self.transfer, tensor, 0)
+        named = self._receive()
         if self.loop is not None:
             self.loop.offer_weights(version, named)
         else:
@@ -78,6 +76,28 @@ class RolloutWorker:
             self.generator.load_weights(iter(named))
         self.version = version
         return {"busy_s": time.perf_counter() - start}
+
+    def _receive(self) -> list[tuple[str, torch.Tensor]]:
+        """The broadcast weights, where the engine reads them: on the device for one
+        unsharded engine in this process; on the host for a TP group's engine, whose
+        ranks run in processes of their own and take host copies. A device-to-device
+        transfer group then stages each tensor through the device alone, so the device
+        never holds a whole copy of the model beside its shard."""
+        on_device = self.device.transfer_on_device
+        staged = on_device and self.config.rollout.tp > 1
+        host = torch.device("cpu")
+        named = empty_like_manifest(
+            self.manifest, self.device.device() if on_device and not staged else host
+        )
+        for _, tensor in named:
+            if staged:
+                buffer = torch.empty_like(tensor, device=self.device.device())
+                self.device.broadcast(self.transfer, buffer, 0)
+                tensor.copy_(buffer)
+                del buffer
+            else:
+                self.device.broadcast(self.transfer, tensor, 0)
+        return named
 
     # ---- continuous generation (mindrl/workers/continuous.py) ------------------------------
     def start_continuous(self, params: SamplingParams, slots: int) -> None:

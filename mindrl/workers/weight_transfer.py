@@ -39,7 +39,10 @@ class WeightSource:
 
     def _init_weight_source(self) -> None:
         """Called by ``setup`` once the training engine exists."""
-        self.resharder = make_resharder(self.engine, self.spec, self.config, self.size, swap=False)
+        # Whole tensors whatever rollout.tp: a rollout worker's engine splits them itself.
+        self.resharder = make_resharder(
+            self.engine, self.spec, self.config, self.size, swap=False, whole=True
+        )
         self.family = get_family(self.spec.family)
         self._transfer_store: Any = None
         self._transfer: Any = None

@@ -24,6 +24,21 @@ def test_every_model_role_has_a_process_on_every_training_device():
     assert disaggregated.layout.device_processes() == [("actor",), ("rollout",)]
 
 
+def test_a_rollout_worker_holds_the_devices_of_its_generation_tp_group_in_one_bundle():
+    from mindrl.config.layout import DeviceBundle
+
+    _, ppo = plan_of("ppo", "algorithm.kl_coef=0.05")
+    assert ppo.layout.bundles() == [DeviceBundle(("actor", "reference", "critic"))] * 2
+    layout = ["resources.devices_per_node=6", "rollout.devices=4", "rollout.engine=vllm"]
+    _, tp2 = plan_of("grpo", *DISAGGREGATED, *layout, "rollout.tp=2")
+    assert (
+        tp2.layout.bundles()
+        == [DeviceBundle(("actor",))] * 2 + [DeviceBundle(("rollout",), devices=2)] * 2
+    )
+    # Per device the planner still sees every rollout device generate.
+    assert tp2.layout.device_processes() == [("actor",)] * 2 + [("rollout",)] * 4
+
+
 def test_a_cpu_run_reserves_one_slot_per_device_and_reward_worker_whatever_its_roles():
     config, ppo = plan_of("ppo", "algorithm.kl_coef=0.05")
     assert cpu_slots(config, ppo) == 2 + 1  # three roles share each of the two devices

@@ -63,6 +63,17 @@ def test_what_disaggregated_runs_cannot_do_yet_is_refused_as_not_yet_supported(
     assert f"disaggregated with {what} is not yet supported" in problem
 
 
+def test_a_rollout_tp_group_must_fill_the_rollout_devices_and_split_with_vllm():
+    four = [*DISAGGREGATED, "resources.devices_per_node=4", "rollout.tp=2"]
+    (problem,) = problems_of([*four, "rollout.devices=3", "rollout.engine=vllm"])
+    assert problem == "configs/tiny.yaml: rollout.tp: 2 does not divide rollout.devices 3"
+    (problem,) = problems_of([*four, "rollout.devices=2", "rollout.engine=hf"])
+    assert "rollout.tp=2 needs the vllm engine" in problem
+    # Whole weights reach a rollout worker: its TP need not be a multiple of training's.
+    plan = plan_of([*four, "rollout.devices=2", "rollout.engine=vllm", "actor.parallel.tp=1"])
+    assert (plan.layout.generation.tp, plan.layout.generation.dp) == (2, 1)
+
+
 def plan_of(overrides: list[str], trainer: str = "grpo"):
     return config_and_plan(trainer, *overrides)[1]
 
@@ -180,3 +191,16 @@ def test_the_planner_shows_which_devices_train_and_which_generate_per_mode():
     assert rollout["shard"] == plan["model"]["params"] * 2  # bf16, nothing else resident
     assert rollout["resident_training"] == 0
     assert plan["memory"]["host_swap_bytes"] == 0  # nothing generates on training devices
+
+
+def test_a_rollout_tp_group_plans_a_shard_per_device_and_receives_one_tensor_at_a_time():
+    layout = ["resources.nodes=1", "rollout.placement=disaggregated", "rollout.devices=4",
+              "rollout.max_staleness=1", "rollout.engine=vllm"]  # fmt: skip
+    tp1, tp2 = (dry_run(*layout, f"rollout.tp={tp}")["memory"]["rollout_devices"] for tp in (1, 2))
+    assert tp2["shard"] == pytest.approx(tp1["shard"] / 2, rel=1e-3)
+    # At TP 1 the next weights arrive whole beside the shard; a TP group's worker takes
+    # them into the host, through the device one tensor at a time (the largest: the
+    # 152064 x 3584 bf16 embedding).
+    embedding = 152064 * 3584 * 2
+    assert tp1["peak"] == tp1["shard"] + tp1["shard"] + tp1["working"]
+    assert tp2["peak"] == tp2["shard"] + embedding + tp2["working"]

@@ -136,3 +136,24 @@ def test_vllm_decodes_continuously_through_its_request_queue(tmp_path_factory):
     assert all(r["staleness_max"] <= 1 and r["dropped_stale_groups"] == 0 for r in records)
     assert sum(r["weights_loaded_while_decoding"] for r in records) >= 2
     assert records[0]["rollout_logprob_diff"] < 1e-4  # vLLM holds exactly the trained weights
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM_REASON)
+def test_a_vllm_rollout_worker_splits_its_model_over_the_two_devices_it_holds(
+    tmp_path_factory,
+):
+    """``rollout.tp: 2`` disaggregated: one rollout worker holds a bundle of two devices
+    and its vLLM engine runs a TP rank on each; the whole weights it receives are split
+    by vLLM's own loaders."""
+    two = ("resources.devices_per_node=3", "rollout.devices=2", "rollout.tp=2")
+    run_dir = trained_run(
+        tmp_path_factory, "grpo", *CONTINUOUS, *two, "rollout.engine=vllm", "iterations=3",
+        "checkpoint.every=0",
+    )  # fmt: skip
+    placement = json.loads((run_dir / "run" / PLACEMENT_FILE).read_text())
+    assert len(placement["ranks"]["rollout"]) == 1  # one worker for the two devices
+    records = records_of(run_dir)
+    assert [r["trained_groups"] for r in records] == [G] * 3
+    assert records[0]["rollout_logprob_diff"] < 1e-4  # the split weights are the trained ones
+    assert sum(r["weights_loaded_while_decoding"] for r in records) >= 1

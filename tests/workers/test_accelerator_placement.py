@@ -141,6 +141,42 @@ def test_ppo_with_a_reference_shares_world_size_devices_one_bundle_per_device(
     assert resource not in reward["resources"]  # the reward worker holds no device
 
 
+def test_a_rollout_worker_at_generation_tp_2_holds_two_devices_of_its_own(
+    fake_accelerator_node,
+):
+    import ray
+
+    algorithm = get_algorithm("grpo")
+    overrides = [
+        f"resources.devices_per_node={DEVICES}", "resources.cpus_per_worker=0.5",
+        "rollout.placement=disaggregated", "rollout.devices=2", "rollout.tp=2",
+        "rollout.engine=vllm", "actor.parallel.tp=1", "rollout.max_staleness=1",
+    ]  # fmt: skip
+    config = load_config("configs/tiny.yaml", overrides, algorithm)
+    plan = build_run_plan(algorithm, config)
+    device = CudaDevice()
+    placement = DevicePlacement(device, plan.layout, config.resources.cpus_per_worker, 60)
+    stand_in = ray.remote(stand_in_class())
+    groups = [
+        placement.start(role, stand_in, (role, device.visible_devices_env))
+        for role in ("actor", "rollout")
+    ]
+    try:
+        reports = [r for g in groups for r in g.call("report", stage="probe", timeout_s=60)]
+    finally:
+        for group in groups:
+            group.shutdown()
+        placement.remove()
+    actors = [r for r in reports if r["role"] == "actor"]
+    (rollout,) = [r for r in reports if r["role"] == "rollout"]
+    assert len(actors) == 2 and all(len(r["accelerators"]["GPU"]) == 1 for r in actors)
+    gpus = rollout["accelerators"]["GPU"]
+    assert len(gpus) == 2 and rollout["resources"]["GPU"] == pytest.approx(2.0)
+    assert rollout["visible"] == ",".join(gpus)  # vLLM's two ranks see both
+    held = {g for r in actors for g in r["accelerators"]["GPU"]} | set(gpus)
+    assert len(held) == DEVICES  # no device shared between the sides
+
+
 def test_a_plan_needing_more_devices_than_the_cluster_has_is_refused_at_once(
     fake_accelerator_node,
 ):
