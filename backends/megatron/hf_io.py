@@ -54,8 +54,15 @@ def load_gguf_model(package: str, dtype: torch.dtype = torch.float32):
 
 
 def hf_state_and_config(model) -> tuple[dict[str, torch.Tensor], dict]:
-    """An HF model's state dict (tied lm_head included as HF stores it) and config dict."""
-    return dict(model.state_dict()), model.config.to_dict()
+    """An HF model's state dict (tied lm_head included as HF stores it) and config dict.
+
+    The state is plain tensors, so a loader's ``quantization_config`` (a GGUF file's:
+    transformers de-quantizes it on load) no longer describes them and is left out;
+    kept, vLLM refuses the config ("Unknown quantization method: gguf") and the exported
+    ``hf/`` folder would claim a quantization its tensors do not have."""
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    return dict(model.state_dict()), config
 
 
 def load_hf_folder(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict]:

