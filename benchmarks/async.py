@@ -135,8 +135,9 @@ gave 1.20x-1.45x, 7d0ea46 1.217x. On 2026-11-27, with GRPO's advantages computed
 reward workers' call, three invocations gave 1.385x, 1.341x and at 62ee1be (``--modes
 sync stream continuous --repeats 4``) 1.375x, median repeat 1.301x (stream 1.034x),
 final reward 0.996 vs 0.995: 1.3x reached in all three, within the spread between
-invocations. What bounds it is the wait for a due batch's longest response (a third of
-the iterations) and the two cores four busy processes share.
+invocations; at 27399d7 1.398x (per repeat 1.376x-1.424x), final reward 0.995 vs
+0.995. What bounds it is the wait for a due batch's longest response (a third of the
+iterations) and the two cores four busy processes share.
 Details and why: docs/pipeline.md, "Continuous generation".
 
 **Partial rollout** (``--partial-budget B``): instead of the four modes, the same config
