@@ -70,13 +70,23 @@ class StageCheck:
         return abs(self.ratio - 1) <= DEVICE_TOLERANCE
 
 
+def rollout_measured(config: MindRLConfig, plan: RunPlan) -> bool:
+    """Whether the rollout stage's memory is measured where the planner sizes it: not
+    when nothing generates, nor when a rollout worker's engine runs its TP ranks in
+    processes of its own (disaggregated, ``rollout.tp > 1``: vLLM's ``mp`` workers hold
+    the weights and the KV cache, the measured worker only the received copy)."""
+    if not plan.generates:
+        return False
+    return not (plan.mode == DISAGGREGATED and config.rollout.tp > 1)
+
+
 def planned_actor_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) -> dict[str, int]:
     """The actor worker's own device bytes per stage; the other roles live in their own
     workers (collocated on the device, but each measures only itself). A run that
     generates nothing plans the update alone; disaggregated, the rollout stage is a
     rollout worker's (:func:`~mindrl.planner.memory.rollout_worker_peak`)."""
     update = {"update": memory.update_stage}
-    if not plan.generates:
+    if not rollout_measured(config, plan):
         return update
     if plan.mode == DISAGGREGATED:
         return {"rollout": rollout_device_peak(config, memory), **update}
@@ -107,7 +117,7 @@ def cpu_worker_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) ->
     the engine's weights, the weights it receives and its working memory).
     """
     training, baseline = memory.training, CPU_WORKER_BASELINE_BYTES
-    if not plan.generates:
+    if not rollout_measured(config, plan):
         return {"update": baseline + training.total}
     shard = memory.generation_naive.shard
     if plan.mode == DISAGGREGATED:

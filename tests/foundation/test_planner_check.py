@@ -274,6 +274,23 @@ def test_disaggregated_on_a_cpu_the_actor_trains_only_and_the_rollout_worker_gen
     )
 
 
+def test_a_rollout_worker_whose_engine_runs_its_tp_ranks_apart_is_not_compared():
+    grpo = get_algorithm("grpo")
+    overrides = [
+        "rollout.placement=disaggregated", "resources.devices_per_node=3", "rollout.devices=2",
+        "rollout.tp=2", "rollout.engine=vllm", "rollout.max_staleness=1",
+        "actor.parallel.tp=1", "reference.parallel.tp=1", "critic.parallel.tp=1",
+    ]  # fmt: skip
+    config = load_config(CONFIGS / "tiny.yaml", overrides, grpo)
+    plan = build_run_plan(grpo, config)
+    peaks = {"rollout": {"host_peak_mib": 1800.0}, "update": {"host_peak_mib": 560.0}}
+    # vLLM's own processes hold the weights and the KV cache; the worker measured here
+    # only receives the weights, so its peak says nothing of the plan.
+    for on_cpu in (True, False):
+        checks = check_memory(config, plan, 24 * GIB, peaks, on_cpu=on_cpu)
+        assert [check.stage for check in checks] == ["update"]
+
+
 def test_the_continuous_loop_plans_every_slot_live_and_keeps_no_logits():
     from mindrl.planner.generation import hf_working_bytes
 
