@@ -80,20 +80,26 @@ def reference_a(weights_a) -> LlamaForCausalLM:
     return reference_model(weights_a)
 
 
+def build_engine(name: str, model) -> GenerationEngine:
+    """The ``name`` engine for ``model`` (a transformers config) as the tests build it:
+    :data:`MAX_MODEL_LEN` of context, a 32 MiB KV cache, eager, seed 0; no weights yet."""
+    config = EngineConfig(
+        model=model,
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_bytes=32 * 2**20,
+        enforce_eager=True,
+        seed=0,
+    )
+    return get_engine_class(name)(config)
+
+
 @pytest.fixture(scope="session", params=ENGINE_PARAMS)
 def engine(request, weights_a) -> GenerationEngine:
     """One engine per name for the whole session, holding ``weights_a``.
 
     Tests that load other weights or put the engine to sleep restore it before they end.
     """
-    config = EngineConfig(
-        model=tiny_llama_config(),
-        max_model_len=MAX_MODEL_LEN,
-        kv_cache_bytes=32 * 2**20,
-        enforce_eager=True,
-        seed=0,
-    )
-    engine = get_engine_class(request.param)(config)
+    engine = build_engine(request.param, tiny_llama_config())
     engine.load_weights(weights_a.items())
     yield engine
     close = getattr(engine, "shutdown", None)

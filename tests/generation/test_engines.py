@@ -23,6 +23,7 @@ from backends.generation.base import SequenceRequest, ends_with_stop, stop_end
 from tests.generation.conftest import (
     ENGINE_PARAMS,
     MAX_MODEL_LEN,
+    build_engine,
     reference_model,
     tiny_llama_config,
 )
@@ -65,15 +66,7 @@ def test_a_tied_model_sent_without_its_output_layer_generates_from_its_embedding
     reference = LlamaForCausalLM(config).eval()
     sent = [(n, p.detach().clone()) for n, p in reference.named_parameters()]
     assert "lm_head.weight" not in dict(sent)  # tied: named once
-    engine = get_engine_class(name)(
-        EngineConfig(
-            model=config,
-            max_model_len=MAX_MODEL_LEN,
-            kv_cache_bytes=32 * 2**20,
-            enforce_eager=True,
-            seed=0,
-        )
-    )
+    engine = build_engine(name, config)
     try:
         engine.load_weights(iter(sent))
         results = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8))

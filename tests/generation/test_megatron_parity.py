@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import Qwen3MoeConfig
 
-from backends.generation import EngineConfig, SamplingParams, get_engine_class
+from backends.generation import SamplingParams
 from backends.megatron import ResponseBatch
 from tests.generation.conftest import (
     ENGINE_PARAMS,
-    MAX_MODEL_LEN,
+    build_engine,
     random_weights,
     tiny_llama_config,
 )
@@ -76,15 +76,7 @@ def megatron_trainer(model: str):
 
 def parity_case(rank: int, world: int, engine_name: str, model: str = "llama") -> dict:
     config, trainer = megatron_trainer(model)
-    generator = get_engine_class(engine_name)(
-        EngineConfig(
-            model=config,
-            max_model_len=MAX_MODEL_LEN,
-            kv_cache_bytes=32 * 2**20,
-            enforce_eager=True,
-            seed=0,
-        )
-    )
+    generator = build_engine(engine_name, config)
     out = decode_both(generator, trainer)
     if model != "llama":  # a second load: MoE kernels derive state from the weights
         with torch.no_grad():

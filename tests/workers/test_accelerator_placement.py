@@ -81,19 +81,32 @@ def npu_device(monkeypatch):
 
 def place_ppo_with_reference(device, overrides: list[str] = ()) -> tuple[list[dict], object]:
     """Every model role of PPO + reference through start-up's placement, and a reward
-    worker beside them; what each worker reports, and the placement."""
+    worker beside them; what each worker reports, and the plan."""
+    return place(device, "ppo", [*PPO_WITH_REFERENCE, *overrides], with_reward=True)
+
+
+def place(
+    device,
+    trainer: str,
+    overrides: list[str],
+    roles: tuple[str, ...] = (),
+    with_reward: bool = False,
+) -> tuple[list[dict], object]:
+    """Stand-ins for ``roles`` (default: the plan's model roles) placed as start-up
+    places them, and a reward worker if asked; what each reports, and the plan."""
     import ray
 
-    algorithm = get_algorithm("ppo")
-    config = load_config("configs/tiny.yaml", [*PPO_WITH_REFERENCE, *overrides], algorithm)
+    algorithm = get_algorithm(trainer)
+    config = load_config("configs/tiny.yaml", overrides, algorithm)
     plan = build_run_plan(algorithm, config)
     placement = DevicePlacement(device, plan.layout, config.resources.cpus_per_worker, 60)
     stand_in = ray.remote(stand_in_class())
     groups = [
         placement.start(role, stand_in, (role, device.visible_devices_env))
-        for role in plan.model_roles
+        for role in roles or plan.model_roles
     ]
-    groups.append(WorkerGroup("reward", stand_in, 1, None, args=("reward", None)))
+    if with_reward:
+        groups.append(WorkerGroup("reward", stand_in, 1, None, args=("reward", None)))
     try:
         reports = [r for g in groups for r in g.call("report", stage="probe", timeout_s=60)]
     finally:
@@ -144,29 +157,12 @@ def test_ppo_with_a_reference_shares_world_size_devices_one_bundle_per_device(
 def test_a_rollout_worker_at_generation_tp_2_holds_two_devices_of_its_own(
     fake_accelerator_node,
 ):
-    import ray
-
-    algorithm = get_algorithm("grpo")
     overrides = [
         f"resources.devices_per_node={DEVICES}", "resources.cpus_per_worker=0.5",
         "rollout.placement=disaggregated", "rollout.devices=2", "rollout.tp=2",
         "rollout.engine=vllm", "actor.parallel.tp=1", "rollout.max_staleness=1",
     ]  # fmt: skip
-    config = load_config("configs/tiny.yaml", overrides, algorithm)
-    plan = build_run_plan(algorithm, config)
-    device = CudaDevice()
-    placement = DevicePlacement(device, plan.layout, config.resources.cpus_per_worker, 60)
-    stand_in = ray.remote(stand_in_class())
-    groups = [
-        placement.start(role, stand_in, (role, device.visible_devices_env))
-        for role in ("actor", "rollout")
-    ]
-    try:
-        reports = [r for g in groups for r in g.call("report", stage="probe", timeout_s=60)]
-    finally:
-        for group in groups:
-            group.shutdown()
-        placement.remove()
+    reports, _ = place(CudaDevice(), "grpo", overrides, ("actor", "rollout"))
     actors = [r for r in reports if r["role"] == "actor"]
     (rollout,) = [r for r in reports if r["role"] == "rollout"]
     assert len(actors) == 2 and all(len(r["accelerators"]["GPU"]) == 1 for r in actors)
