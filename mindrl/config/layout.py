@@ -112,9 +112,10 @@ class RunLayout:
 
         Every training device holds one process of each model role (rank ``r`` of every
         role on device ``r``; the actor's process also generates when collocated), which
-        take turns on it stage by stage; each rollout device holds its rollout worker.
-        One process per role, not one per device: Megatron-core's parallel state is one
-        per process, and the roles' layouts may differ (docs/architecture.md, Placement).
+        take turns on it stage by stage; each rollout device serves a rollout worker (one
+        worker per ``rollout.tp`` devices, :meth:`bundles`). One process per role, not one
+        per device: Megatron-core's parallel state is one per process, and the roles'
+        layouts may differ (docs/architecture.md, Placement).
         """
         return [tuple(self.training)] * self.train_devices + [
             (ROLLOUT_WORKER,)
