@@ -139,6 +139,13 @@ def placement_mode(config: MindRLConfig, offline: bool = False) -> str:
     return DISAGGREGATED if config.rollout.placement == DISAGGREGATED else COLLOCATED
 
 
+def rollout_worker_spans_devices(config: MindRLConfig) -> bool:
+    """Whether each disaggregated rollout worker holds several devices (``rollout.tp >
+    1``): its engine then runs a process per device, which hold the weights and the KV
+    cache, and the worker itself receives the weights into the host."""
+    return placement_mode(config) == DISAGGREGATED and config.rollout.tp > 1
+
+
 def training_devices(config: MindRLConfig, offline: bool = False) -> int:
     """Devices the model roles train on: the world, less the rollout workers' own."""
     if placement_mode(config, offline) == DISAGGREGATED:
@@ -202,11 +209,12 @@ def layout_problems(layout: RunLayout, config: MindRLConfig) -> list[str]:
     for role, training in layout.training.items():
         problems += training_problems(f"{role}.parallel", training, config.model)
     if layout.mode != OFFLINE:
-        generating = layout.rollout_devices or layout.train_devices
         if layout.rollout_devices:  # whole weights reach the rollout workers: no resharder
-            problems += generation_problems(config, generating, "rollout.devices", False)
+            problems += generation_problems(
+                config, layout.rollout_devices, "rollout.devices", resharded=False
+            )
         else:
-            problems += generation_problems(config, generating)
+            problems += generation_problems(config, layout.train_devices)
     return problems
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mindrl.config import MindRLConfig
-from mindrl.config.layout import DISAGGREGATED
+from mindrl.config.layout import DISAGGREGATED, rollout_worker_spans_devices
 from mindrl.planner.memory import (
     MemoryPlan,
     gather_bucket_bytes,
@@ -75,9 +75,7 @@ def rollout_measured(config: MindRLConfig, plan: RunPlan) -> bool:
     when nothing generates, nor when a rollout worker's engine runs its TP ranks in
     processes of its own (disaggregated, ``rollout.tp > 1``: vLLM's ``mp`` workers hold
     the weights and the KV cache, the measured worker only the received copy)."""
-    if not plan.generates:
-        return False
-    return not (plan.mode == DISAGGREGATED and config.rollout.tp > 1)
+    return plan.generates and not rollout_worker_spans_devices(config)
 
 
 def planned_actor_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) -> dict[str, int]:

@@ -50,6 +50,7 @@ from mindrl.config import MindRLConfig, ModelConfig, ParallelConfig
 from mindrl.config.layout import (
     DISAGGREGATED,
     placement_mode,
+    rollout_worker_spans_devices,
     stage_layer_counts,
     training_devices,
     training_layout,
@@ -267,7 +268,8 @@ def rollout_worker_peak(config: MindRLConfig, device_bytes: int) -> int:
     preallocates its KV cache (vLLM) holds it while it receives, so all three add up;
     otherwise the weights arrive between two generations."""
     rollout = rollout_device_memory(config, device_bytes)
-    received = rollout.shard if config.rollout.tp == 1 else largest_tensor_bytes(config.model)
+    spans = rollout_worker_spans_devices(config)
+    received = largest_tensor_bytes(config.model) if spans else rollout.shard
     if config.rollout.continuous or planned_engine(config).preallocates_kv_cache:
         return rollout.shard + received + rollout.working
     return rollout.shard + max(received, rollout.working)

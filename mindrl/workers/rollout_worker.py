@@ -20,6 +20,7 @@ import torch
 
 from backends.device import get_device
 from backends.generation import SamplingParams
+from mindrl.config.layout import rollout_worker_spans_devices
 from mindrl.dock import DockHandle
 from mindrl.run_plan import stage_deadline_s
 from mindrl.workers.context import StageContext
@@ -84,7 +85,7 @@ class RolloutWorker:
         transfer group then stages each tensor through the device alone, so the device
         never holds a whole copy of the model beside its shard."""
         on_device = self.device.transfer_on_device
-        staged = on_device and self.config.rollout.tp > 1
+        staged = on_device and rollout_worker_spans_devices(self.config)
         host = torch.device("cpu")
         named = empty_like_manifest(
             self.manifest, self.device.device() if on_device and not staged else host
