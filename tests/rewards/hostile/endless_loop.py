@@ -1,0 +1,4 @@
+"""Never ends, never sleeps."""
+
+while True:
+    pass
