@@ -29,9 +29,11 @@ in the program's own process (they must see its namespace), so a program written
 inspect the harness's memory for the key, or to make ``==`` always true, is beyond what
 any sandbox can judge; that is the tests' business.
 
-Memory is bounded per process (RLIMIT_AS) times the process limit; memory the kernel does
-not count in an address space (SysV shared memory kept after detaching) is bounded only
-when the trainer also runs the sandbox in a memory cgroup.
+RLIMIT_AS bounds each process's address space, not what no address space holds (SysV
+shared memory once detached, memfd and pipe contents). So when the caller is root and a
+memory cgroup can be made (v1 under its own, or v2), each run also gets one, capping the
+whole sandbox at ``memory_mb + disk_mb``: bwrap's init waits (``--block-fd``) until it is
+in it, and the OOM killer's kills there end as ``oom``. Elsewhere the rlimits stand alone.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import dataclasses
 import hmac
 import json
 import math
@@ -64,6 +67,7 @@ SANDBOX_GID = 65534
 OUTPUT_CAP = 1 << 20
 #: After the wall limit (or the program's end), how long the namespace may take to die.
 KILL_GRACE_S = 2.0
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 STATUSES = ("ok", "error", "timeout", "oom")
 #: Interpreters tried in order when the caller's own is not readable by the sandbox uid
 #: (a pyenv under a 0700 /root).
@@ -104,7 +108,7 @@ class SandboxLimits:
         number = isinstance(self.timeout_s, int | float) and not isinstance(self.timeout_s, bool)
         if not (number and 0 < self.timeout_s < math.inf):
             raise ValueError(f"timeout_s must be a number > 0, got {self.timeout_s!r}")
-        for name, low in (("memory_mb", 16), ("disk_mb", 1), ("processes", 2), ("open_files", 8)):
+        for name, low in (("memory_mb", 32), ("disk_mb", 1), ("processes", 2), ("open_files", 8)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -145,7 +149,7 @@ class SandboxResult:
 # the harness's names by an ordinary assignment does not change how the tests run.
 _HARNESS = r"""
 def harness():
-    import builtins, json, os, resource, sys, traceback, types
+    import builtins, json, linecache, os, resource, sys, traceback, types
     try:
         from _hashlib import hmac_digest as mac
     except ImportError:
@@ -162,20 +166,21 @@ def harness():
 
     def run(source, name, is_test):
         # -> (exit code, outcome, why). A test that exits, even with 0, failed.
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
         try:
             run_code(build(source, name, "exec"), namespace)
         except Exit as stop:
             if not is_test and (stop.code is None or stop.code == 0):
                 return 0, "ok", ""
             if is_a(stop.code, Int) and not is_test:
-                return stop.code, "error", "SystemExit(%d)" % stop.code
-            return 1, "error", "SystemExit: %s" % (stop.code,)
+                return stop.code, "error", ""
+            return 1, "error", ("SystemExit(%s)" if is_test else "%s") % (stop.code,)
         except NoMemory:
             return 1, "oom", "MemoryError"
         except BaseError as error:
             if not is_test:
-                try:
-                    traceback.print_exc()
+                try:  # the program's traceback, without the harness's own frame
+                    traceback.print_exception(Type(error), error, error.__traceback__.tb_next)
                     return 1, "error", ""
                 except BaseError:
                     pass
@@ -247,6 +252,8 @@ class _Setup:
     #: Host uid and gid to drop to (None: keep the caller's, which is not root).
     uid: int | None
     gid: int | None
+    #: Where each run's memory cgroup is made (None: none can be, rlimits only).
+    cgroups: _CgroupParent | None = None
 
 
 _setup_lock = threading.Lock()
@@ -265,7 +272,13 @@ def _available_setup() -> _Setup:
     with _setup_lock:
         if _checked_setup is None:
             setup = _find_setup()
-            _probe(setup)
+            try:
+                _probe(setup)
+            except SandboxUnavailable:
+                if setup.cgroups is None:
+                    raise
+                setup = dataclasses.replace(setup, cgroups=None)  # a cgroup tree we cannot use
+                _probe(setup)
             _checked_setup = setup
         return _checked_setup
 
@@ -281,7 +294,8 @@ def _find_setup() -> _Setup:
         )
     python = _find_python(uid, gid)
     prefix = _python_prefix(python)
-    return _Setup(bwrap, python, prefix, uid if root else None, gid if root else None)
+    cgroups = _cgroup_parent() if root else None
+    return _Setup(bwrap, python, prefix, uid if root else None, gid if root else None, cgroups)
 
 
 def _find_bwrap() -> str:
@@ -352,6 +366,126 @@ def _probe(setup: _Setup) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _CgroupParent:
+    """The folder each run's memory cgroup is made in, and its cgroup version."""
+
+    path: Path
+    version: int
+
+
+def _cgroup_parent() -> _CgroupParent | None:
+    """Where a root caller can make memory cgroups: under its own (cgroup v1), or in a
+    folder of the v2 tree's root (v2 allows no controller below a cgroup with processes)."""
+    try:
+        v2_controllers = CGROUP_ROOT / "cgroup.controllers"
+        if v2_controllers.exists():
+            if "memory" not in v2_controllers.read_text().split():
+                return None
+            parent = CGROUP_ROOT / "mindrl-sandbox"
+            parent.mkdir(exist_ok=True)
+            if "memory" not in (CGROUP_ROOT / "cgroup.subtree_control").read_text().split():
+                (CGROUP_ROOT / "cgroup.subtree_control").write_text("+memory")
+            (parent / "cgroup.subtree_control").write_text("+memory")
+            return _CgroupParent(parent, 2)
+        v1 = CGROUP_ROOT / "memory"
+        if not (v1 / "memory.limit_in_bytes").exists():
+            return None
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                parent = v1 / path.lstrip("/")
+                return _CgroupParent(parent, 1) if os.access(parent, os.W_OK) else None
+    except OSError:
+        return None
+    return None
+
+
+class _MemoryCgroup:
+    """One run's memory cgroup, capping the whole sandbox at memory_mb + disk_mb.
+
+    RLIMIT_AS bounds each process's address space; what no address space holds (SysV
+    shared memory once detached, memfd and pipe contents, the /tmp tmpfs) only a cgroup
+    bounds. The kernel's OOM killer acts inside it; its kills are counted as ``oom``."""
+
+    def __init__(self, path: Path, version: int) -> None:
+        self.path = path
+        self.version = version
+
+    @classmethod
+    def make(cls, parent: _CgroupParent, limits: SandboxLimits) -> _MemoryCgroup:
+        path = parent.path / f"mindrl-sandbox-{secrets.token_hex(6)}"
+        cgroup = cls(path, parent.version)
+        limit = str((limits.memory_mb + limits.disk_mb) << 20)
+        try:
+            path.mkdir()
+            if parent.version == 2:
+                (path / "memory.max").write_text(limit)
+                cgroup._write_if_there("memory.swap.max", "0")
+            else:
+                (path / "memory.limit_in_bytes").write_text(limit)
+                cgroup._write_if_there("memory.memsw.limit_in_bytes", limit)
+        except OSError as error:
+            cgroup.remove()
+            raise SandboxUnavailable(f"cannot make a memory cgroup at {path}: {error}") from error
+        return cgroup
+
+    def _write_if_there(self, name: str, value: str) -> None:
+        if (self.path / name).exists():
+            (self.path / name).write_text(value)
+
+    def admit(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def oom_kills(self) -> int:
+        events = "memory.events" if self.version == 2 else "memory.oom_control"
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.path / events).read_text().splitlines():
+                name, _, count = line.partition(" ")
+                if name == "oom_kill":
+                    return int(count)
+        return 0
+
+    def remove(self) -> int:
+        """Remove the (emptied) cgroup; how many processes the OOM killer took in it."""
+        kills = self.oom_kills()
+        deadline = time.monotonic() + KILL_GRACE_S
+        while self.path.exists():
+            try:
+                self.path.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    break  # left behind empty; harmless, and named as ours
+                time.sleep(0.02)
+        return kills
+
+
+class _Start:
+    """What happens once bwrap's init exists: it enters the run's memory cgroup, then is
+    let go (it waits on ``--block-fd`` before starting the harness)."""
+
+    def __init__(self, cgroup: _MemoryCgroup | None, block_fd: int) -> None:
+        self.cgroup = cgroup
+        self.block_fd = block_fd
+        self.error = ""
+
+    def go(self, init_pid: int) -> None:
+        if self.block_fd < 0:
+            return
+        try:
+            if self.cgroup is not None:
+                self.cgroup.admit(init_pid)
+            os.write(self.block_fd, b"g")
+        except OSError as error:
+            self.error = str(error)  # the sandbox stays blocked until the wall limit
+        self.release()
+
+    def release(self) -> None:
+        if self.block_fd >= 0:
+            os.close(self.block_fd)
+            self.block_fd = -1
+
+
 def run_sandboxed(
     program: str, tests: Sequence[str] | None = None, limits: SandboxLimits | None = None
 ) -> SandboxResult:
@@ -396,13 +530,15 @@ def _run(
         "program": program,
         "tests": tests or [],
     }
+    cgroup = _MemoryCgroup.make(setup.cgroups, limits) if setup.cgroups else None
+    block_r, block_w = os.pipe() if cgroup else (-1, -1)
     try:
         proc = subprocess.Popen(
-            _bwrap_args(setup, limits, status_w),
+            _bwrap_args(setup, limits, status_w, block_r),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(verdict_w, status_w),
+            pass_fds=tuple(fd for fd in (verdict_w, status_w, block_r) if fd >= 0),
             env=_environment(),
             cwd="/",
             start_new_session=True,
@@ -411,13 +547,24 @@ def _run(
             extra_groups=[] if setup.uid is not None else None,
         )
     except OSError as error:
-        for fd in (verdict_r, verdict_w, status_r, status_w):
-            os.close(fd)
+        for fd in (verdict_r, verdict_w, status_r, status_w, block_r, block_w):
+            if fd >= 0:
+                os.close(fd)
+        if cgroup:
+            cgroup.remove()
         raise SandboxUnavailable(f"cannot start {setup.bwrap}: {error}") from error
-    os.close(verdict_w)
-    os.close(status_w)
-    outcome = _watch(proc, json.dumps(job).encode(), verdict_r, status_r, limits.timeout_s)
-    return _result(outcome, key, tests, proc.returncode)
+    for fd in (verdict_w, status_w, block_r):
+        if fd >= 0:
+            os.close(fd)
+    start = _Start(cgroup, block_w)
+    try:
+        outcome = _watch(proc, json.dumps(job).encode(), verdict_r, status_r, limits, start)
+    finally:
+        start.release()
+        oom_kills = cgroup.remove() if cgroup else 0
+    if start.error:
+        raise SandboxUnavailable(f"cannot put the sandbox in its memory cgroup: {start.error}")
+    return _result(outcome, key, tests, proc.returncode, oom_kills)
 
 
 def _rlimits(limits: SandboxLimits) -> dict[str, int]:
@@ -437,7 +584,7 @@ def _environment() -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
-def _bwrap_args(setup: _Setup, limits: SandboxLimits, status_fd: int) -> list[str]:
+def _bwrap_args(setup: _Setup, limits: SandboxLimits, status_fd: int, block_fd: int) -> list[str]:
     args = [setup.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
     args += ["--ro-bind", "/usr", "/usr"]
@@ -456,15 +603,22 @@ def _bwrap_args(setup: _Setup, limits: SandboxLimits, status_fd: int) -> list[st
     args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
     args += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
     args += ["--setenv", "LANG", "C.UTF-8", "--json-status-fd", str(status_fd)]
+    if block_fd >= 0:  # the init waits there, before its first fork, to enter the cgroup
+        args += ["--block-fd", str(block_fd)]
     return [*args, "--", setup.python, "-I", "-S", "-B", "-c", _HARNESS]
 
 
 def _watch(
-    proc: subprocess.Popen[bytes], job: bytes, verdict_fd: int, status_fd: int, timeout_s: float
+    proc: subprocess.Popen[bytes],
+    job: bytes,
+    verdict_fd: int,
+    status_fd: int,
+    limits: SandboxLimits,
+    start: _Start,
 ) -> _Outcome:
     """Feed the job, read every output until it ends or the wall limit, then make sure the
     whole sandbox is gone before returning."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + limits.timeout_s
     assert proc.stdin and proc.stdout and proc.stderr
     pump = _Pump(
         {
@@ -475,6 +629,7 @@ def _watch(
         },
         proc.stdin,
         job,
+        start,
     )
     try:
         finished = pump.run(deadline)
@@ -484,6 +639,7 @@ def _watch(
             # process of the pid namespace: the double-forked daemon too.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            pump.kill_init()
             pump.run(time.monotonic() + KILL_GRACE_S)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(KILL_GRACE_S)
@@ -505,7 +661,10 @@ class _Pump:
     """Non-blocking reads of the sandbox's pipes (each kept to :data:`OUTPUT_CAP`, the rest
     read and dropped) and the write of its job, in the caller's thread."""
 
-    def __init__(self, readers: dict[str, int], stdin: IO[bytes], job: bytes) -> None:
+    def __init__(
+        self, readers: dict[str, int], stdin: IO[bytes], job: bytes, start: _Start
+    ) -> None:
+        self.start = start
         self.selector = selectors.DefaultSelector()
         self.data = {name: b"" for name in readers}
         self.status_lines: list[dict[str, int]] = []
@@ -582,14 +741,29 @@ class _Pump:
                     # could be reused once it is gone.
                     with contextlib.suppress(OSError):
                         self.init_pidfd = os.pidfd_open(int(entry["child-pid"]))
+                    self.start.go(int(entry["child-pid"]))
+
+    def kill_init(self) -> None:
+        """SIGKILL to bwrap's init, besides its parent's death: the kernel then ends
+        every process of its pid namespace."""
+        if self.init_pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
 
     def wait_for_init(self, timeout_s: float) -> None:
-        """Until bwrap's init (pid 1 of the sandbox) has exited: the kernel ends every
-        other process of its pid namespace before that."""
-        if self.init_pidfd is not None:
-            with selectors.DefaultSelector() as waiter:
-                waiter.register(self.init_pidfd, selectors.EVENT_READ)
+        """Until bwrap's init (pid 1 of the sandbox) has exited, killing it if it is late:
+        the kernel ends every other process of its pid namespace before that."""
+        if self.init_pidfd is None:
+            return
+        with selectors.DefaultSelector() as waiter:
+            waiter.register(self.init_pidfd, selectors.EVENT_READ)
+            if not waiter.select(timeout_s):
+                self.kill_init()
                 waiter.select(timeout_s)
+        # Orphaned when bwrap's outer process exits, the init goes to the host's init, or
+        # to a child subreaper (a reward pool process): then it is ours to reap.
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitid(os.P_PIDFD, self.init_pidfd, os.WEXITED | os.WNOHANG)
 
     def close(self) -> None:
         self._close_stdin()
@@ -626,7 +800,7 @@ def _records(data: bytes, key: bytes) -> list[_Record]:
 
 
 def _result(
-    outcome: _Outcome, key: bytes, tests: list[str] | None, returncode: int | None
+    outcome: _Outcome, key: bytes, tests: list[str] | None, returncode: int | None, oom_kills: int
 ) -> SandboxResult:
     records = _records(outcome.verdict, key)
     if not records and not outcome.timed_out:
@@ -638,7 +812,7 @@ def _result(
         )
     exit_code = _exit_code(outcome, returncode)
     final = records[-1] if records and records[-1].done else None
-    status = _status(outcome, final, exit_code, tests is not None)
+    status = _status(outcome, final, exit_code, tests is not None, oom_kills)
     stdout = outcome.out.decode(errors="replace")
     stderr = outcome.err.decode(errors="replace")
     if tests is None:
@@ -665,10 +839,12 @@ def _exit_code(outcome: _Outcome, returncode: int | None) -> int | None:
     return returncode
 
 
-def _status(outcome: _Outcome, final: _Record | None, exit_code: int | None, tests: bool) -> str:
+def _status(
+    outcome: _Outcome, final: _Record | None, exit_code: int | None, tests: bool, oom_kills: int
+) -> str:
     if outcome.timed_out:
         return "timeout"
-    if final is not None and final.outcome == "oom":
+    if oom_kills or (final is not None and final.outcome == "oom"):
         return "oom"
     if exit_code in (128 + signal.SIGKILL, 128 + signal.SIGXCPU):
         return "timeout"  # the CPU limit: hard = soft kills with SIGKILL at once

@@ -114,18 +114,23 @@ def assert_failed_its_test(result: SandboxResult) -> None:
 def test_a_harmless_probe_sees_only_its_own_namespaces_as_an_unprivileged_uid(tmp_path):
     (tmp_path / "on-the-host").write_text("the host's /tmp is not empty")
     seen_uids: set[tuple[int, int]] = set()
+    in_cgroup: set[bool] = set()
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(run_checked, hostile("probe", hold_s=1.0), None)
         while not running.done():  # the host's view of the sandbox's processes
             for process in psutil.Process().children(recursive=True):
-                with contextlib.suppress(psutil.Error):
+                with contextlib.suppress(psutil.Error, OSError):
                     seen_uids.add((process.uids().real, process.uids().effective))
+                    cgroups = Path(f"/proc/{process.pid}/cgroup").read_text()
+                    in_cgroup.add("/mindrl-sandbox-" in cgroups)
             time.sleep(0.05)
         result = running.result()
     assert result.status == "ok", result.stderr
     seen = json.loads(result.stdout.splitlines()[0])
 
     assert seen_uids == {(HOST_UID, HOST_UID)} and HOST_UID != 0
+    if sandbox._available_setup().cgroups is not None:
+        assert True in in_cgroup  # bwrap's init and the program; its outer bwrap is not
     assert seen["pid"] != 1 and seen["ppid"] == 1
     assert Path(seen["pid1"]).name == "bwrap"
     assert seen["sid"] == 1  # a session of its own, led by the sandbox's init
@@ -224,6 +229,16 @@ def test_a_memory_bomb_that_first_raises_its_limits_ends_as_oom():
     assert result.status == "oom"
     assert "refused RLIMIT_AS" in result.stdout and "refused RLIMIT_NPROC" in result.stdout
     assert "MemoryError" in result.stderr
+    assert_failed_its_test(result)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a memory cgroup for the sandbox needs a root caller")
+def test_memory_held_outside_any_address_space_is_capped_by_the_sandboxs_cgroup():
+    assert sandbox._available_setup().cgroups is not None  # root here: the cgroup is made
+    result = run_checked(hostile("shared_memory_bomb"))
+    assert result.status == "oom"
+    held = [int(line.split()[1]) for line in result.stdout.splitlines() if line[:4] == "held"]
+    assert max(held) <= (LIMITS.memory_mb + LIMITS.disk_mb) << 20
     assert_failed_its_test(result)
 
 
