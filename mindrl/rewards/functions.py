@@ -20,8 +20,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The verifiers' own modules, not the registry (which imports torch): a pool process that
+# runs a built-in then needs no torch once mindrl.rewards itself stops importing it.
+from mindrl.rewards.digits import digit_partial_reward, exact_match_reward
 from mindrl.rewards.inputs import RewardInput
-from mindrl.rewards.registry import get_verifier
+from mindrl.rewards.maths import math_format_reward, math_reward
 
 #: The built-in functions by name: ``builtin: NAME`` in the config.
 BUILTINS: dict[str, str] = {
@@ -186,7 +189,7 @@ def import_target(spec: FunctionSpec) -> Callable[..., Any]:
     except Exception as error:  # a module may raise anything while it imports
         raise RewardFunctionError(
             f"{where}: cannot import module {module_name!r} (looked up on PYTHONPATH): "
-            f"{_first_line(error)}"
+            f"{first_line(error)}"
         ) from error
     fn = _attribute(module, attribute)
     if fn is None:
@@ -257,29 +260,31 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """``Type: first line of the message``: what a one-line report says of an exception."""
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
-# The built-in functions over today's verifiers: ``verifier(response, ground_truth)``.
+# The built-in functions over today's verifiers (registry.VERIFIERS of the same name):
+# ``verifier(response, ground_truth)``.
 
 
 def synthetic(inp: RewardInput) -> float:
     """Digit tasks: the share of answer positions right."""
-    return get_verifier("synthetic")(inp.response, inp.answer)
+    return digit_partial_reward(inp.response, inp.answer)
 
 
 def exact(inp: RewardInput) -> float:
     """1.0 when the response holds exactly the answer's symbols."""
-    return get_verifier("exact")(inp.response, inp.answer)
+    return exact_match_reward(inp.response, inp.answer)
 
 
 def math(inp: RewardInput) -> float:
     """1.0 when the final answer equals the ground truth mathematically (math-verify)."""
-    return get_verifier("math")(inp.response, inp.answer)
+    return math_reward(inp.response, inp.answer)
 
 
 def math_format(inp: RewardInput) -> float:
     """1.0 when the response states a parseable final answer, right or wrong."""
-    return get_verifier("math_format")(inp.response, inp.answer)
+    return math_format_reward(inp.response, inp.answer)

@@ -17,6 +17,7 @@ from mindrl.rewards.functions import (
     parse_function_spec,
 )
 from mindrl.rewards.inputs import RewardInput
+from mindrl.rewards.registry import VERIFIERS
 
 USER_MODULE = """
     import asyncio
@@ -117,7 +118,7 @@ def test_a_group_function_takes_the_list_of_inputs(user_module):
 def test_builtins_score_like_the_verifiers_of_the_same_name(builtin, response, answer, score):
     loaded = load_function(parse_function_spec(builtin, {"builtin": builtin}))
     assert loaded.spec.target == BUILTINS[builtin]
-    assert answer_of(loaded, response, answer) == score
+    assert answer_of(loaded, response, answer) == score == VERIFIERS[builtin](response, answer)
 
 
 def test_builtins_written_elsewhere_are_named_by_path_and_imported_only_when_used():
