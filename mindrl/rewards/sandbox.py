@@ -68,16 +68,16 @@ OUTPUT_CAP = 1 << 20
 #: After the wall limit (or the program's end), how long the namespace may take to die.
 KILL_GRACE_S = 2.0
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-STATUSES = ("ok", "error", "timeout", "oom")
 #: Interpreters tried in order when the caller's own is not readable by the sandbox uid
 #: (a pyenv under a 0700 /root).
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 #: Top-level names bound read-only when they exist: what the interpreter needs to load.
 SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: Said with an error of bwrap's own: the usual reasons it cannot make its namespaces.
 USERNS_HINT = (
-    "user namespaces must be allowed for that uid "
-    "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone = 1, "
-    "kernel.apparmor_restrict_unprivileged_userns = 0 or Debian's bubblewrap package)"
+    "user namespaces must be open to that uid: sysctl user.max_user_namespaces > 0, "
+    "kernel.unprivileged_userns_clone = 1, and on Ubuntu kernel."
+    "apparmor_restrict_unprivileged_userns = 0 (or Debian's bubblewrap package)"
 )
 
 
@@ -383,9 +383,9 @@ def _cgroup_parent() -> _CgroupParent | None:
             if "memory" not in v2_controllers.read_text().split():
                 return None
             parent = CGROUP_ROOT / "mindrl-sandbox"
-            parent.mkdir(exist_ok=True)
             if "memory" not in (CGROUP_ROOT / "cgroup.subtree_control").read_text().split():
-                (CGROUP_ROOT / "cgroup.subtree_control").write_text("+memory")
+                return None  # the system's own choice; not ours to change
+            parent.mkdir(exist_ok=True)
             (parent / "cgroup.subtree_control").write_text("+memory")
             return _CgroupParent(parent, 2)
         v1 = CGROUP_ROOT / "memory"
@@ -476,8 +476,13 @@ class _Start:
             if self.cgroup is not None:
                 self.cgroup.admit(init_pid)
             os.write(self.block_fd, b"g")
+        except BrokenPipeError:
+            pass  # bwrap died setting up: its own message tells why
         except OSError as error:
-            self.error = str(error)  # the sandbox stays blocked until the wall limit
+            # The init stays blocked (its fd still open) until the caller has killed it:
+            # never a run outside the cgroup.
+            self.error = str(error)
+            return
         self.release()
 
     def release(self) -> None:
@@ -652,6 +657,8 @@ def _watch(
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             with contextlib.suppress(OSError):
                 stream.close()
+        os.close(verdict_fd)
+        os.close(status_fd)
     return _Outcome(
         pump.data["out"], pump.data["err"], pump.data["verdict"], pump.status_lines, timed_out
     )
@@ -681,7 +688,7 @@ class _Pump:
         """Pump until every pipe closed (True) or ``deadline`` (False)."""
         while self.selector.get_map():
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or self.start.error:
                 return False
             for key, _ in self.selector.select(remaining):
                 if key.data == "stdin":
@@ -806,10 +813,10 @@ def _result(
     if not records and not outcome.timed_out:
         # The harness reports before the program's first line: without that report,
         # bwrap or the interpreter failed, which is no score of the program's.
-        raise SandboxUnavailable(
-            "the sandbox did not start its program: "
-            f"{_last_line(outcome.err.decode(errors='replace'))}"
-        )
+        said = _last_line(outcome.err.decode(errors="replace"))
+        namespaces = any(word in said for word in ("namespace", "uid map", "setns"))
+        hint = f"; {USERNS_HINT}" if said.startswith("bwrap:") and namespaces else ""
+        raise SandboxUnavailable(f"the sandbox did not start its program: {said}{hint}")
     exit_code = _exit_code(outcome, returncode)
     final = records[-1] if records and records[-1].done else None
     status = _status(outcome, final, exit_code, tests is not None, oom_kills)

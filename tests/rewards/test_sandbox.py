@@ -10,6 +10,7 @@ one that escaped still could not take the machine down.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -116,7 +117,8 @@ def test_a_harmless_probe_sees_only_its_own_namespaces_as_an_unprivileged_uid(tm
     seen_uids: set[tuple[int, int]] = set()
     in_cgroup: set[bool] = set()
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(run_checked, hostile("probe", hold_s=1.0), None)
+        probe = hostile("probe", hold_s=1.0)
+        running = pool.submit(run_checked, probe, None, dataclasses.replace(LIMITS, timeout_s=5))
         while not running.done():  # the host's view of the sandbox's processes
             for process in psutil.Process().children(recursive=True):
                 with contextlib.suppress(psutil.Error, OSError):
@@ -151,7 +153,7 @@ def test_a_harmless_probe_sees_only_its_own_namespaces_as_an_unprivileged_uid(tm
     assert seen["environ"]["HOME"] == "/tmp"
     assert seen["limits"] == {
         "RLIMIT_AS": [128 << 20] * 2,
-        "RLIMIT_CPU": [2, 2],
+        "RLIMIT_CPU": [5, 5],
         "RLIMIT_NPROC": [8, 8],
         "RLIMIT_FSIZE": [8 << 20] * 2,
         "RLIMIT_NOFILE": [32, 32],
@@ -181,6 +183,14 @@ def test_sandboxes_side_by_side_keep_their_own_verdicts():
     with ThreadPoolExecutor(len(programs)) as pool:
         results = list(pool.map(lambda program: run_sandboxed(program, TESTS, LIMITS), programs))
     assert [result.passed for result in results] == [True, False, True, False]
+
+
+def test_runs_leave_no_file_descriptor_open_in_the_caller():
+    run_sandboxed(SQUARE, TESTS, LIMITS)  # the first run of a process also probes
+    before = sorted(os.listdir("/proc/self/fd"))
+    run_sandboxed(SQUARE, TESTS, LIMITS)
+    run_sandboxed(hostile("sleeper"), TESTS, dataclasses.replace(LIMITS, timeout_s=0.3))
+    assert sorted(os.listdir("/proc/self/fd")) == before
 
 
 # Programs that do not end.
