@@ -14,7 +14,7 @@ kernel, never by a blocklist of Python names:
 * its only writable place is a private ``/tmp`` tmpfs of ``disk_mb``; ``/usr`` (and the
   interpreter's prefix) are bound read-only, ``/dev`` is bwrap's minimal one, read-only;
   nothing of the host's ``/tmp``, home, cwd or ``/etc`` is there; the environment is
-  ``PATH``, ``HOME`` and ``LANG`` only;
+  ``PATH``, ``HOME`` and ``LANG`` only (and the ``PWD`` bwrap sets);
 * the harness (:data:`_HARNESS`, run as ``python -I -S``) sets every limit with hard =
   soft before the program's first line: address space, CPU seconds, processes, file
   size, open files, core = 0;
