@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
+import mindrl  # noqa: F401  (before STARTING_ENVIRON: the nodes start with Ray's usage stats off)
+
 NUM_NODES = 3
 CPUS_PER_NODE = 4
 #: The environment this test run started with. The Ray nodes start with it, not with what
