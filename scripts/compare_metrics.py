@@ -11,6 +11,8 @@ bits): on the CPU a seeded run repeats itself bit for bit.
 BEFORE and AFTER are two run folders (each holding ``metrics.jsonl``), or two folders of
 run folders compared by name. One line per run: ``identical`` or where it first differs.
 Exit status 0 when every run is identical, 1 when one differs or is missing.
+``--allow-new PREFIX`` (repeatable) lets AFTER's records hold keys BEFORE's lack when they
+start with PREFIX (a change that adds figures, e.g. ``reward/``, and alters none).
 """
 
 from __future__ import annotations
@@ -23,16 +25,10 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
-#: Keys whose values are, or are derived from, wall-clock time or measured memory.
-TIMING_KEYS = frozenset({"time", "busy", "overlap", "overhead", "memory", "tps", "weight_transfer"})
-#: Key endings of a duration or a rate (``iteration_time_s``, ``val/time_s``, ``samples_per_s``).
-TIMING_SUFFIXES = ("_s", "_time", "per_s", "_tps")
-
-
-def is_timing(key: str) -> bool:
-    """Whether a record key (one part of a dotted path) measures wall-clock or memory."""
-    name = key.rsplit("/", 1)[-1]
-    return name in TIMING_KEYS or name.startswith("time") or name.endswith(TIMING_SUFFIXES)
+# The one rule of what a record measures (mindrl/metrics/measured.py).
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from mindrl.metrics.measured import is_measured as is_timing  # noqa: E402
 
 
 def flat_fields(record: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -52,8 +48,9 @@ def read_records(run: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in lines if line.strip()]
 
 
-def compare_runs(before: Path, after: Path) -> tuple[bool, str]:
-    """(identical, verdict) for two run folders."""
+def compare_runs(before: Path, after: Path, allow_new: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """(identical, verdict) for two run folders; keys only AFTER has that start with one
+    of ``allow_new`` are left out."""
     for run in (before, after):
         if not (run / METRICS_FILE).is_file():
             return False, f"no {METRICS_FILE} in {run}"
@@ -63,6 +60,9 @@ def compare_runs(before: Path, after: Path) -> tuple[bool, str]:
     compared: set[str] = set()
     for number, (a, b) in enumerate(zip(old, new, strict=True)):
         fields_a, fields_b = dict(flat_fields(a)), dict(flat_fields(b))
+        added = [k for k in fields_b.keys() - fields_a.keys() if k.startswith(allow_new)]
+        for key in added:
+            del fields_b[key]
         if fields_a.keys() != fields_b.keys():
             only = sorted(fields_a.keys() ^ fields_b.keys())
             return False, f"record {number}: fields in one run only: {', '.join(only)}"
@@ -89,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("before", type=Path, help="run folder, or folder of run folders")
     parser.add_argument("after", type=Path, help="the same, from the changed code")
+    parser.add_argument(
+        "--allow-new",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="keys only AFTER has that start with PREFIX are not a difference",
+    )
     args = parser.parse_args(argv)
     pairs = run_pairs(args.before, args.after)
     if not pairs:
@@ -96,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     all_same = True
     for name, before, after in pairs:
-        same, verdict = compare_runs(before, after)
+        same, verdict = compare_runs(before, after, tuple(args.allow_new))
         all_same &= same
         print(f"{name}: {verdict}")
     return 0 if all_same else 1

@@ -70,3 +70,12 @@ def test_folders_of_runs_compare_by_name_one_line_each(tmp_path, capsys):
     assert code == 1
     assert lines[0] == "grpo: identical (1 records, 4 non-timing fields)"
     assert lines[1] == f"ppo: no metrics.jsonl in {tmp_path / 'b' / 'ppo'}"
+
+
+def test_new_keys_are_a_difference_unless_their_prefix_is_allowed(tmp_path):
+    before = write_run(tmp_path / "a", [{"iteration": 0, "reward_mean": 0.5}])
+    after = write_run(tmp_path / "b", [{"iteration": 0, "reward_mean": 0.5, "reward/math": 0.5}])
+    assert not compare_metrics.compare_runs(before, after)[0]
+    assert compare_metrics.compare_runs(before, after, ("reward/",))[0]
+    changed = write_run(tmp_path / "c", [{"iteration": 0, "reward_mean": 0.7, "reward/math": 0.7}])
+    assert not compare_metrics.compare_runs(before, changed, ("reward/",))[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mindrl.config import load_config
-from mindrl.metrics import read_metrics
+from mindrl.metrics import measured, read_metrics
 from tests.trainers.conftest import WITH_REFERENCE
 from tests.trainers.test_pipeline import trained_records
 from trainers.driver.train import train
@@ -19,16 +19,15 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 TINY_ENV = Path(__file__).resolve().parents[2] / "configs" / "tiny_env.yaml"
 TOY = "tests.envs.toy_envs"
-#: Record keys that are timings or memory, free to differ between two runs.
-MEASURED = {"tps", "iteration_time_s", "time", "busy", "overlap", "overhead"}
 
 
 def outcomes(record: dict) -> dict:
-    """Every number the samples decide (no timing, no memory, no episode figure)."""
+    """Every number the samples decide (no timing, no memory, no episode figure, none of
+    the reward functions' figures: an episode's reward is its environment's)."""
     return {
         k: v
-        for k, v in record.items()
-        if k not in MEASURED and not k.startswith("env_") and isinstance(v, int | float)
+        for k, v in measured.outcomes(record).items()
+        if not k.startswith(("env_", "reward/", "reward_fn/"))
     }
 
 

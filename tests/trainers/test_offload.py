@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from mindrl.metrics import read_metrics
+from mindrl.metrics.measured import is_measured
 from tests.trainers.test_pipeline import tiny_config
 from trainers.driver.train import train
 
@@ -17,11 +18,10 @@ PPO_WITH_REFERENCE = ("iterations=2", "algorithm.kl_coef=0.05")
 #: The actor's update fits in 5.9 MB, not with the reference or the critic beside it
 #: (tests/foundation/test_offload_plan.py).
 SMALL_DEVICE = "resources.device_memory_gib=0.0055"
-TIMING = ("time", "busy", "overlap", "overhead", "memory", "tps", "iteration_time_s")
 
 
 def metrics(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+    return [{k: v for k, v in r.items() if not is_measured(k)} for r in records]
 
 
 def test_offloaded_reference_and_critic_train_as_resident_ones(tmp_path, capsys):

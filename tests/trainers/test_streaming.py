@@ -11,22 +11,16 @@ from __future__ import annotations
 import pytest
 
 from mindrl import run_plan
+from mindrl.metrics import measured
 from tests.trainers.conftest import WITH_REFERENCE
 from tests.trainers.test_pipeline import trained_records
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
-#: Record keys that are timings or memory, free to differ between two runs.
-MEASURED = {"tps", "iteration_time_s", "time", "busy", "overlap", "overhead"}
-
 
 def outcomes(record: dict) -> dict:
     """What the samples and their advantages decide: every number but timings/memory."""
-    return {
-        k: v
-        for k, v in record.items()
-        if k not in MEASURED and not k.endswith("_mib") and isinstance(v, int | float)
-    }
+    return measured.outcomes(record)
 
 
 def run_records(run_dir, *overrides: str) -> list[dict]:
