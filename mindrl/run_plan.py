@@ -14,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mindrl.algorithm import Algorithm, run_options
+from mindrl.config.compat import model_roles
 from mindrl.config.layout import DISAGGREGATED, OFFLINE, RunLayout, resolve_layout
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
+from mindrl.data.records import RECORD_FIELDS
+from mindrl.rewards.routing import reward_spec_of
 
 #: Fields every model stage reads: the packed sequence is prompt + response.
 SEQUENCE = ("prompt_ids", "response_ids")
@@ -24,9 +27,12 @@ SEQUENCE = ("prompt_ids", "response_ids")
 LOSS_MASK = "loss_mask"
 #: The sum of an episode's step rewards, which the rollout puts and the reward stage reads.
 ENV_REWARD = "env_reward"
-#: The prompt's ground truth (UTF-8 bytes) and its group, which the driver puts beside the
-#: prompt: the verifiers read the one, group-relative estimators and filters the other.
-ANSWER, GROUP_ID = "answer", "group_id"
+#: A prompt's group, which the driver puts beside the prompt with its record
+#: (mindrl/data/records.py): group-relative estimators and filters read it.
+GROUP_ID = "group_id"
+#: What the driver puts per sample: the prompt, its record and its group.
+PROMPT_FIELDS = ("prompt_ids", *RECORD_FIELDS, GROUP_ID)
+
 #: What the group filter (DAPO's dynamic sampling) reads of a scored batch.
 FILTER_READS = ("reward", GROUP_ID)
 #: A stage's deadline is this many dock timeouts: a stage waits for the dock several
@@ -51,12 +57,15 @@ PARTIAL_ROLLOUT_BATCHES = 2
 
 @dataclass(frozen=True)
 class StagePlan:
-    """One stage: the worker group that serves it, the dock fields it reads and writes."""
+    """One stage: the worker group that serves it, the dock fields it reads and writes,
+    and whether each of its workers must get whole groups (a reward function that scores
+    a prompt's responses together)."""
 
     name: str
     role: str
     reads: tuple[str, ...]
     writes: tuple[str, ...]
+    whole_groups: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,15 +194,10 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
     if algorithm.offline:
         return _offline_plan(algorithm, config)
     options = run_options(algorithm, config)
-    needs_reference = algorithm.uses_reference(options)
-    needs_critic = algorithm.needs_critic
+    roles = model_roles(algorithm, options)
+    needs_reference, needs_critic = "reference" in roles, "critic" in roles
     needs_old = needs_old_logprob(config)
-    model_roles = (
-        ("actor",)
-        + (("reference",) if needs_reference else ())
-        + (("critic",) if needs_critic else ())
-    )
-    layout = resolve_layout(config, model_roles)
+    layout = resolve_layout(config, roles)
     return RunPlan(
         trainer=algorithm.name,
         mode=layout.mode,
@@ -207,11 +211,12 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
             tokens_may_lag(config),
             config.env.enabled,
             config.reward.reward_model is not None,
+            not config.env.enabled and reward_spec_of(config.reward).uses_groups,
         ),
         needs_reference=needs_reference,
         needs_critic=needs_critic,
         needs_old_logprob=needs_old,
-        model_roles=model_roles,
+        model_roles=roles,
         group_size=config.data.n_samples_per_prompt,
         uses_groups=algorithm.uses_groups,
         sample_batches=sample_batches(options, config),
@@ -282,17 +287,17 @@ def _offline_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         StagePlan("ref_logp", "reference", SEQUENCE, ("ref_logprob",)),
         StagePlan("update", "actor", (*SEQUENCE, "ref_logprob"), ()),
     )
-    model_roles = ("actor", "reference")
+    roles = model_roles(algorithm, run_options(algorithm, config))
     return RunPlan(
         trainer=algorithm.name,
         mode=OFFLINE,
         runner=OFFLINE,
-        layout=resolve_layout(config, model_roles, offline=True),
+        layout=resolve_layout(config, roles, offline=True),
         stages=stages,
         needs_reference=True,
         needs_critic=False,
         needs_old_logprob=False,
-        model_roles=model_roles,
+        model_roles=roles,
         group_size=PAIR_SIZE,
         uses_groups=True,
         sample_batches=1,
@@ -343,11 +348,14 @@ def _stages(
     token_versions: bool = False,
     multi_turn: bool = False,
     reward_model: bool = False,
+    reward_groups: bool = False,
 ) -> tuple[StagePlan, ...]:
     """The stages in order. ``multi_turn``: the rollout runs episodes, so it also writes
     each trajectory's loss mask and environment reward; the reward stage reads that reward
     (no verifier), and every stage that packs rows or computes advantages reads the mask.
-    ``reward_model``: the reward stage also scores the decoded prompt + response."""
+    ``reward_model``: the reward stage also scores the decoded prompt + response.
+    ``reward_groups``: a reward function scores a prompt's responses together, so the
+    reward stage reads the group and takes whole groups."""
     sequence = (*SEQUENCE, LOSS_MASK) if multi_turn else SEQUENCE
     update_reads = (*sequence, "advantages", "rollout_logprob")
     update_reads += ("old_logprob",) if needs_old else ()
@@ -358,13 +366,17 @@ def _stages(
     # Where tokens may lag, each records the weights version that sampled it.
     rollout_writes = ("response_ids", "rollout_logprob")
     rollout_writes += ("rollout_version",) if token_versions else ()
-    reward_reads = ("response_ids", ANSWER) + (("prompt_ids",) if reward_model else ())
-    if multi_turn:
+    reward_reads = ("response_ids", *RECORD_FIELDS)
+    reward_reads += ("prompt_ids",) if reward_model else ()
+    reward_reads += (GROUP_ID,) if reward_groups else ()
+    rollout_reads: tuple[str, ...] = ("prompt_ids",)
+    if multi_turn:  # an environment's reset gets the prompt's record
+        rollout_reads += RECORD_FIELDS
         rollout_writes += (LOSS_MASK, ENV_REWARD)
         reward_reads = ("response_ids", ENV_REWARD)
     stages = [
-        StagePlan("rollout", "actor", ("prompt_ids",), rollout_writes),
-        StagePlan("reward", "reward", reward_reads, ("reward",)),
+        StagePlan("rollout", "actor", rollout_reads, rollout_writes),
+        StagePlan("reward", "reward", reward_reads, ("reward",), whole_groups=reward_groups),
     ]
     if needs_reference:
         stages.append(StagePlan("ref_logp", "reference", sequence, ("ref_logprob",)))

@@ -37,6 +37,7 @@ import ray
 
 from benchmarks.cluster.netns import DOCK_KINDS, REPORT_MARKER, ShapedCluster
 from mindrl.config import load_config
+from mindrl.data.records import PromptRecord, record_fields
 from mindrl.dock import DockClient, create_dock, shutdown_dock
 from mindrl.run_plan import RunPlan, build_run_plan
 from trainers.driver.setup import FIELDS
@@ -149,9 +150,8 @@ class Flow:
         beside = [client.warehouse_on(node) for node in self.worker_nodes]
         groups, responses = self.n // self.shape.responses, self.shape.responses
         prompts = self.rng.integers(0, VOCAB, (groups, self.shape.prompt_len))
-        answers = [np.frombuffer(str(g).encode(), dtype=np.uint8) for g in range(groups)]
-        fields = {"prompt_ids": prompts, "record_id": np.arange(groups), "answer": answers,
-                  "group_id": np.arange(groups)}  # fmt: skip
+        records = [PromptRecord(f"g{g}", f"prompt {g}", str(g)) for g in range(groups)]
+        fields = {"prompt_ids": prompts, **record_fields(records), "group_id": np.arange(groups)}
         client.put(np.arange(self.n), fields, repeat=responses)
         for stage in self.plan.stages:
             by_warehouse = stage.name == BY_WAREHOUSE

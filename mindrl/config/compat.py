@@ -37,6 +37,25 @@ class AlgorithmTraits(Protocol):
 
     def resolve(self, section: object = None) -> AlgorithmConfig: ...
 
+    def uses_reference(self, options: AlgorithmConfig) -> bool: ...
+
+
+def model_roles(
+    algorithm: AlgorithmTraits | None, options: AlgorithmConfig | None
+) -> tuple[str, ...]:
+    """The model roles a run of ``algorithm`` with ``options`` places, ``actor`` first: a
+    reference where its loss reads one (offline pairs always do), a critic where it learns
+    values. Without an algorithm or its options, every role (a recipe checked for any
+    trainer)."""
+    if algorithm is None or options is None:
+        return ("actor", "reference", "critic")
+    reference = algorithm.offline or algorithm.uses_reference(options)
+    return (
+        ("actor",)
+        + (("reference",) if reference else ())
+        + (("critic",) if algorithm.needs_critic else ())
+    )
+
 
 @dataclass(frozen=True)
 class RunFacts:

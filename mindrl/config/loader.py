@@ -32,6 +32,26 @@ class ConfigError(ValueError):
 
 
 _MISSING = object()
+#: A recipe's value that the user must give (``model: {hf_path: ???}``): a run refuses to
+#: start until an override or the recipe sets it, naming the key.
+REQUIRED = "???"
+#: ``model.tokenizer: auto`` follows the weights.
+AUTO_TOKENIZER = "auto"
+
+#: The keys of the reference's and critic's sections that take the actor's value unless the
+#: recipe sets them: the training layout and micro-batching. A scoring or value model of the
+#: policy's architecture usually shards as the policy does, and a recipe that states the
+#: actor's layout once stays right whichever roles the trainer places.
+INHERITED_FROM_ACTOR: tuple[tuple[str, ...], ...] = (
+    ("parallel", "tp"),
+    ("parallel", "pp"),
+    ("parallel", "cp"),
+    ("parallel", "ep"),
+    ("parallel", "etp"),
+    ("parallel", "first_stage_layers"),
+    ("micro_batch_size",),
+)
+INHERITING_ROLES = ("reference", "critic")
 
 
 def load_config(
@@ -53,14 +73,45 @@ def load_config(
     problems: list[str] = []
     for item in overrides or []:
         apply_override(raw, item, problems)
+    inherit_actor_layout(raw)
+    problems += [f"{origin}: {key}" for key in required_problems(raw)]
     config = build(MindRLConfig, raw, "", problems, origin)
     if problems:
         raise ConfigError(problems)
-    config.model = checkpoint_model(config.model, origin)
+    config.model = checkpoint_model(resolved_tokenizer(config.model), origin)
     problems = [f"{origin}: {p}" for p in validate_config(config, algorithm)]
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def required_problems(raw: dict[str, Any], prefix: str = "") -> list[str]:
+    """One line per key the recipe left :data:`REQUIRED` and no override set."""
+    problems = []
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            problems += required_problems(value, f"{prefix}{key}.")
+        elif value == REQUIRED:
+            dotted = f"{prefix}{key}"
+            problems.append(
+                f"{dotted}: this recipe leaves it to you; give it on the command line "
+                f"({dotted}=VALUE) or in a copy of the recipe"
+            )
+    return problems
+
+
+def resolved_tokenizer(model: ModelConfig) -> ModelConfig:
+    """``model.tokenizer: auto`` as the tokenizer of the weights: the HF folder's, the GGUF
+    package's, or the built-in one of a model made in code."""
+    if model.tokenizer != AUTO_TOKENIZER:
+        return model
+    if model.hf_path:
+        tokenizer = model.hf_path
+    elif model.gguf_package:
+        tokenizer = f"gguf:{model.gguf_package}"
+    else:
+        tokenizer = "builtin:tiny"
+    return dataclasses.replace(model, tokenizer=tokenizer)
 
 
 def checkpoint_model(model: ModelConfig, origin: str) -> ModelConfig:
@@ -144,6 +195,42 @@ def apply_override(raw: dict[str, Any], item: str, problems: list[str]) -> None:
             return
         node = child
     node[parts[-1]] = value
+
+
+def inherit_actor_layout(raw: dict[str, Any]) -> None:
+    """Give the reference and the critic the actor's :data:`INHERITED_FROM_ACTOR` keys
+    that the recipe and the overrides left unset (sections that are not mappings are left
+    for :func:`build` to refuse)."""
+    actor = raw.get("actor")
+    if not isinstance(actor, dict):
+        return
+    for role in INHERITING_ROLES:
+        section = raw.setdefault(role, {})
+        if not isinstance(section, dict):
+            continue
+        for path in INHERITED_FROM_ACTOR:
+            value = _lookup(actor, path)
+            target = _section_at(section, path[:-1])
+            if value is not _MISSING and target is not None:
+                target.setdefault(path[-1], value)
+
+
+def _lookup(raw: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = raw
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _section_at(raw: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any] | None:
+    node = raw
+    for part in path:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            return None
+    return node
 
 
 def build(cls: type, raw: Any, prefix: str, problems: list[str], origin: str) -> Any:

@@ -6,7 +6,15 @@ import dataclasses
 import typing
 
 from mindrl.config.fields import config_key
+from mindrl.config.loader import INHERITED_FROM_ACTOR, INHERITING_ROLES
 from mindrl.config.schema import MindRLConfig
+
+#: Keys whose default is the actor's value (mindrl/config/loader.py, inherit_actor_layout).
+INHERITED_KEYS = {
+    f"{role}.{'.'.join(path)}": f"actor.{'.'.join(path)}"
+    for role in INHERITING_ROLES
+    for path in INHERITED_FROM_ACTOR
+}
 
 
 def config_reference(cls: type = MindRLConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
@@ -27,7 +35,8 @@ def config_reference(cls: type = MindRLConfig, prefix: str = "") -> list[tuple[s
         type_text = (
             str(hint).replace("typing.", "") if not isinstance(hint, type) else hint.__name__
         )
-        rows.append((key, type_text, repr(default), field.metadata.get("doc", "")))
+        shown = INHERITED_KEYS.get(key, repr(default))  # the actor's value unless set
+        rows.append((key, type_text, shown, field.metadata.get("doc", "")))
     return rows
 
 

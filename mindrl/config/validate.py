@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from mindrl.config.class_path import EnvConfigError, split_class_path
-from mindrl.config.compat import AlgorithmTraits, RunFacts, unsupported_combinations
+from mindrl.config.compat import AlgorithmTraits, RunFacts, model_roles, unsupported_combinations
 from mindrl.config.layout import (
     DISAGGREGATED,
     OFFLINE,
@@ -23,19 +23,18 @@ from mindrl.config.layout import (
     placement_problems,
     resolve_layout,
 )
-from mindrl.config.schema import DataConfig, DockConfig, MindRLConfig, RoleConfig
+from mindrl.config.schema import AlgorithmConfig, DataConfig, DockConfig, MindRLConfig, RoleConfig
 
 
 def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = None) -> list[str]:
     """All cross-field problems of ``config`` (empty when it is consistent).
 
-    ``algorithm`` (the run's) decides the algorithm-dependent checks (a critic's layout,
-    groups of at least two); without one, every role is checked and groups are not. The
-    reference's layout is checked even where the run places no reference, so a recipe
-    stays valid for every algorithm that reads it.
+    ``algorithm`` (the run's) decides the algorithm-dependent checks (the roles it places,
+    groups of at least two); without one, every role is checked and groups are not. A role
+    the run does not place (a reference without a KL term, a critic outside PPO) is not
+    checked: its layout never has to fit.
     """
-    needs_critic = algorithm is None or algorithm.needs_critic
-    roles = ("actor", "reference") + (("critic",) if needs_critic else ())
+    roles = model_roles(algorithm, _options(config, algorithm))
     offline = algorithm is not None and algorithm.offline
     layout = resolve_layout(config, roles, offline)
     facts = RunFacts(config, algorithm, layout)
@@ -50,6 +49,8 @@ def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = No
         problems += unsupported_combinations(DISAGGREGATED, facts)
     problems += check_partial_rollout(facts)
     problems += check_env(config) + unsupported_combinations("environment", facts)
+    if not offline:  # an offline run scores nothing (a pair's preference is its label)
+        problems += check_rewards(config)
     problems += check_continuous(facts)
     if not offline:  # an offline run builds no generation engine
         problems += check_generation_engine(config)
@@ -58,6 +59,17 @@ def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = No
     if offline:
         problems += check_offline(config, algorithm, layout)
     return problems
+
+
+def _options(config: MindRLConfig, algorithm: AlgorithmTraits | None) -> AlgorithmConfig | None:
+    """The algorithm's options; None without an algorithm or where its section does not
+    resolve (check_algorithm_options says why; every role is then checked)."""
+    if algorithm is None:
+        return None
+    try:
+        return algorithm.resolve(config.algorithm)
+    except ValueError:
+        return None
 
 
 def check_partial_rollout(facts: RunFacts) -> list[str]:
@@ -191,6 +203,8 @@ OFFLINE_UNREAD_DATA = {
     "prompt_key": "a pairs file's fields are prompt, chosen and rejected",
     "answer_key": "a pairs file's fields are prompt, chosen and rejected",
     "template": "a pair's prompt is used as written",
+    "domain_key": "pairs have no domains (nothing routes their rewards)",
+    "mixture": "pairs have no domains (nothing routes their rewards)",
 }
 
 
@@ -217,6 +231,8 @@ def check_offline(config: MindRLConfig, algorithm: AlgorithmTraits, layout: RunL
             f"dock.pipeline: {config.dock.pipeline} overlaps scoring with generation and "
             f"--trainer {name} generates nothing; remove it"
         )
+    if not isinstance(config.data.source, str):
+        problems.append(f"data.source: --trainer {name} reads one source of pairs, not a list")
     return problems + check_whole_pairs(config, layout)
 
 
@@ -316,6 +332,29 @@ def check_validation(config: MindRLConfig, algorithm: AlgorithmTraits | None = N
             "validation runs; set data.val_every (iterations between validations) or remove it"
         ]
     return []
+
+
+def check_rewards(config: MindRLConfig) -> list[str]:
+    """What the config alone says of its rewards and data mixture. The functions, routes
+    and what the built-ins need are checked where they are imported, at start-up and in
+    ``--dry-run`` (mindrl/rewards/routing.py, ``reward_problems``), and the data's domains
+    where the data is read (trainers/driver/setup.py)."""
+    reward, data = config.reward, config.data
+    if config.env.enabled:
+        given = [key for key in ("functions", "routes") if getattr(reward, key)]
+        return [
+            f"reward.{key}: a run with env is rewarded by its environment's steps; remove it"
+            for key in given
+        ]
+    problems = [] if data.source else ["data.source: an empty list; name at least one source"]
+    problems += [
+        f"data.mixture.{domain}: a ratio is a number > 0, got {ratio!r}"
+        for domain, ratio in data.mixture.items()
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not ratio > 0
+    ]
+    if not data.domain_key:
+        problems.append("data.domain_key: name the field of a row's domain (default 'domain')")
+    return problems
 
 
 def check_env(config: MindRLConfig) -> list[str]:

@@ -4,11 +4,16 @@ Each epoch visits the prompts in an order shuffled by ``(seed, epoch)``; a batch
 next ``batch_size`` prompts of that order, and an epoch's incomplete tail is skipped so
 every iteration sees exactly G prompts. ``state_dict()`` holds the epoch and offset:
 loading it continues with exactly the batch an uninterrupted run would draw next.
+
+With a mixture (``data.mixture: {DOMAIN: ratio}``) every batch holds each domain's exact
+share of prompts (largest remainder: the counts add up to the batch and differ from
+``batch x ratio`` by less than one), each domain drawn from an order of its own rows with
+an epoch and offset of its own, all of them in the state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,22 +33,28 @@ class PromptBatch:
 
     Attributes:
         prompt_ids: Token ids of each prompt (unpadded, G lists).
-        ground_truths: Answer string of each prompt.
-        uids: Prompt uid of each prompt.
+        records: Each prompt's record (uid, ground truth, domain, the rest of its row).
         texts: Prompt text as fed to the tokenizer (chat template applied).
         epoch: Epoch the batch was drawn from.
         offset: Position of the batch's first prompt in that epoch's order.
     """
 
     prompt_ids: list[list[int]]
-    ground_truths: list[str]
-    uids: list[str]
+    records: list[PromptRecord]
     texts: list[str]
     epoch: int
     offset: int
 
+    @property
+    def uids(self) -> list[str]:
+        return [record.uid for record in self.records]
+
+    @property
+    def ground_truths(self) -> list[str]:
+        return [record.answer for record in self.records]
+
     def __len__(self) -> int:
-        return len(self.uids)
+        return len(self.records)
 
 
 def render_prompt(text: str, tokenizer: PreTrainedTokenizerBase, chat: ChatTemplateMode) -> str:
@@ -85,6 +96,7 @@ class PromptDataset:
         max_prompt_length: int | None = None,
         chat: ChatTemplateMode = "auto",
         source_name: str = "the source",
+        mixture: Mapping[str, float] | None = None,
     ) -> None:
         if not 1 <= batch_size <= len(records):
             raise ValueError(
@@ -101,6 +113,10 @@ class PromptDataset:
         self._check_lengths(max_prompt_length)
         self.epoch = 0
         self.offset = 0
+        self.mixture = dict(mixture or {})
+        #: Mixture: each domain's rows and its position ([epoch, offset]) in its own order.
+        self.domain_rows = self._domain_rows(source_name)
+        self.domain_positions = {domain: [0, 0] for domain in self.domain_rows}
 
     def _check_lengths(self, max_prompt_length: int | None) -> None:
         if max_prompt_length is None:
@@ -127,19 +143,89 @@ class PromptDataset:
         """The next ``count`` prompts (G when None); moves the position forward. Partial
         rollout asks for fewer: only as many as its paused groups left room for."""
         count = self.batch_size if count is None else count
+        if self.mixture:
+            return self._batch_of(self._mixed(count))
         if self.offset + count > len(self.records):
             self.epoch, self.offset = self.epoch + 1, 0
         chosen = self.epoch_order(self.epoch)[self.offset : self.offset + count]
-        batch = PromptBatch(
+        batch = self._batch_of(chosen)
+        self.offset += count
+        return batch
+
+    def _batch_of(self, chosen: np.ndarray) -> PromptBatch:
+        return PromptBatch(
             prompt_ids=[list(self.prompt_ids[i]) for i in chosen],
-            ground_truths=[self.records[i].answer for i in chosen],
-            uids=[self.records[i].uid for i in chosen],
+            records=[self.records[i] for i in chosen],
             texts=[self.texts[i] for i in chosen],
             epoch=self.epoch,
             offset=self.offset,
         )
-        self.offset += count
-        return batch
+
+    # ---- a mixture of domains ------------------------------------------------------------
+    def _domain_rows(self, source_name: str) -> dict[str, np.ndarray]:
+        """Each mixed domain's record indexes.
+
+        Raises:
+            ValueError: a domain with a ratio and no rows, rows of a domain without a
+                ratio (they would never be drawn), a ratio that is not a positive number,
+                or a domain with fewer rows than its prompts per batch.
+        """
+        if not self.mixture:
+            return {}
+        domains = np.array([r.domain for r in self.records])
+        present = list(dict.fromkeys(domains.tolist()))
+        for domain, ratio in self.mixture.items():
+            if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not ratio > 0:
+                raise ValueError(f"data.mixture.{domain}: a ratio is a number > 0, got {ratio!r}")
+            if domain not in present:
+                raise ValueError(
+                    f"data.mixture gives domain {domain!r} a ratio but {source_name} has no row "
+                    f"of it (its domains: {', '.join(present)})"
+                )
+        unmixed = [d for d in present if d not in self.mixture]
+        if unmixed:
+            rows = [r.uid for r in self.records if r.domain == unmixed[0]][:3]
+            raise ValueError(
+                f"{source_name} holds domain {unmixed[0]!r} (rows {', '.join(rows)}) without a "
+                f"ratio in data.mixture, so it would never be drawn; give it one or drop its rows"
+            )
+        rows = {d: np.flatnonzero(domains == d) for d in self.mixture}
+        for domain, count in self.mixture_counts(self.batch_size).items():
+            if count > len(rows[domain]):
+                raise ValueError(
+                    f"data.mixture: domain {domain!r} takes {count} prompts of every batch but "
+                    f"has {len(rows[domain])} rows; lower its ratio or give it more rows"
+                )
+        return rows
+
+    def mixture_counts(self, count: int) -> dict[str, int]:
+        """Each domain's prompts in a batch of ``count``: ``count x ratio / total`` rounded
+        by largest remainder (ties to the domain listed first)."""
+        total = sum(self.mixture.values())
+        quotas = {d: count * ratio / total for d, ratio in self.mixture.items()}
+        counts = {d: int(q) for d, q in quotas.items()}
+        by_remainder = sorted(self.mixture, key=lambda d: counts[d] - quotas[d])
+        for domain in by_remainder[: count - sum(counts.values())]:
+            counts[domain] += 1
+        return counts
+
+    def _mixed(self, count: int) -> np.ndarray:
+        """The next ``count`` prompts of a mixture: each domain's share, in the order the
+        mixture lists the domains."""
+        chosen = []
+        for index, (domain, take) in enumerate(self.mixture_counts(count).items()):
+            rows, position = self.domain_rows[domain], self.domain_positions[domain]
+            if position[1] + take > len(rows):
+                position[:] = [position[0] + 1, 0]
+            order = self._domain_order(index, position[0], len(rows))
+            chosen.append(rows[order[position[1] : position[1] + take]])
+            position[1] += take
+        return np.concatenate(chosen)
+
+    def _domain_order(self, domain_index: int, epoch: int, rows: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(rows)
+        return np.random.default_rng([self.seed, epoch, domain_index]).permutation(rows)
 
     def __iter__(self) -> Iterator[PromptBatch]:
         """Endless batches, epoch after epoch."""
@@ -147,8 +233,12 @@ class PromptDataset:
             yield self.next_batch()
 
     def state_dict(self) -> dict[str, Any]:
-        """Position to checkpoint: epoch, offset and the seed that orders the epochs."""
-        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed}
+        """Position to checkpoint: epoch, offset and the seed that orders the epochs (with
+        a mixture, each domain's epoch and offset too)."""
+        state: dict[str, Any] = {"epoch": self.epoch, "offset": self.offset, "seed": self.seed}
+        if self.mixture:
+            state["domains"] = {d: list(p) for d, p in self.domain_positions.items()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a checkpointed position.
@@ -162,3 +252,11 @@ class PromptDataset:
                 "resume with the same seed"
             )
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        saved = state.get("domains", {})
+        if self.mixture and set(saved) != set(self.mixture):
+            raise ValueError(
+                f"data state was saved with mixture domains {sorted(saved) or 'none'}, this "
+                f"run mixes {sorted(self.mixture)}; resume with the same data.mixture"
+            )
+        for domain, (epoch, offset) in saved.items():
+            self.domain_positions[domain] = [int(epoch), int(offset)]

@@ -22,6 +22,8 @@ FEW_SHOT_HEADER = (
 )
 
 Problem = tuple[str, int]
+#: The domain of every word problem's rows (its route: reward.routes.math).
+MATH_DOMAIN = "math"
 
 
 def _addition(rng: random.Random, name: str, item: str) -> Problem:
@@ -94,5 +96,6 @@ def make_math_task(
         kind = rng.choice(PROBLEM_KINDS)
         question, answer = kind(rng, rng.choice(NAMES), rng.choice(ITEMS))
         text = f"{header}Question: {question}\nAnswer:"
-        records.append(PromptRecord(uid=f"{name}-{seed}-{index}", text=text, answer=str(answer)))
+        uid = f"{name}-{seed}-{index}"
+        records.append(PromptRecord(uid, text, str(answer), domain=MATH_DOMAIN))
     return records

@@ -35,6 +35,7 @@ def prompt_dataset(config: MindRLConfig, tokenizer: PreTrainedTokenizerBase) -> 
         max_prompt_length=config.rollout.max_prompt_length,
         chat=config.data.chat_template,
         source_name=f"data.source {config.data.source!r}",
+        mixture=config.data.mixture,
     )
 
 
@@ -58,14 +59,22 @@ def validation_records(config: MindRLConfig) -> list[PromptRecord]:
     )
 
 
-def _records(config: MindRLConfig, source: str, num_prompts: int, seed: int) -> list[PromptRecord]:
-    """``source``'s records, read with the ``data`` section's keys and template."""
+def _records(
+    config: MindRLConfig, source: str | list[str], num_prompts: int, seed: int
+) -> list[PromptRecord]:
+    """``source``'s records (a list of sources: theirs, one after the other), read with
+    the ``data`` section's keys and template."""
     data = config.data
-    return load_prompt_records(
-        source,
-        prompt_key=data.prompt_key,
-        answer_key=data.answer_key,
-        template=data.template,
-        num_prompts=num_prompts,
-        seed=seed,
-    )
+    return [
+        record
+        for one in ([source] if isinstance(source, str) else source)
+        for record in load_prompt_records(
+            one,
+            prompt_key=data.prompt_key,
+            answer_key=data.answer_key,
+            template=data.template,
+            num_prompts=num_prompts,
+            seed=seed,
+            domain_key=data.domain_key,
+        )
+    ]

@@ -11,15 +11,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mindrl.data.code_tasks import make_code_task
 from mindrl.data.digit_tasks import DEFAULT_TINY_TASK, DIGIT_TASKS, make_digit_task
 from mindrl.data.math_tasks import make_math_task
-from mindrl.data.records import PromptRecord
+from mindrl.data.records import DEFAULT_DOMAIN, PromptRecord
 
 SYNTHETIC_PREFIX = "synthetic:"
-SYNTHETIC_TASKS = ("tiny", *DIGIT_TASKS, "math")
+SYNTHETIC_TASKS = ("tiny", *DIGIT_TASKS, "math", "code")
 
 
 class PromptSourceError(ValueError):
@@ -27,13 +29,16 @@ class PromptSourceError(ValueError):
 
 
 def make_synthetic(task: str, num_prompts: int, seed: int) -> list[PromptRecord]:
-    """Records of a built-in task: ``tiny`` (= ``tiny-next``), ``tiny-*`` or ``math``."""
+    """Records of a built-in task: ``tiny`` (= ``tiny-next``), ``tiny-*``, ``math`` (word
+    problems, domain ``math``) or ``code`` (function tasks with tests, domain ``code``)."""
     if task == "tiny":
         task = DEFAULT_TINY_TASK
     if task in DIGIT_TASKS:
         return make_digit_task(DIGIT_TASKS[task], num_prompts, seed, name=task)
     if task == "math":
         return make_math_task(num_prompts, seed)
+    if task == "code":
+        return make_code_task(num_prompts, seed)
     raise PromptSourceError(f"unknown synthetic task {task!r}; known: {', '.join(SYNTHETIC_TASKS)}")
 
 
@@ -45,6 +50,7 @@ def load_prompt_records(
     template: str = "{prompt}",
     num_prompts: int = 4096,
     seed: int = 0,
+    domain_key: str = "domain",
 ) -> list[PromptRecord]:
     """Records from ``'synthetic:<task>'`` or a ``.jsonl`` / ``.parquet`` file.
 
@@ -55,6 +61,8 @@ def load_prompt_records(
         template: ``str.format`` template over the record's fields (files only).
         num_prompts: How many prompts a synthetic task makes.
         seed: Seed of a synthetic task.
+        domain_key: Field naming the row's domain (files only; a row without it, or with
+            null there, is domain ``default``). The row's other fields become its ``meta``.
 
     Raises:
         PromptSourceError: missing file, unknown format or task, bad JSON, missing field.
@@ -62,8 +70,9 @@ def load_prompt_records(
     if source.startswith(SYNTHETIC_PREFIX):
         return make_synthetic(source.removeprefix(SYNTHETIC_PREFIX), num_prompts, seed)
     path = checked_file(source, "prompt file")
+    keys = RowKeys(prompt_key, answer_key, domain_key)
     records = [
-        _record_from_row(f"{path.name}#{number}", where, row, prompt_key, answer_key, template)
+        _record_from_row(f"{path.name}#{number}", where, row, keys, template)
         for number, where, row in read_rows(path)
     ]
     if not records:
@@ -171,9 +180,19 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
         yield number, f"{path} row {number}", row
 
 
+@dataclass(frozen=True)
+class RowKeys:
+    """The fields of a data row that are not its ``meta``: prompt, answer, domain."""
+
+    prompt: str
+    answer: str
+    domain: str
+
+
 def _record_from_row(
-    uid: str, where: str, row: dict[str, Any], prompt_key: str, answer_key: str, template: str
+    uid: str, where: str, row: dict[str, Any], keys: RowKeys, template: str
 ) -> PromptRecord:
+    prompt_key, answer_key = keys.prompt, keys.answer
     for key in (prompt_key, answer_key):
         if key not in row:
             raise PromptSourceError(
@@ -202,7 +221,22 @@ def _record_from_row(
         ) from None
     except (IndexError, ValueError) as error:
         raise PromptSourceError(f"{where}: template {template!r} is malformed ({error})") from None
-    return PromptRecord(uid=uid, text=text, answer=str(answer))
+    meta = {k: v for k, v in row.items() if k not in (prompt_key, answer_key, keys.domain)}
+    domain = _domain(row.get(keys.domain), where, keys.domain)
+    return PromptRecord(uid, text, str(answer), prompt, domain, meta)
+
+
+def _domain(value: Any, where: str, key: str) -> str:
+    """A row's domain: its ``key`` field as text, ``default`` where it has none."""
+    if value is None:
+        return DEFAULT_DOMAIN
+    if isinstance(value, bool) or not isinstance(value, str | int) or not str(value).strip():
+        raise PromptSourceError(
+            f"{where}: field {key!r} (the domain, data.domain_key) is "
+            f"{'an empty text' if isinstance(value, str) else 'a ' + _kind(value)}; "
+            "a domain is a name such as 'math' or 'code'"
+        )
+    return str(value)
 
 
 def _kind(value: Any) -> str:

@@ -70,6 +70,8 @@ _EXPORTS = {
     "FieldSpec": "mindrl.dock.schema",
     "DockError": "mindrl.dock.errors",
     "DockHandle": "mindrl.dock.handle",
+    "group_slots": "mindrl.dock.handle",
+    "slot_indexes": "mindrl.dock.handle",
     "DockSlice": "mindrl.dock.snapshot",
     "snapshot_samples": "mindrl.dock.snapshot",
     "restore_samples": "mindrl.dock.snapshot",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from mindrl.dock.schema import FieldSpec
 
 
@@ -25,8 +27,8 @@ class DockHandle:
     Attributes:
         schema: the fields that may be put.
         n_samples: sample indexes per iteration (G * N).
-        group_size: samples per group (N responses of a prompt); index // group_size is
-            the group id.
+        group_size: samples per group (N responses of a prompt): a group's samples sit at
+            consecutive indexes of one slot (:func:`group_slots`).
         warehouses: the TD warehouses in index order (the central buffer is the only
             "warehouse" of a centralized dock).
         controllers: stage -> TD controller actor (empty for a centralized dock).
@@ -62,3 +64,15 @@ class DockHandle:
 
 def warehouse_name(w: int, node_id: str) -> str:
     return f"TD warehouse {w} (node {node_id[:8]})"
+
+
+def group_slots(indexes: np.ndarray, group_size: int) -> np.ndarray:
+    """The slot of each sample index: the dock keeps a group's ``group_size`` samples at
+    consecutive indexes, slot ``s`` holding indexes ``s * group_size`` onwards."""
+    return np.asarray(indexes, dtype=np.int64) // group_size
+
+
+def slot_indexes(slots: np.ndarray | list[int], group_size: int) -> np.ndarray:
+    """The sample indexes of group ``slots``, slot by slot (:func:`group_slots` inverted)."""
+    first = np.asarray(slots, dtype=np.int64)[:, None] * group_size
+    return (first + np.arange(group_size)).ravel()

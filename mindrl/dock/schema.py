@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mindrl.data.records import RECORD_FIELDS
 from mindrl.dock.errors import DockError
 
 __all__ = ["RL_FIELDS", "DockError", "FieldSpec", "check_column"]
@@ -67,12 +68,12 @@ RL_FIELDS: dict[str, FieldSpec] = {
 
 
 #: The fields a training run's dock holds: the RL fields plus what the driver puts beside
-#: each prompt: its record (an environment's ``reset`` gets it), its ground truth as UTF-8
-#: bytes (the verifiers read it) and its group (group-relative advantages and filters).
+#: each prompt: its record as UTF-8 bytes (uid, text, ground truth, domain, the rest of its
+#: row; the rewards and an environment's ``reset`` read it, mindrl/data/records.py) and its
+#: group (group-relative advantages and filters).
 RUN_FIELDS: dict[str, FieldSpec] = {
     **RL_FIELDS,
-    "record_id": FieldSpec("int64"),
-    "answer": FieldSpec("uint8", variable=True),
+    **{name: FieldSpec("uint8", variable=True) for name in RECORD_FIELDS},
     "group_id": FieldSpec("int64"),
 }
 

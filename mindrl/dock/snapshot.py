@@ -65,8 +65,10 @@ def restore_samples(dock: DockClient, saved: list[dict[str, Any]]) -> int:
 
     Raises:
         DockError: a saved index past this dock's size (the run that resumes sized its
-            dock smaller than the run that saved, e.g. a smaller partial rollout pool).
+            dock smaller than the run that saved, e.g. a smaller partial rollout pool), or
+            a saved field this dock does not hold (a checkpoint of an older mindrl).
     """
+    _check_fields(dock, saved)
     largest = max(
         (int(part["indexes"].max()) for part in saved if len(part["indexes"])), default=-1
     )
@@ -86,3 +88,18 @@ def restore_samples(dock: DockClient, saved: list[dict[str, Any]]) -> int:
             dock.put(indexes[rows], data, version=None if version < 0 else version)
         count += len(indexes)
     return count
+
+
+def _check_fields(dock: DockClient, saved: list[dict[str, Any]]) -> None:
+    known = dock.handle.schema
+    for part in saved:
+        unknown = sorted(
+            name for name in part["fields"] if name.removesuffix("_lengths") not in known
+        )
+        if unknown:
+            raise DockError(
+                f"the checkpoint keeps samples in flight with field(s) {unknown} that this "
+                "version's dock does not hold (it was written by an earlier mindrl, which put "
+                "a prompt's record as 'record_id'): resume it with the mindrl that wrote it, "
+                "or start a new run from its weights (mindrl-export it, then model.hf_path)"
+            )

@@ -10,6 +10,7 @@ from typing import IO, Any
 from tqdm.auto import tqdm
 
 from mindrl.metrics.memory import MEMORY_RECORD_KEY, format_memory
+from mindrl.metrics.rewards import DOMAIN_PREFIX, DROPPED_GROUPS, FAILED_SHARE
 from mindrl.metrics.validation import VAL_PREFIX
 
 # (metric key, label, format) of the progress line, in print order. A key a trainer
@@ -95,6 +96,7 @@ def format_progress_line(iteration: int, metrics: Mapping[str, Any]) -> str:
     fields = PREFERENCE_PROGRESS_FIELDS if "preference_accuracy" in metrics else PROGRESS_FIELDS
     parts = [f"iter {iteration:>4d}"]
     parts += [f"{label} {_format_value(metrics.get(key), spec)}" for key, label, spec in fields]
+    parts += _domain_rewards(metrics)
     parts += [
         f"{key} {_format_value(value, '.3f')}"
         for key, value in metrics.items()
@@ -107,6 +109,22 @@ def format_progress_line(iteration: int, metrics: Mapping[str, Any]) -> str:
     if metrics.get(MEMORY_RECORD_KEY):
         parts.append(f"peak {format_memory(metrics[MEMORY_RECORD_KEY])}")
     return " | ".join(parts)
+
+
+def _domain_rewards(metrics: Mapping[str, Any]) -> list[str]:
+    """``math 0.812 code 0.250 failed 1.6%``: each domain's reward where the data holds
+    more than one, and the share of samples whose reward failed where any did."""
+    domains = {
+        key.removeprefix(DOMAIN_PREFIX): value
+        for key, value in metrics.items()
+        if key.startswith(DOMAIN_PREFIX) and key not in (FAILED_SHARE, DROPPED_GROUPS)
+    }
+    parts = []
+    if len(domains) > 1:
+        parts.append(" ".join(f"{name} {value:.3f}" for name, value in sorted(domains.items())))
+    if metrics.get(FAILED_SHARE):
+        parts.append(f"reward failed {metrics[FAILED_SHARE]:.1%}")
+    return parts
 
 
 def print_progress_line(line: str) -> None:

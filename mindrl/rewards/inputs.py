@@ -21,6 +21,12 @@ STATUSES = (OK, ABSTAIN, ERROR, TIMEOUT, INVALID)
 FAILURES = (ERROR, TIMEOUT, INVALID)
 
 
+class InvalidAnswer(ValueError):
+    """Raised by a reward function whose own answer is not a score (an LLM judge's reply
+    without a verdict, a parse that failed): the sample's outcome is ``invalid`` with the
+    message as its error, never a number and never counted as the function crashing."""
+
+
 @dataclass(frozen=True)
 class RewardInput:
     """One sample as a reward function sees it.
@@ -40,6 +46,13 @@ class RewardInput:
     answer: str
     domain: str = "default"
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, record: Any, response: str) -> RewardInput:
+        """The input of ``response`` to the prompt of ``record`` (a
+        :class:`~mindrl.data.records.PromptRecord`)."""
+        meta = dict(record.meta)
+        return cls(record.uid, record.prompt, response, record.answer, record.domain, meta)
 
 
 @dataclass(frozen=True)

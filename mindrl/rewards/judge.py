@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
-from mindrl.rewards.inputs import RewardInput
+from mindrl.rewards.inputs import InvalidAnswer, RewardInput
 
 #: The default verdict format: the reply's last line is ``SCORE: <number>``.
 DEFAULT_PATTERN = r"^SCORE: (?P<score>\d+(?:\.\d+)?)\s*$"
@@ -81,13 +81,10 @@ _MARKER_LIKE = re.compile(r"<(\s*/?\s*)(response)", re.IGNORECASE)
 _JSON_FENCE = re.compile(r"^```(?:json)?[ \t]*\n(.*)\n```$", re.DOTALL)
 
 
-class JudgeReplyInvalid(ValueError):
+class JudgeReplyInvalid(InvalidAnswer):
     """The judge's reply holds no score in the configured format, an out-of-range score or
-    two different scores: the sample's reward is ``invalid``, never a number.
-
-    :func:`judge` returns it (rather than raising) so :func:`mindrl.rewards.inputs.outcome_of`
-    turns the answer into ``invalid`` whatever the caller does with exceptions; its short
-    ``repr`` is what that outcome's error line shows, ``str`` the full one-line reason.
+    two different scores: the sample's reward is ``invalid``, never a number (an
+    :class:`~mindrl.rewards.inputs.InvalidAnswer`, which the pool books as such).
 
     Attributes:
         reason: what is wrong, a few words (``no verdict on the last line``).
@@ -98,15 +95,6 @@ class JudgeReplyInvalid(ValueError):
         super().__init__(f"judge reply invalid, {reason}: {_quoted(reply, 80)}")
         self.reason = reason
         self.reply = reply
-
-    def __repr__(self) -> str:
-        # outcome_of shows a repr only up to 60 characters: keep the reason and as much of
-        # the reply's start as fits.
-        for room in range(40, 0, -1):
-            shown = f"<{self.reason}: {_quoted(self.reply, room)}>"
-            if len(shown) <= 60:
-                return shown
-        return f"<{self.reason}>"[:60]
 
     def __reduce__(self):  # pickles (Ray ships answers between processes) with both fields
         return (type(self), (self.reason, self.reply))
@@ -577,9 +565,11 @@ def build_hf_generate(
     temperature: float = 0.0,
     max_model_len: int | None = None,
     device: str | None = None,
+    engine: str = "hf",
 ) -> Callable[[list[str]], list[str]]:
     """``generate(prompts) -> replies`` of the HF model in ``folder`` (weights and
-    tokenizer) on the project's transformers engine: greedy at ``temperature`` 0, at most
+    tokenizer) on one of the project's generation engines (``engine``: ``hf``, ``vllm`` or
+    ``auto``, vLLM where it is installed): greedy at ``temperature`` 0, at most
     ``max_tokens`` per reply, stopping at the tokenizer's (and generation config's) eos.
 
     Each prompt is the one user message of the folder's chat template where it has one,
@@ -591,12 +581,13 @@ def build_hf_generate(
     from transformers import AutoConfig, GenerationConfig
 
     from backends.generation import EngineConfig, SamplingParams, get_engine_class
+    from backends.generation.registry import engine_name
     from mindrl.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(folder))
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
     window = max_model_len or getattr(hf_config, "max_position_embeddings", None) or 4096
-    engine = get_engine_class("hf")(
+    engine_ = get_engine_class(engine_name(engine))(
         EngineConfig(model=str(folder), max_model_len=int(window), device=device)
     )
     stops = _stop_ids(tokenizer, folder, GenerationConfig)
@@ -604,7 +595,7 @@ def build_hf_generate(
 
     def generate(prompts: list[str]) -> list[str]:
         ids = [_encoded(tokenizer, prompt) for prompt in prompts]
-        results = engine.generate(ids, params)
+        results = engine_.generate(ids, params)
         return [
             tokenizer.decode([t for t in r.token_ids if t not in stops], skip_special_tokens=True)
             for r in results
@@ -694,10 +685,23 @@ class Judge:
         self.backend.close()
 
 
+#: HF folder -> ``generate(prompts)`` of a judge model the run serves in a process of its
+#: own (mindrl/workers/judge_server.py): this process asks it instead of loading the model.
+_SERVED: dict[str, Callable[[list[str]], list[str]]] = {}
+
+
+def serve_model(folder: str, generate: Callable[[list[str]], list[str]]) -> None:
+    """Judges of ``model: folder`` in this process ask ``generate`` (the run's judge
+    server) rather than load the model themselves: one copy of it for every worker."""
+    _SERVED[folder] = generate
+
+
 def _backend_of(settings: JudgeSettings) -> Backend:
     if settings.endpoint:
         return EndpointBackend(settings)
-    generate = build_hf_generate(settings.model, settings.max_tokens, settings.temperature)
+    generate = _SERVED.get(settings.model) or build_hf_generate(
+        settings.model, settings.max_tokens, settings.temperature
+    )
     return GenerateBackend(generate, max_batch=settings.concurrency)
 
 
@@ -741,13 +745,12 @@ def close_judges() -> None:
         one.close()
 
 
-async def judge(inp: RewardInput, **settings: Any) -> float | JudgeReplyInvalid:
+async def judge(inp: RewardInput, **settings: Any) -> float:
     """The ``judge`` reward: ``inp``'s score from an LLM judge, normalised to ``[0, 1]``.
 
     ``settings`` are :class:`JudgeSettings`' fields (the config's ``reward.judge``). A reply
-    without a valid score comes back as its :class:`JudgeReplyInvalid` (returned, not
-    raised), which :func:`~mindrl.rewards.inputs.outcome_of` makes ``invalid``: never a
-    number. A judge that cannot be asked raises (:class:`JudgeRequestError`,
+    without a valid score raises :class:`JudgeReplyInvalid`, which the pool books as
+    ``invalid``: never a number. A judge that cannot be asked raises (:class:`JudgeRequestError`,
     :class:`JudgeTimeout`): the sample's outcome is then an error, not the response's fault.
     """
     found = _JUDGES.get(_key(settings))
@@ -755,7 +758,4 @@ async def judge(inp: RewardInput, **settings: Any) -> float | JudgeReplyInvalid:
         # The first call builds the client, for ``model`` a model load of seconds or more:
         # in a thread, so the event loop keeps serving the other reward calls meanwhile.
         found = await asyncio.to_thread(lambda: judge_for(**settings))
-    try:
-        return await found.score(inp)
-    except JudgeReplyInvalid as exc:
-        return exc
+    return await found.score(inp)

@@ -16,10 +16,10 @@ How the processes are made, and why not the standard pools:
   leaves the process running (or breaks the whole executor), and nothing there kills
   what the call started. So the pool processes are our own, one call at a time each.
 * A reward worker is a Ray actor with threads, where ``fork`` is unsafe, and a fresh
-  interpreter costs seconds (``mindrl.rewards`` imports torch, a user's module may import
-  sympy or an HTTP client). So one *process server* is started with ``subprocess`` (a
-  fresh interpreter: safe beside threads), imports the pool, the functions' modules once,
-  and forks every pool process from its single thread: a replacement is ready in about
+  interpreter costs seconds (a user's module may import torch, sympy or an HTTP client).
+  So one *process server* is started with ``subprocess`` (a fresh interpreter: safe
+  beside threads), imports the pool, the functions' modules once, and forks every pool
+  process from its single thread: a replacement is ready in about
   20 ms with every module already imported. ``multiprocessing``'s forkserver does the same
   but is one per interpreter, keeps the preloads of its first start and outlives every
   pool; ours is this pool's, and :meth:`RewardPool.close` leaves no process behind.
@@ -64,7 +64,15 @@ from mindrl.rewards.functions import (
     import_target,
     load_function,
 )
-from mindrl.rewards.inputs import ERROR, INVALID, TIMEOUT, RewardInput, RewardOutcome, outcome_of
+from mindrl.rewards.inputs import (
+    ERROR,
+    INVALID,
+    TIMEOUT,
+    InvalidAnswer,
+    RewardInput,
+    RewardOutcome,
+    outcome_of,
+)
 
 DEFAULT_PROCESSES = 2
 #: The process server imports torch (through ``mindrl.rewards``): seconds on a cold disk.
@@ -400,6 +408,8 @@ def _failed(status: str, error: str, size: int | None, latency_s: float) -> list
 
 
 def _raised(name: str, error: BaseException, size: int | None, latency_s: float):
+    if isinstance(error, InvalidAnswer):  # the function's own word: its answer is no score
+        return _failed(INVALID, f"{name}: {str(error).splitlines()[0]}", size, latency_s)
     return _failed(ERROR, f"{name} raised {first_line(error)}", size, latency_s)
 
 

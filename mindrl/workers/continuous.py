@@ -34,7 +34,7 @@ import torch
 
 from backends.generation import GenerationEngine, SamplingParams
 from backends.generation.base import ContinuousBatch, SequenceOutput, SequenceRequest
-from mindrl.dock import DockClient
+from mindrl.dock import DockClient, group_slots
 from mindrl.workers.generation import Response, paused_prefixes, prompts_of, put_responses
 
 #: How long the idle loop waits for work before looking again (seconds).
@@ -126,10 +126,10 @@ class ContinuousGenerator:
         """Queue whole groups (their prompts, and the prefixes of ``resumed``, are in the
         dock)."""
         resumed = set(feed.resumed.tolist())
-        groups = np.unique(feed.indexes // self.group_size)
+        groups = np.unique(group_slots(feed.indexes, self.group_size))
         with self._lock:
             for group in groups.tolist():
-                members = feed.indexes[feed.indexes // self.group_size == group]
+                members = feed.indexes[group_slots(feed.indexes, self.group_size) == group]
                 self._inbox.append((members, resumed & set(members.tolist())))
             self._lock.notify_all()
 
@@ -245,7 +245,7 @@ class ContinuousGenerator:
             self._live[index] = _Sequence(prefix, [(0, self.version)])
         for members, _ in fed:
             first = int(members[0])
-            group = self._groups.setdefault(first // self.group_size, _Group([]))
+            group = self._groups.setdefault(int(group_slots(first, self.group_size)), _Group([]))
             group.indexes += members.tolist()
         batch.add(requests)
 
@@ -256,10 +256,10 @@ class ContinuousGenerator:
         for output in ended:
             response = self._live.pop(output.key).extended(output)
             self.counts["tokens"] += len(output.token_ids)
-            group = self._groups[output.key // self.group_size]
+            group = self._groups[int(group_slots(output.key, self.group_size))]
             group.done[output.key] = response
             if len(group.done) == len(group.indexes):
-                complete.append(self._groups.pop(output.key // self.group_size))
+                complete.append(self._groups.pop(int(group_slots(output.key, self.group_size))))
         for group in complete:
             started = time.perf_counter()
             indexes = np.array(group.indexes, dtype=np.int64)

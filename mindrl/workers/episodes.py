@@ -33,11 +33,12 @@ from typing import Any
 import numpy as np
 import ray
 import torch
+from ray.actor import ActorHandle
 
 from backends.generation import GenerationResult, SamplingParams
 from mindrl.config.schema import MindRLConfig
 from mindrl.data.dataset import render_prompt
-from mindrl.data.records import PromptRecord
+from mindrl.data.records import RECORD_FIELDS, PromptRecord, records_from_fields
 from mindrl.dock import DockClient
 from mindrl.envs import EnvironmentFailed
 from mindrl.rewards import decode_responses
@@ -116,7 +117,7 @@ class Episode:
 
     index: int
     record: PromptRecord
-    worker: Any
+    worker: ActorHandle
     prompt: list[int]
     prompt_replaced: bool = False
     tokens: list[int] = field(default_factory=list)
@@ -170,9 +171,8 @@ class EpisodeReport:
 def run_episodes_into_dock(
     dock: DockClient,
     generate: Generate,
-    workers: Sequence[Any],
+    workers: Sequence[ActorHandle],
     indexes: np.ndarray,
-    records: Sequence[PromptRecord],
     params: SamplingParams,
     settings: EnvSettings,
     codec: TextCodec,
@@ -181,11 +181,10 @@ def run_episodes_into_dock(
     """Run one episode per index and put each trajectory into the dock as it ends.
 
     Args:
-        dock: this process's dock client (the prompts and ``record_id`` are in it).
+        dock: this process's dock client (the prompts and their records are in it).
         generate: the generation engine's ``generate``.
         workers: the environment workers; episode ``i`` lives on ``workers[i % W]``.
         indexes: the episodes to run (dock indexes).
-        records: the run's prompt records, by ``record_id``.
         params: the draw's sampling settings (each turn's ``max_tokens`` is set here).
         settings: turns and lengths.
         codec: the run's tokenizer (observations in, turns out, replaced prompts).
@@ -203,7 +202,7 @@ def run_episodes_into_dock(
     params = dataclasses.replace(
         params, stop_sequences=(*params.stop_sequences, *codec.stop_sequences(stops))
     )
-    episodes = _start(dock, workers, indexes, records, codec, settings.max_prompt)
+    episodes = _start(dock, workers, indexes, codec, settings.max_prompt)
     ready, pending = list(episodes), {}
     turn = 0
     while ready or pending:
@@ -243,22 +242,22 @@ def run_episodes_into_dock(
 
 def _start(
     dock: DockClient,
-    workers: Sequence[Any],
+    workers: Sequence[ActorHandle],
     indexes: np.ndarray,
-    records: Sequence[PromptRecord],
     codec: TextCodec,
     max_prompt: int,
 ) -> list[Episode]:
-    """Reset every episode (concurrently) and build its starting context.
+    """Reset every episode (concurrently) with the record the driver put beside its prompt,
+    and build its starting context.
 
     Raises:
         EnvironmentFailed: a start ``reset`` made is longer than ``max_prompt`` tokens.
     """
-    data = dock.fetch(indexes, ["prompt_ids", "record_id"])
+    data = dock.fetch(indexes, ["prompt_ids", *RECORD_FIELDS])
     prompts = unpadded(data["prompt_ids"], data["prompt_ids_lengths"])
     episodes = [
-        Episode(int(i), records[int(r)], workers[int(i) % len(workers)], p.tolist())
-        for i, r, p in zip(indexes, data["record_id"], prompts, strict=True)
+        Episode(int(i), record, workers[int(i) % len(workers)], p.tolist())
+        for i, record, p in zip(indexes, records_from_fields(data), prompts, strict=True)
     ]
     starts = [ep.worker.reset.remote(ep.index, ep.record) for ep in episodes]
     for episode, ref in zip(episodes, starts, strict=True):
@@ -368,7 +367,7 @@ def _put(dock: DockClient, finished: list[Episode]) -> None:
 
 def _close(finished: list[Episode]) -> None:
     """Free the finished episodes' instances on their workers (not waited for)."""
-    by_worker: dict[Any, list[int]] = {}
+    by_worker: dict[ActorHandle, list[int]] = {}
     for episode in finished:
         by_worker.setdefault(episode.worker, []).append(episode.index)
     for worker, keys in by_worker.items():

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
+from ray.actor import ActorClass, ActorHandle
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -80,7 +81,7 @@ class WorkerGroup:
     def __init__(
         self,
         name: str,
-        worker_cls: Any,
+        worker_cls: ActorClass,
         size: int,
         device: Device | None = None,
         args: Sequence[Any] = (),
@@ -94,7 +95,7 @@ class WorkerGroup:
         self._pg = None
         if actor_options is None:
             actor_options = self._own_placement(device, cpus_per_worker, ready_timeout_s, strategy)
-        self.workers = [
+        self.workers: list[ActorHandle] = [
             worker_cls.options(name=None, **actor_options[i]).remote(i, size, *args)
             for i in range(size)
         ]

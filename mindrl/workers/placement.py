@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
+from ray.actor import ActorClass
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from backends.device import Device
@@ -118,7 +119,7 @@ class DevicePlacement:
             )
         return options
 
-    def start(self, role: str, worker_cls: Any, args: Sequence[Any] = ()) -> WorkerGroup:
+    def start(self, role: str, worker_cls: ActorClass, args: Sequence[Any] = ()) -> WorkerGroup:
         """The worker group of ``role``: rank ``r`` on its device's bundle, with its share
         (``worker_cls`` a ``@ray.remote`` class taking ``(rank, size, *args)``)."""
         options = self.actor_options(role)

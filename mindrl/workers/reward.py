@@ -15,11 +15,18 @@ from typing import Any
 import numpy as np
 import ray
 import torch
+from ray.actor import ActorHandle
 
 from mindrl.data import load_tokenizer
+from mindrl.data.records import PromptRecord, records_from_fields
 from mindrl.dock import DockHandle
-from mindrl.rewards import decode_responses, score_batch
-from mindrl.run_plan import ANSWER, ENV_REWARD, FILTER_READS, GROUP_ID, LOSS_MASK
+from mindrl.rewards.inputs import RewardInput
+from mindrl.rewards.judge import serve_model
+from mindrl.rewards.registry import decode_responses
+from mindrl.rewards.report import scoring_report
+from mindrl.rewards.routing import reward_spec_of
+from mindrl.rewards.scoring import RewardScorer
+from mindrl.run_plan import ENV_REWARD, FILTER_READS, GROUP_ID, LOSS_MASK
 from mindrl.workers.context import StageContext
 from mindrl.workers.sequences import last_counted, loss_mask
 from mindrl.workers.stage_report import stage_report
@@ -29,11 +36,21 @@ from mindrl.workers.timed_dock import TimedDockClient
 class RewardWorker:
     """Scores responses and computes advantages (one of ``size`` CPU workers)."""
 
-    def __init__(self, rank: int, size: int, context: StageContext) -> None:
+    def __init__(
+        self, rank: int, size: int, context: StageContext, judge: ActorHandle | None = None
+    ) -> None:
+        """``judge``: the run's judge server (mindrl/workers/judge_server.py), which the
+        ``judge`` reward asks instead of loading ``reward.judge.model`` here."""
         self.rank, self.context, self.config = rank, context, context.config
         self.algorithm, self.options = context.algorithm, context.options
         config = self.config
+        if judge is not None:
+            serve_model(config.reward.judge["model"], _asking(judge))
         self.tokenizer = load_tokenizer(config.model.tokenizer)
+        self.scorer = None
+        if not config.env.enabled:  # an episode's reward is its environment's
+            spec = reward_spec_of(config.reward)
+            self.scorer = RewardScorer(spec, config.reward.processes_per_worker)
         self.reward_model = None
         if config.reward.reward_model:
             from mindrl.rewards.model import RewardModel
@@ -47,19 +64,25 @@ class RewardWorker:
         """Talk to this dock from now on (it is made after the workers are placed)."""
         self.dock = TimedDockClient(dock)
 
-    def score(self, indexes: np.ndarray) -> dict[str, float]:
-        """Put the sequence ``reward`` of every sample in ``indexes``: the verifiers' (and
-        the reward model's) score, or with an environment the sum of its step rewards."""
+    def close(self) -> None:
+        """End the reward functions' processes (the run is over)."""
+        if self.scorer is not None:
+            self.scorer.close()
+
+    def score(self, indexes: np.ndarray) -> dict[str, Any]:
+        """Put the sequence ``reward`` of every sample in ``indexes``: its route's functions'
+        weighted sum (and the reward model's score), or with an environment the sum of its
+        step rewards."""
         start = time.perf_counter()
         reads = self.context.stage("reward").reads
         if ENV_REWARD in reads:
             return self._episode_rewards(indexes, start)
         data = self.dock.fetch(indexes, list(reads))
-        rewards = self._rewards(data)
+        rewards, scoring = self._rewards(indexes, data)
         self.dock.put(indexes, {"reward": rewards})
-        return self._score_report(indexes, data, rewards, start)
+        return self._score_report(indexes, data, rewards, start) | scoring
 
-    def score_with_advantages(self, indexes: np.ndarray) -> dict[str, float]:
+    def score_with_advantages(self, indexes: np.ndarray) -> dict[str, Any]:
         """The ``reward`` stage and a group-local estimator's ``advantage`` stage on whole
         groups ``indexes`` in one call: one fetch and one put instead of two of each.
         Continuous generation scores each group as it finishes, in small chunks, where
@@ -67,20 +90,27 @@ class RewardWorker:
         start = time.perf_counter()
         reads = [*self.context.stage("reward").reads, *self.context.stage("advantage").reads]
         data = self.dock.fetch(indexes, [f for f in dict.fromkeys(reads) if f != "reward"])
-        rewards = self._rewards(data)
+        rewards, scoring = self._rewards(indexes, data)
         advantages, _ = self._advantages_of(data, rewards)
         self.dock.put(indexes, {"reward": rewards, **advantages})
-        return self._score_report(indexes, data, rewards, start)
+        return self._score_report(indexes, data, rewards, start) | scoring
 
-    def _rewards(self, data: Any) -> torch.Tensor:
-        """The verifiers' (and the reward model's) score of each fetched response."""
+    def _rewards(self, indexes: np.ndarray, data: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Each fetched sample's reward (0 where it failed: the driver's failure policy
+        decides what becomes of it), and the reward part of the stage's report."""
         responses = _responses(data)
-        truths = _texts(data[ANSWER], data[f"{ANSWER}_lengths"])
-        verifiers = self.config.reward.verifiers
-        rewards = score_batch(responses, truths, verifiers, tokenizer=self.tokenizer)
+        texts = decode_responses(responses, self.tokenizer)
+        inputs = [
+            RewardInput.of(record, text)
+            for record, text in zip(records_from_fields(data), texts, strict=True)
+        ]
+        fetched = set(data.keys())  # a TensorDict iterates over its rows, not its keys
+        groups = data[GROUP_ID].numpy() if GROUP_ID in fetched else None
+        scored = self.scorer.score(inputs, groups)
+        rewards = torch.from_numpy(scored.rewards)
         if self.reward_model is not None:
             rewards = rewards + self._model_scores(data, responses)
-        return rewards
+        return rewards, scoring_report(scored, indexes, inputs)
 
     def _score_report(
         self, indexes: np.ndarray, data: Any, rewards: torch.Tensor, start: float
@@ -120,21 +150,20 @@ class RewardWorker:
         return self.reward_model.score([self.tokenizer.decode(p) for p in prompts], texts)
 
     def score_held_out(
-        self, prompts: list[list[int]], responses: list[list[int]], truths: list[str]
+        self, prompts: list[list[int]], responses: list[list[int]], records: list[PromptRecord]
     ) -> tuple[list[float], list[bool] | None]:
         """Validation: the rewards of responses the driver hands over (never in the dock,
         so never trained on), scored exactly like training's, and whether each passed:
-        every rule verifier gave it full credit (1.0; None without rule verifiers)."""
-        verifiers = self.config.reward.verifiers
-        rewards = score_batch(responses, truths, verifiers, tokenizer=self.tokenizer)
+        every function that scored it gave full credit (1.0; None without any function)."""
+        texts = decode_responses(responses, self.tokenizer)
+        inputs = [RewardInput.of(record, text) for record, text in zip(records, texts, strict=True)]
+        scored = self.scorer.score(inputs)
+        rewards = torch.from_numpy(scored.rewards)
         if self.reward_model is not None:
             rewards = rewards + self._model_scores_of(prompts, responses)
-        if not verifiers:
+        if not self.scorer.functions:
             return rewards.tolist(), None
-        passed = torch.ones(len(responses), dtype=torch.bool)
-        for name in verifiers:
-            passed &= score_batch(responses, truths, [name], tokenizer=self.tokenizer) >= 1.0
-        return rewards.tolist(), passed.tolist()
+        return rewards.tolist(), scored.passed.tolist()
 
     def _timing(self, start: float) -> dict[str, float]:
         return stage_report(start, self.dock)
@@ -186,6 +215,10 @@ def _responses(data: Any) -> list[list[int]]:
     return [row[:n].tolist() for row, n in zip(data["response_ids"], lengths, strict=True)]
 
 
-def _texts(rows: torch.Tensor, lengths: torch.Tensor) -> list[str]:
-    """The UTF-8 strings of a fetched byte field, one per row."""
-    return [bytes(row[:n].tolist()).decode() for row, n in zip(rows, lengths.tolist(), strict=True)]
+def _asking(server: ActorHandle):
+    """``generate(prompts)`` answered by the judge server."""
+
+    def generate(prompts: list[str]) -> list[str]:
+        return ray.get(server.generate.remote(prompts))
+
+    return generate

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 import ray
 import torch
+from ray.actor import ActorHandle
 
 from backends.device import get_device
 from backends.generation import SamplingParams
@@ -28,8 +29,6 @@ from backends.megatron import MegatronEngine, ResponseBatch, checkpoint
 from mindrl.config.layout import COLLOCATED, DISAGGREGATED
 from mindrl.config.schema import AlgorithmConfig, RoleConfig
 from mindrl.data import load_tokenizer
-from mindrl.data.records import PromptRecord
-from mindrl.data.run_prompts import prompt_records
 from mindrl.dock import DockHandle, DockSlice, restore_samples, snapshot_samples
 from mindrl.reshard import grad_tensors
 from mindrl.reshard.swap import HostSwap
@@ -72,11 +71,10 @@ def on_device(method: Method) -> Method:
 
 @dataclass(frozen=True)
 class EpisodeContext:
-    """What the actor's ranks run episodes with: the environment workers, the prompt
-    records (an episode's ``reset`` gets its record), the turn limits, the tokenizer."""
+    """What the actor's ranks run episodes with: the environment workers, the turn limits,
+    the tokenizer (an episode's ``reset`` gets the record the driver put in the dock)."""
 
-    workers: list
-    records: list[PromptRecord]
+    workers: list[ActorHandle]
     settings: EnvSettings
     codec: TextCodec
 
@@ -177,9 +175,8 @@ class ModelWorker(WeightSource):
         leader = self.rank % self.config.rollout.tp == 0  # TP peers sampled the same responses
         if self.episodes is not None:  # multi-turn: an environment answers each turn
             report = run_episodes_into_dock(
-                self.dock, self.rollout.generate, self.episodes.workers, indexes,
-                self.episodes.records, params, self.episodes.settings, self.episodes.codec,
-                put=leader,
+                self.dock, self.rollout.generate, self.episodes.workers, indexes, params,
+                self.episodes.settings, self.episodes.codec, put=leader,
             )  # fmt: skip
         else:
             report = generate_into_dock(
@@ -199,11 +196,10 @@ class ModelWorker(WeightSource):
             **self._timing(start),
         }
 
-    def attach_env_workers(self, workers: list) -> None:
+    def attach_env_workers(self, workers: list[ActorHandle]) -> None:
         """Run episodes with these environment workers from now on (a run with ``env``)."""
         self.episodes = EpisodeContext(
             workers,
-            prompt_records(self.config),
             EnvSettings.of(self.config),
             TextCodec(load_tokenizer(self.config.model.tokenizer), self.config.data.chat_template),
         )

@@ -70,3 +70,26 @@ def test_unknown_file_format_is_refused(tmp_path):
 def test_synthetic_source_passes_count_and_seed():
     records = load_prompt_records("synthetic:tiny-copy", num_prompts=7, seed=5)
     assert len(records) == 7 and records[0].uid == "tiny-copy-5-0"
+
+
+def test_a_rows_domain_and_its_other_fields_reach_the_record(tmp_path):
+    rows = [{"q": "add 2 2", "a": 4, "kind": "math", "tests": ["assert f() == 1"], "level": 3}]
+    path = _write_jsonl(tmp_path / "p.jsonl", rows)
+    (record,) = load_prompt_records(
+        str(path), prompt_key="q", answer_key="a", template="Q: {prompt}", domain_key="kind"
+    )
+    assert (record.text, record.prompt, record.domain) == ("Q: add 2 2", "add 2 2", "math")
+    assert record.meta == {"tests": ["assert f() == 1"], "level": 3}
+
+
+def test_a_row_without_a_domain_is_in_the_default_domain(tmp_path):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "x", "answer": "1", "domain": None}])
+    path2 = _write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x", "answer": "1"}])
+    assert [load_prompt_records(str(p))[0].domain for p in (path, path2)] == ["default"] * 2
+
+
+def test_a_domain_that_is_not_a_name_is_refused_naming_the_line(tmp_path):
+    rows = [{"prompt": "x", "answer": "1"}, {"prompt": "y", "answer": "2", "domain": ["a"]}]
+    path = _write_jsonl(tmp_path / "p.jsonl", rows)
+    with pytest.raises(PromptSourceError, match=r"p.jsonl:2: field 'domain' .* is a list"):
+        load_prompt_records(str(path))

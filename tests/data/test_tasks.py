@@ -87,3 +87,25 @@ def test_known_seed_gives_known_first_problems():
 def test_unknown_synthetic_task_lists_the_known_ones():
     with pytest.raises(PromptSourceError, match="known: tiny, tiny-next"):
         make_synthetic("sudoku", 4, seed=0)
+
+
+def test_every_code_task_kinds_reference_passes_its_own_tests_in_the_sandbox():
+    import random
+
+    from mindrl.data.code_tasks import TASK_KINDS, code_prompt
+    from mindrl.rewards.code_tests import code_tests
+    from mindrl.rewards.inputs import RewardInput
+
+    for kind in TASK_KINDS:
+        task = kind(random.Random(0))
+        response = f"```python\n{task.reference()}```"
+        row = RewardInput("c#0", code_prompt(task), response, "", "code", {"tests": task.tests()})
+        assert code_tests(row) == {"score": 1.0, "tests_passed_frac": 1.0}, task.name
+
+
+def test_the_synthetic_math_and_code_tasks_name_their_domains():
+    from mindrl.data import make_synthetic
+
+    assert {r.domain for r in make_synthetic("math", 5, 0)} == {"math"}
+    code = make_synthetic("code", 5, 0)
+    assert {r.domain for r in code} == {"code"} and all(r.meta["tests"] for r in code)

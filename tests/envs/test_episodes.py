@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from backends.generation import EngineConfig, SamplingParams, get_engine_class
 from mindrl.data import PromptRecord, build_tiny_tokenizer
+from mindrl.data.records import RECORD_FIELDS, record_fields
 from mindrl.dock import DockClient, create_dock, shutdown_dock
 from mindrl.dock.schema import RUN_FIELDS
 from mindrl.envs import EnvironmentFailed
@@ -55,13 +56,15 @@ def engine():
 
 @pytest.fixture
 def dock():
-    stages = {"rollout": ["prompt_ids"], "reward": ["response_ids", "env_reward"]}
+    stages = {"rollout": ["prompt_ids", *RECORD_FIELDS], "reward": ["response_ids", "env_reward"]}
     handle = create_dock(
         RUN_FIELDS, stages, n_samples=len(INDEXES), group_size=N, warehouses=1, timeout_s=30
     )
     client = DockClient(handle)
     prompts = [torch.tensor(TOKENIZER(RECORDS[i // N].text)["input_ids"]) for i in INDEXES]
-    client.put(INDEXES, {"prompt_ids": prompts, "record_id": torch.as_tensor(INDEXES // N)})
+    client.put(
+        INDEXES, {"prompt_ids": prompts, **record_fields([RECORDS[i // N] for i in INDEXES])}
+    )
     yield client
     shutdown_dock(handle)
 
@@ -76,8 +79,7 @@ def run(dock, engine, cls, turns, turn_tokens, room, seed=5, generate=None, **kw
     workers = env_workers(cls, **kwargs)
     try:
         return run_episodes_into_dock(
-            dock, generate or engine.generate, workers, INDEXES, RECORDS, params, settings,
-            CODEC,
+            dock, generate or engine.generate, workers, INDEXES, params, settings, CODEC,
         )  # fmt: skip
     finally:
         for worker in workers:

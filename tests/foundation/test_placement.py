@@ -124,8 +124,7 @@ def test_partial_rollout_with_an_engine_that_cannot_continue_a_prefix_is_refused
         (
             ["resources.devices_per_node=4", "data.n_samples_per_prompt=2", *TP1],
             "grpo",
-            "data.n_samples_per_prompt=2 not a multiple of every data-parallel size "
-            "(actor 4, reference 4)",
+            "data.n_samples_per_prompt=2 not a multiple of every data-parallel size (actor 4)",
         ),
     ],
 )

@@ -6,8 +6,9 @@ import pytest
 
 from mindrl import run_plan
 from mindrl.config import load_config
+from mindrl.data.records import RECORD_FIELDS
 from mindrl.planner.report import build_plan, response_fields
-from mindrl.run_plan import SEQUENCE, build_run_plan
+from mindrl.run_plan import PROMPT_FIELDS, SEQUENCE, build_run_plan
 from trainers.registry import get_algorithm
 
 GIB = 2**30
@@ -44,10 +45,22 @@ def test_ppo_adds_the_critic_stages_and_its_advantages_read_values_and_write_ret
     assert plan.scoring_stages() == ("ref_logp", "values")
 
 
-def test_the_verifiers_read_the_answer_and_a_reward_model_also_reads_the_prompt():
-    assert plan_for("grpo").stage("reward").reads == ("response_ids", "answer")
+def test_the_rewards_read_the_record_and_a_reward_model_also_reads_the_prompt():
+    record = ("uid", "text", "prompt", "answer", "domain", "meta")
+    assert plan_for("grpo").stage("reward").reads == ("response_ids", *record)
     with_model = plan_for("grpo", "reward.reward_model=some/model")
-    assert with_model.stage("reward").reads == ("response_ids", "answer", "prompt_ids")
+    assert with_model.stage("reward").reads == ("response_ids", *record, "prompt_ids")
+
+
+def test_the_driver_puts_each_prompt_with_its_whole_record_and_group():
+    assert PROMPT_FIELDS == (
+        "prompt_ids", "uid", "text", "prompt", "answer", "domain", "meta", "group_id"
+    )  # fmt: skip
+
+
+def test_an_environments_rollout_reads_the_record_its_reset_gets():
+    plan = build_run_plan(get_algorithm("grpo"), load_config("configs/tiny_env.yaml", []))
+    assert plan.stage("rollout").reads == ("prompt_ids", *RECORD_FIELDS)
 
 
 def test_each_group_gets_the_stages_it_serves_with_their_reads_and_writes():

@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from mindrl.rewards.inputs import INVALID, OK, RewardInput, outcome_of
+from mindrl.rewards.functions import BUILTINS, FunctionSpec
+from mindrl.rewards.inputs import INVALID, RewardInput
 from mindrl.rewards.judge import (
     GenerateBackend,
     Judge,
@@ -30,6 +31,7 @@ from mindrl.rewards.judge import (
     normalised_score,
     retry_wait,
 )
+from mindrl.rewards.pool import RewardPool
 
 INPUT = RewardInput(uid="q.jsonl#0", prompt="What is 2 + 2?", response="4", answer="4")
 
@@ -205,12 +207,18 @@ def test_a_body_that_is_no_chat_completion_is_an_error_not_a_score(server):
 )
 def test_a_reply_without_a_verdict_is_invalid_not_zero(server, reply):
     server.default = Answer(reply=reply)
-    answer = run_judge(**endpoint(server))
-    assert isinstance(answer, JudgeReplyInvalid)
-    outcome = outcome_of(answer, "judge")
-    assert outcome.status == INVALID and outcome.score is None
-    assert outcome.error.startswith("judge returned JudgeReplyInvalid <no verdict on the last")
+    with pytest.raises(JudgeReplyInvalid, match="no verdict on the last line"):
+        run_judge(**endpoint(server))
     assert server.count == 1  # a reply that does not parse is never asked again
+
+
+def test_the_pool_books_a_reply_without_a_verdict_as_invalid(server):
+    server.default = Answer(reply="yes, this is correct")
+    spec = FunctionSpec("judge", BUILTINS["judge"], kwargs=endpoint(server))
+    with RewardPool(processes=1) as pool:
+        (outcome,) = pool.score(spec, [INPUT])
+    assert (outcome.status, outcome.score) == (INVALID, None)
+    assert outcome.error.startswith("judge: judge reply invalid, no verdict on the last line")
 
 
 def test_a_repeated_request_is_served_from_the_cache(server):
@@ -514,7 +522,6 @@ def test_a_self_served_judge_writes_and_parses_its_verdict(tmp_path, chat_templa
     try:
         scores = asyncio.run(group())
         assert scores == [pytest.approx(0.7)] * 3
-        assert outcome_of(scores[0], "judge").status == OK
     finally:
         close_judges()
 
@@ -522,9 +529,8 @@ def test_a_self_served_judge_writes_and_parses_its_verdict(tmp_path, chat_templa
 def test_a_self_served_judge_rigged_to_babble_is_invalid(tmp_path):
     save_rigged_judge(tmp_path, lambda word: "yes")
     try:
-        answer = run_judge(model=str(tmp_path), max_tokens=4)
+        with pytest.raises(JudgeReplyInvalid) as invalid:
+            run_judge(model=str(tmp_path), max_tokens=4)
     finally:
         close_judges()
-    assert isinstance(answer, JudgeReplyInvalid)
-    assert answer.reply == "yes yes yes yes"
-    assert outcome_of(answer, "judge").status == INVALID
+    assert invalid.value.reply == "yes yes yes yes"

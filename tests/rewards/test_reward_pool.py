@@ -247,7 +247,10 @@ def test_a_function_that_kills_the_process_server_ends_its_calls_not_the_pool(po
         [Job(fn("kills_the_server"), sample()), Job(fn("timed"), sample())]
     )
     died = "the reward process died: its process server died"
-    assert [o.error for o in killer + bystander] == [f"kills_the_server: {died}", f"timed: {died}"]
+    assert [o.error for o in killer] == [f"kills_the_server: {died}"]
+    # A call already running in a live pool process may still answer before the pool
+    # notices the server is gone; either way it ends with a status, not a hang.
+    assert [(o.status, o.error) for o in bystander] in ([(OK, "")], [(ERROR, f"timed: {died}")])
     assert not psutil.pid_exists(server)
     assert pool.pids()[0] != server  # a new server, with new processes
     assert [o.score for o in pool.score(fn("exact"), [sample(), sample()])] == [1.0, 1.0]

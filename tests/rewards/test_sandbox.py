@@ -68,10 +68,11 @@ def hostile(name: str, **values: object) -> str:
 
 
 def live_processes() -> dict[int, str]:
-    """This test's descendants and the sandbox uid's processes that are alive (a zombie is
-    dead, only waiting for the host's init to collect it), by pid."""
+    """The sandboxes' processes below this test and the sandbox uid's processes anywhere
+    that are alive (a zombie is dead, only waiting for the host's init to collect it), by
+    pid. Not every descendant: the shared Ray session's workers come and go beside."""
     found = {}
-    candidates = psutil.Process().children(recursive=True)
+    candidates = sandbox_processes()
     if os.getuid() != HOST_UID:  # root: every process of the sandbox uid on the host
         candidates += [p for p in psutil.process_iter() if _uid(p) == HOST_UID]
     for process in candidates:
@@ -112,6 +113,17 @@ def assert_failed_its_test(result: SandboxResult) -> None:
 # Isolation, seen from inside and from the host.
 
 
+def sandbox_processes() -> list[psutil.Process]:
+    """This process's descendants that are bwrap or below it (not the shared Ray session's
+    processes, which other tests of the run started)."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any(p.name() == "bwrap" for p in (process, *process.parents())):
+                found.append(process)
+    return found
+
+
 def test_a_harmless_probe_sees_only_its_own_namespaces_as_an_unprivileged_uid(tmp_path):
     (tmp_path / "on-the-host").write_text("the host's /tmp is not empty")
     seen_uids: set[tuple[int, int]] = set()
@@ -120,7 +132,7 @@ def test_a_harmless_probe_sees_only_its_own_namespaces_as_an_unprivileged_uid(tm
         probe = hostile("probe", hold_s=1.0)
         running = pool.submit(run_checked, probe, None, dataclasses.replace(LIMITS, timeout_s=5))
         while not running.done():  # the host's view of the sandbox's processes
-            for process in psutil.Process().children(recursive=True):
+            for process in sandbox_processes():
                 with contextlib.suppress(psutil.Error, OSError):
                     seen_uids.add((process.uids().real, process.uids().effective))
                     cgroups = Path(f"/proc/{process.pid}/cgroup").read_text()

@@ -16,7 +16,7 @@ from trainers.driver.iteration import InFlightState
 from trainers.driver.state import RunState
 from trainers.driver.train import CheckpointWriteFailed, save_checkpoint
 
-SLICES = [DockSlice(np.arange(4), ("prompt_ids", "record_id"))]
+SLICES = [DockSlice(np.arange(4), ("prompt_ids", "answer"))]
 BOOKKEEPING = {"drawn": 7}
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from backends.megatron.checkpoint import decode, encode
 from mindrl.config import ConfigError, load_config
-from mindrl.data import PromptBatch
+from mindrl.data import PromptBatch, PromptRecord
 from mindrl.run_plan import build_run_plan
 from trainers.driver.iteration import IterationRunner, Ledger
 from trainers.driver.partial_rollout import PartialRolloutSource
@@ -66,8 +66,8 @@ class Dataset:
     def next_batch(self, count: int) -> PromptBatch:
         first, self.drawn = self.drawn, self.drawn + count
         ids = list(range(first, self.drawn))
-        texts = [""] * count
-        return PromptBatch([[k] for k in ids], texts, [str(k) for k in ids], texts, 0, first)
+        records = [PromptRecord(str(k), "", "") for k in ids]
+        return PromptBatch([[k] for k in ids], records, [""] * count, 0, first)
 
 
 class ScriptedRounds(PartialRolloutSource):

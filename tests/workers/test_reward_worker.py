@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mindrl.config import load_config
-from mindrl.data import load_tokenizer
+from mindrl.data import PromptRecord, load_tokenizer
+from mindrl.data.records import record_fields
 from mindrl.dock import DockClient, create_dock, shutdown_dock
 from mindrl.dock.schema import RUN_FIELDS
 from mindrl.run_plan import build_run_plan
@@ -41,21 +42,22 @@ def reward_worker_and_dock(ray_cluster):
 
 def put_responses_twice(dock: DockClient) -> tuple[np.ndarray, np.ndarray]:
     """The same groups at two sets of indexes: per group, responses all right, half right,
-    wrong and too long (so rewards differ within each group), the answer and group ids."""
+    wrong and too long (so rewards differ within each group), each prompt's record and
+    group ids."""
     tokenizer = load_tokenizer("builtin:tiny")
-    rows, truths = [], []
+    rows, records = [], []
     for g in range(GROUPS):
         answer = f"{g + 2} 1"
         for text in (answer, f"{g + 2} 3", "4", f"{answer} 1 1"):
             ids = tokenizer.encode(text, add_special_tokens=False)
             rows.append(torch.tensor(ids, dtype=torch.int64))
-            truths.append(torch.tensor(list(answer.encode()), dtype=torch.uint8))
+            records.append(PromptRecord(f"q#{g}", f"copy : {answer} =", answer))
     first = np.arange(GROUPS * N)
     second = first + GROUPS * N
     for indexes in (first, second):
         dock.put(indexes, {
             "response_ids": rows,
-            "answer": truths,
+            **record_fields(records),
             "group_id": torch.tensor(indexes // N),
         })  # fmt: skip
     return first, second

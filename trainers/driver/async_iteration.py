@@ -33,10 +33,10 @@ import numpy as np
 
 from mindrl.config.layout import ROLLOUT_WORKER
 from mindrl.dock import DockSlice
+from mindrl.run_plan import PROMPT_FIELDS
 from mindrl.workers.generation import RESPONSE_FIELDS
 from mindrl.workers.group import wait_all
 from trainers.driver.iteration import (
-    PROMPT_FIELDS,
     VERSION_STAGE,
     BatchSource,
     InFlightState,
@@ -135,9 +135,13 @@ class DisaggregatedSource(BatchSource):
         ledger.overlap["rollout"] = max(min(busy, waited - batch.started), 0.0)
         runner = self.runner
         scored = runner.stage(ledger, "reward", runner.score_stage, "reward", batch.indexes)
-        batch.sampled.samples = len(batch.indexes)
-        batch.sampled.reward_sum = sum(r["reward_sum"] for r in scored)
-        batch.sampled.response_tokens = sum(r["response_tokens"] for r in scored)
+        sampled = batch.sampled
+        sampled.samples = len(batch.indexes)
+        sampled.reward_sum = sum(r["reward_sum"] for r in scored)
+        sampled.response_tokens = sum(r["response_tokens"] for r in scored)
+        dropped = runner.book_rewards(sampled, scored)
+        if dropped:  # no refill: the next batch is already generating
+            sampled.kept = runner.trim(ledger, runner.drop_groups(ledger, sampled.kept, dropped))
 
     def _wait(self, batch: InFlight) -> list[dict]:
         """``batch``'s generation reports, waited for once."""

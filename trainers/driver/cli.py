@@ -23,6 +23,7 @@ from mindrl.metrics.sinks import missing_sink_packages
 from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
 from mindrl.planner.offload import plan_offload
 from mindrl.planner.report import build_plan
+from mindrl.rewards.routing import reward_problems
 from mindrl.run_plan import build_run_plan
 from trainers.registry import ALGORITHMS, get_algorithm
 
@@ -85,6 +86,11 @@ def dry_run(
     device_name = (
         requested_device if requested_device not in (None, "auto") else resolve_device(None)
     )
+    problems = [] if algorithm.offline else reward_problems(config)
+    if problems:  # what a run would refuse at start-up, the plan refuses too
+        for problem in problems:
+            print(f"mindrl-train: config error: {problem}", file=sys.stderr)
+        return 2
     per_device, per_node = device_bytes(config, device_name), host_bytes(config)
     workspace = library_workspace_bytes(device_name)
     run_plan = plan_offload(

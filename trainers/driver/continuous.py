@@ -48,6 +48,7 @@ import numpy as np
 import ray
 
 from mindrl.config.layout import ROLLOUT_WORKER
+from mindrl.dock import group_slots
 from mindrl.metrics.memory import book_peaks
 from mindrl.planner.generation import continuous_slots
 from mindrl.run_plan import ENV_REWARD, RunPlan, continuous_groups
@@ -140,6 +141,10 @@ class ContinuousSource(BatchSource):
         #: asked of the dock once, not at every poll of the wait).
         self.versions: dict[int, int] = {}
         self.dropped = 0
+        #: The reward reports since the last record (in a Sampled: its book) and the
+        #: scored groups holding a sample whose reward failed (reward.on_failure).
+        self.scoring = Sampled()
+        self.failed: set[int] = set()
         self.lags: np.ndarray = np.zeros(0)
         #: Each worker's loop counters at the last record (a restarted loop counts anew).
         self.loop_counters: list[dict[str, float]] | None = None
@@ -178,8 +183,11 @@ class ContinuousSource(BatchSource):
             self.push = start_push(self.run, iteration + 1)  # overlaps what follows
 
     def _sampled(self, kept: list[int], indexes: np.ndarray) -> Sampled:
+        """The trained groups' figures; the reward stage's reports since the last record
+        (its scoring runs beside decoding, so those are of the groups it scored meanwhile)."""
         rewards = [self.rewards.pop(int(i)) for i in indexes]
         prompt_tokens = sum(self.pool.flights[slot].prompt_tokens for slot in kept) * self.N
+        scoring, self.scoring = self.scoring.rewards, Sampled()
         return Sampled(
             kept=kept,
             draws=1,
@@ -187,6 +195,7 @@ class ContinuousSource(BatchSource):
             reward_sum=float(sum(r for r, _ in rewards)),
             response_tokens=float(sum(t for _, t in rewards)),
             prompt_tokens=float(prompt_tokens),
+            rewards=scoring,
         )
 
     def _training_stages(self) -> list[str]:
@@ -209,10 +218,10 @@ class ContinuousSource(BatchSource):
 
     def _feed(self, indexes: np.ndarray, resumed: np.ndarray) -> None:
         """Whole groups dealt round-robin over the workers."""
-        groups = np.unique(indexes // self.N)
+        groups = np.unique(group_slots(indexes, self.N))
         calls = []
         for rank, worker in enumerate(self.workers.workers):
-            mine = np.isin(indexes // self.N, groups[rank :: self.workers.size])
+            mine = np.isin(group_slots(indexes, self.N), groups[rank :: self.workers.size])
             if mine.any():
                 part = indexes[mine]
                 calls.append(worker.feed.remote(Feed(part, np.intersect1d(part, resumed))))
@@ -278,6 +287,10 @@ class ContinuousSource(BatchSource):
         while True:
             self._refill(ledger)
             ready = self._scored()
+            failed = [slot for slot in ready if slot in self.failed]
+            if failed:  # reward.on_failure drop_group: their slots refill; pick again
+                self._drop(ledger, failed, stale=False)
+                continue
             kept = self._pick(ready, iteration)
             if kept is not None:
                 lags = self._lags(ledger, ready, iteration)
@@ -350,7 +363,10 @@ class ContinuousSource(BatchSource):
         kept = due + younger
         return kept if len(kept) == self.G else None
 
-    def _drop(self, ledger: Ledger, slots: list[int]) -> None:
+    def _drop(self, ledger: Ledger, slots: list[int], stale: bool = True) -> None:
+        """Take ``slots`` out of the pool (past the staleness bound, or their reward
+        failed): their samples leave the dock and the slots refill."""
+        self.failed -= set(slots)
         indexes = self.runner.indexes(slots)
         self.runner.timed_dock(ledger, self.run.dock.recycle, indexes)
         for slot in slots:
@@ -359,7 +375,7 @@ class ContinuousSource(BatchSource):
             self.versions.pop(slot, None)
         for index in indexes.tolist():
             self.rewards.pop(index, None)
-        self.dropped += len(slots)
+        self.dropped += len(slots) if stale else 0
 
     def _check_workers(self, deadline: float, ready: int) -> None:
         """No event within a poll: a worker whose loop failed says so; past the deadline
@@ -406,8 +422,10 @@ class ContinuousSource(BatchSource):
                 scores = zip(report["sample_rewards"], report["sample_tokens"], strict=True)
                 for index, score in zip(report["indexes"].tolist(), scores, strict=True):
                     self.rewards[index] = score
+        if chunk.stream.call.stage == "reward":
+            self.failed |= set(self.runner.book_rewards(self.scoring, chunk.results))
         stream = chunk.stream
-        for slot in np.unique(chunk.indexes // self.N).tolist():
+        for slot in np.unique(group_slots(chunk.indexes, self.N)).tolist():
             if slot in self.pool.flights:
                 self.scored_by.setdefault(slot, set()).add(stream.call.stage)
         self._open_claim(stream)
@@ -416,7 +434,7 @@ class ContinuousSource(BatchSource):
     def release(self, ledger: Ledger, trained: np.ndarray) -> None:
         """Free the trained groups' slots; give the held ones back to the training stages."""
         runner = self.runner
-        slots = np.unique(trained // self.N).tolist()
+        slots = np.unique(group_slots(trained, self.N)).tolist()
         self.pool.trained = [self.pool.flights.pop(slot) for slot in slots]
         for slot in slots:
             self.scored_by.pop(slot, None)

@@ -30,10 +30,12 @@ import numpy as np
 from backends.generation import SamplingParams
 from mindrl.config.schema import AlgorithmConfig
 from mindrl.data import PromptBatch
-from mindrl.dock import DockError, DockSlice
+from mindrl.data.records import record_fields
+from mindrl.dock import DockError, DockSlice, group_slots, slot_indexes
 from mindrl.metrics import generation_progress, mean_by_key, print_progress_line, tokens_per_second
 from mindrl.metrics.memory import MEMORY_KEYS, MEMORY_RECORD_KEY, book_peaks, peaks_by_role
-from mindrl.run_plan import ANSWER, GROUP_ID
+from mindrl.rewards.report import FailureWindow, RewardBook
+from mindrl.run_plan import GROUP_ID
 from trainers.driver.state import RunState
 from trainers.driver.streaming import (
     StreamedStage,
@@ -115,6 +117,8 @@ class Sampled:
     #: A multi-turn run's episode figures, summed over ranks and draws (``env_*`` keys
     #: of the rollout's reports; the wall times, wait and engine, of the slowest rank).
     episodes: dict[str, float] = field(default_factory=dict)
+    #: The reward stage's reports: per-domain rewards, per-function outcomes, failures.
+    rewards: RewardBook = field(default_factory=RewardBook)
 
     def book_episodes(self, reports: list[dict]) -> None:
         """Add the actor ranks' rollout reports of one draw."""
@@ -131,8 +135,6 @@ EPISODE_WALL_TIMES = frozenset({"env_wait_s", "env_engine_s"})
 #: Report keys that are timing or memory, booked by the ledger, not metrics of the iteration.
 TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"}) | MEMORY_KEYS
 
-#: The fields the driver puts per sample (its prompt), as a checkpoint keeps them.
-PROMPT_FIELDS = ("prompt_ids", "record_id", ANSWER, GROUP_ID)
 #: The stage whose controller a checkpoint asks for the versions of responses it keeps.
 VERSION_STAGE = "update"
 
@@ -190,6 +192,13 @@ class BatchSource:
         """The record fields of this kind of run (after the common ones)."""
         return {}
 
+    def record(
+        self, metrics: dict[str, Any], sampled: Sampled, ledger: Ledger, seconds: float
+    ) -> dict[str, Any]:
+        """The iteration's metrics record from the updates' ``metrics`` (here: the RL
+        record, :meth:`IterationRunner.rl_record`, with this kind's counts)."""
+        return self.runner.rl_record(metrics, sampled, ledger, seconds) | self.counts(sampled)
+
     def in_flight_state(self) -> InFlightState | None:
         """Between iterations: the samples in the dock a later iteration trains on, for a
         checkpoint; None when there are none (here: every iteration empties the dock)."""
@@ -223,7 +232,7 @@ class OnlineSource(BatchSource):
         while True:
             slots, free = free[: runner.G], free[runner.G :]
             indexes = runner.indexes(slots)
-            batch = run.dataset.next_batch()
+            batch = run.dataset.next_batch(len(slots))
             runner.put_prompts(ledger, indexes, batch, sampled)
             if self.stream is not None:
                 scored = self._generate_streaming(
@@ -239,7 +248,9 @@ class OnlineSource(BatchSource):
             sampled.samples += len(indexes)
             sampled.reward_sum += sum(r["reward_sum"] for r in scored)
             sampled.response_tokens += sum(r["response_tokens"] for r in scored)
+            failed = runner.book_rewards(sampled, scored)
             kept = self._filter(ledger, slots) if run.options.dynamic_sampling else slots
+            kept = runner.drop_groups(ledger, kept, failed)
             sampled.kept += kept
             free += [s for s in slots if s not in kept]
             if len(sampled.kept) >= runner.G or (limit and sampled.draws >= limit):
@@ -249,7 +260,7 @@ class OnlineSource(BatchSource):
                     f"dynamic sampling: {sampled.draws} batches drawn, {len(sampled.kept)}/"
                     f"{runner.G} groups with differing rewards kept so far"
                 )
-        sampled.kept = self._trim(ledger, sampled.kept)
+        sampled.kept = runner.trim(ledger, sampled.kept)
         return sampled
 
     def generate(self, indexes: np.ndarray, iteration: int, draw: int) -> list[dict]:
@@ -280,25 +291,12 @@ class OnlineSource(BatchSource):
         (kept,) = runner.run.groups["reward"].call(
             "keep", runner.indexes(slots), stage="filter", timeout_s=runner.timeout, ranks=[0]
         )
-        kept_slots = sorted({int(i) // runner.N for i in kept})
+        kept_slots = sorted(set(group_slots(kept, runner.N).tolist()))
         dropped = [s for s in slots if s not in kept_slots]
         if dropped:
             runner.run.dock.recycle(runner.indexes(dropped))
         ledger.add_stage("filter", time.perf_counter() - start, [])
         return kept_slots
-
-    def _trim(self, ledger: Ledger, kept: list[int]) -> list[int]:
-        """At most G groups, and a sample count every data-parallel group size divides."""
-        runner = self.runner
-        sizes = [runner.run.dp_size(role) for role in runner.run.dp_ranks]
-        step = int(np.lcm.reduce([*sizes, 1]))
-        count = min(len(kept), runner.G)
-        while count and (count * runner.N) % step:
-            count -= 1
-        surplus = kept[count:]
-        if surplus:
-            runner.timed_dock(ledger, runner.run.dock.recycle, runner.indexes(surplus))
-        return kept[:count]
 
 
 class IterationRunner:
@@ -325,7 +323,8 @@ class IterationRunner:
         self.plan = run.plan
         self.timeout = self.plan.stage_deadline_s
         self.pair_size = pair_size
-        self.record_of = {r.uid: i for i, r in enumerate(run.dataset.records)}
+        reward = self.config.reward
+        self.failures = FailureWindow(reward.on_failure, reward.max_failure_fraction)
         #: Each stage's largest memory peaks over the whole run (the end-of-run check
         #: against the planner, mindrl.planner.check).
         self.stage_peaks: dict[str, dict[str, float]] = {}
@@ -337,13 +336,14 @@ class IterationRunner:
         start = time.perf_counter()
         ledger = Ledger()
         sampled = self.source.draw(iteration, ledger)
+        self.failures.check(sampled.rewards)  # before anything trains on the batch
         indexes = self.indexes(sampled.kept)
         metrics: dict[str, Any] = {}
         checked: dict[str, Any] = {}
         if len(indexes):
             self._score_stages(indexes, ledger)
             self.source.beside_training(iteration, ledger)
-            if "advantage" not in self.source.scored:
+            if "advantage" in self.plan.stage_names and "advantage" not in self.source.scored:
                 self.stage(ledger, "advantage", self._advantages, indexes)
             checked = self.source.before_update(indexes, iteration)
             metrics |= mean_by_key(
@@ -355,8 +355,7 @@ class IterationRunner:
             self.run.kl.update(metrics.get("kl", 0.0), len(indexes))
         self.source.release(ledger, indexes)
         self.source.after_update(iteration, ledger)
-        record = self._record(metrics, sampled, ledger, time.perf_counter() - start)
-        return record | self.source.counts(sampled) | checked
+        return self.source.record(metrics, sampled, ledger, time.perf_counter() - start) | checked
 
     # ---- checkpoints: what outlives an iteration -------------------------------------------
     def in_flight_state(self) -> InFlightState | None:
@@ -397,7 +396,7 @@ class IterationRunner:
 
     def indexes(self, slots: list[int]) -> np.ndarray:
         """The sample indexes of group ``slots``."""
-        return (np.asarray(slots, dtype=np.int64)[:, None] * self.N + np.arange(self.N)).ravel()
+        return slot_indexes(slots, self.N)
 
     def put_prompts(
         self, ledger: Ledger, indexes: np.ndarray, batch: PromptBatch, sampled: Sampled
@@ -405,12 +404,43 @@ class IterationRunner:
         """A group's prompt goes into the dock once for its N responses (``repeat``): the
         driver's node would otherwise send every remote warehouse N copies of it."""
         prompts = [np.asarray(p, dtype=np.int64) for p in batch.prompt_ids]
-        records = np.asarray([self.record_of[u] for u in batch.uids], dtype=np.int64)
-        answers = [np.frombuffer(a.encode(), dtype=np.uint8) for a in batch.ground_truths]
-        groups = indexes[:: self.N] // self.N  # whole groups: the dock's slot is the group
+        groups = group_slots(indexes[:: self.N], self.N)  # the dock's slot is the group
         sampled.prompt_tokens += float(self.N * sum(len(p) for p in prompts))
-        fields = dict(zip(PROMPT_FIELDS, (prompts, records, answers, groups), strict=True))
+        fields = {"prompt_ids": prompts, **record_fields(batch.records), GROUP_ID: groups}
         self.timed_dock(ledger, self.run.dock.put, indexes, fields, repeat=self.N)
+
+    def book_rewards(self, sampled: Sampled, reports: list[dict]) -> list[int]:
+        """Book a reward stage's ``reports`` in ``sampled``; the group slots to drop: each
+        holding a sample whose reward failed, where ``reward.on_failure`` is drop_group (a
+        failure then never enters a group baseline as a 0)."""
+        sampled.rewards.add(reports)
+        if self.config.reward.on_failure != "drop_group":
+            return []
+        failed = [np.asarray(r.get("failed", ()), dtype=np.int64) for r in reports]
+        indexes = np.concatenate(failed) if failed else np.zeros(0, dtype=np.int64)
+        slots = sorted(set(group_slots(indexes, self.N).tolist()))
+        sampled.rewards.dropped_groups += len(slots)
+        return slots
+
+    def drop_groups(self, ledger: Ledger, kept: list[int], dropped: list[int]) -> list[int]:
+        """``kept`` without the ``dropped`` group slots, whose samples leave the dock."""
+        gone = [slot for slot in kept if slot in set(dropped)]
+        if gone:
+            self.timed_dock(ledger, self.run.dock.recycle, self.indexes(gone))
+        return [slot for slot in kept if slot not in set(dropped)]
+
+    def trim(self, ledger: Ledger, kept: list[int]) -> list[int]:
+        """At most G groups, and a sample count every data-parallel group size divides
+        (the surplus leaves the dock)."""
+        sizes = [self.run.dp_size(role) for role in self.run.dp_ranks]
+        step = int(np.lcm.reduce([*sizes, 1]))
+        count = min(len(kept), self.G)
+        while count and (count * self.N) % step:
+            count -= 1
+        surplus = kept[count:]
+        if surplus:
+            self.timed_dock(ledger, self.run.dock.recycle, self.indexes(surplus))
+        return kept[:count]
 
     def generate(self, args: list[tuple], n: int) -> list[dict]:
         """Each actor rank's ``generate`` with its ``args``, a progress bar over ``n``."""
@@ -468,9 +498,10 @@ class IterationRunner:
     def score_stage(self, name: str, indexes: np.ndarray) -> list[dict]:
         """A scoring stage on the whole batch at once (sync mode)."""
         call = stage_call(self.run, self.plan.stage(name))
+        whole = self.source.whole_group_claims or call.whole_groups
         parts = self.run.dock.claim(
-            name, call.fields, len(indexes), self.source.whole_group_claims, call.dp_parts,
-            self.timeout, part_warehouses=call.part_warehouses,
+            name, call.fields, len(indexes), whole, call.dp_parts, self.timeout,
+            part_warehouses=call.part_warehouses,
         )  # fmt: skip
         args = call.args(parts)
         return call.group.call_each(
@@ -537,9 +568,11 @@ class IterationRunner:
         )  # fmt: skip
 
     # ---- the record --------------------------------------------------------------------------
-    def _record(
+    def rl_record(
         self, metrics: dict[str, Any], sampled: Sampled, ledger: Ledger, seconds: float
     ) -> dict[str, Any]:
+        """An online iteration's record: rewards, lengths, the updates' ``metrics``, the
+        KL coefficient, throughput, the stages' times, overhead and memory."""
         n = max(sampled.samples, 1)
         prompt_len, response_len = sampled.prompt_tokens / n, sampled.response_tokens / n
         record = {
@@ -548,13 +581,14 @@ class IterationRunner:
             "prompt_length_mean": prompt_len,
             **metrics,
             "kl_coef": self.run.kl.value,
+            **sampled.rewards.metrics(),
             "tps": self._tps(sampled, prompt_len, response_len, seconds),
             "iteration_time_s": seconds,
             "time": ledger.stages,
             "busy": ledger.busy,
             "overlap": {**ledger.overlap, "total": sum(ledger.overlap.values(), 0.0)},
             "overhead": ledger.overhead(seconds),
-            MEMORY_RECORD_KEY: self._memory_record(ledger),
+            MEMORY_RECORD_KEY: self.memory_record(ledger),
         }
         if self.run.options.dynamic_sampling:
             record |= {"sample_batches": sampled.draws, "kept_groups": len(sampled.kept)}
@@ -562,7 +596,7 @@ class IterationRunner:
             record |= episode_metrics(sampled.episodes, seconds)
         return record
 
-    def _memory_record(self, ledger: Ledger) -> dict[str, dict[str, float]]:
+    def memory_record(self, ledger: Ledger) -> dict[str, dict[str, float]]:
         """The iteration's peaks per role; each stage's also raise the run's largest."""
         for stage, peaks in ledger.memory.items():
             book_peaks(self.stage_peaks, stage, [peaks])

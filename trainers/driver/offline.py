@@ -13,25 +13,19 @@ the driver only claims indexes; the workers move the payloads.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-from mindrl.metrics import mean_by_key
 from mindrl.metrics.memory import MEMORY_RECORD_KEY
-from trainers.driver.iteration import (
-    TIMING_KEYS,
-    BatchSource,
-    IterationRunner,
-    Ledger,
-    Sampled,
-)
+from trainers.driver.iteration import BatchSource, IterationRunner, Ledger, Sampled
 from trainers.driver.state import RunState
 
 
 class OfflinePairs(BatchSource):
-    """An offline run's batch: the next G stored pairs put into the dock, nothing generated."""
+    """An offline run's batch: the next G stored pairs put into the dock, nothing generated.
+    The runner then scores them with the reference and trains (the plan has no advantage
+    stage and no critic); the record is the pairs' own."""
 
     def draw(self, iteration: int, ledger: Ledger) -> Sampled:
         """Put the next G pairs (chosen at even indexes, rejected after them)."""
@@ -43,38 +37,30 @@ class OfflinePairs(BatchSource):
         ):
             prompts += [np.asarray(prompt, dtype=np.int64)] * 2
             responses += [np.asarray(chosen, dtype=np.int64), np.asarray(rejected, dtype=np.int64)]
-        records = np.repeat([runner.record_of[u] for u in batch.uids], 2).astype(np.int64)
-        fields = {"prompt_ids": prompts, "response_ids": responses, "record_id": records}
+        fields = {"prompt_ids": prompts, "response_ids": responses}
         slots = list(range(runner.G))
         runner.timed_dock(ledger, runner.run.dock.put, runner.indexes(slots), fields)
         tokens = float(sum(len(r) for r in responses))
         return Sampled(kept=slots, samples=len(responses), response_tokens=tokens)
 
-
-class OfflineIterationRunner(IterationRunner):
-    """Runs iterations of a started offline run (see module docstring): the stored pairs
-    as the batch, and no advantages, critic or KL controller, so its own iteration."""
-
-    def __init__(self, run: RunState) -> None:
-        super().__init__(run, OfflinePairs, pair_size=run.plan.group_size)
-
-    def run_iteration(self, iteration: int) -> dict[str, Any]:
-        """One iteration on the next G pairs; returns its metrics record."""
-        start = time.perf_counter()
-        ledger = Ledger()
-        sampled = self.source.draw(iteration, ledger)
-        indexes = self.indexes(sampled.kept)
-        self._score_stages(indexes, ledger)
-        updates = self.stage(ledger, "update", self._update, indexes)
-        self.source.release(ledger, indexes)
-        seconds = time.perf_counter() - start
+    def record(
+        self, metrics: dict[str, Any], sampled: Sampled, ledger: Ledger, seconds: float
+    ) -> dict[str, Any]:
+        """The updates' metrics, the pairs trained, their mean response length and the
+        stages' times, overhead and memory (no rewards, KL coefficient or throughput)."""
         return {
-            **mean_by_key(updates, skip=TIMING_KEYS),
-            "pairs": self.G,
-            "response_length_mean": sampled.response_tokens / len(indexes),
+            **metrics,
+            "pairs": self.runner.G,
+            "response_length_mean": sampled.response_tokens / sampled.samples,
             "iteration_time_s": seconds,
             "time": ledger.stages,
             "busy": ledger.busy,
             "overhead": ledger.overhead(seconds),
-            MEMORY_RECORD_KEY: self._memory_record(ledger),
+            MEMORY_RECORD_KEY: self.runner.memory_record(ledger),
         }
+
+
+def offline_runner(run: RunState) -> IterationRunner:
+    """The runner of an offline run: the stored pairs as its batches, the update claiming
+    whole pairs per data-parallel rank."""
+    return IterationRunner(run, OfflinePairs, pair_size=run.plan.group_size)

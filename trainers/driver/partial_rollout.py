@@ -51,11 +51,10 @@ from typing import Any
 import numpy as np
 
 from mindrl.data import PromptBatch
-from mindrl.dock import DockSlice
-from mindrl.run_plan import partial_rollout_groups
+from mindrl.dock import DockSlice, group_slots
+from mindrl.run_plan import PROMPT_FIELDS, partial_rollout_groups
 from mindrl.workers.generation import PAUSED_FIELDS, RESPONSE_FIELDS, PartialRollout
 from trainers.driver.iteration import (
-    PROMPT_FIELDS,
     VERSION_STAGE,
     BatchSource,
     InFlightState,
@@ -101,7 +100,7 @@ class FlightPool:
 
     def finished(self) -> list[int]:
         """Slots whose group has every response finished (none paused), ascending."""
-        waiting = set((self.paused // self.N).tolist())
+        waiting = set(group_slots(self.paused, self.N).tolist())
         return sorted(slot for slot in self.flights if slot not in waiting)
 
     def free(self) -> list[int]:
@@ -177,10 +176,22 @@ class PartialRolloutSource(BatchSource):
             sampled.samples = len(indexes)
             sampled.reward_sum = sum(r["reward_sum"] for r in scored)
             sampled.response_tokens = sum(r["response_tokens"] for r in scored)
+            self._drop(ledger, sampled, runner.book_rewards(sampled, scored))
         # Per trained sample, as the record's means are: prompts put now may train later.
         prompt_tokens = sum(self.pool.flights[slot].prompt_tokens for slot in sampled.kept)
         sampled.prompt_tokens = float(prompt_tokens * self.N)
         return sampled
+
+    def _drop(self, ledger: Ledger, sampled: Sampled, dropped: list[int]) -> None:
+        """Take the groups whose reward failed out of the batch and the pool (their slots
+        take fresh prompts in a later round), and trim what is left to the data-parallel
+        sizes."""
+        if not dropped:
+            return
+        kept = self.runner.drop_groups(ledger, sampled.kept, dropped)
+        sampled.kept = self.runner.trim(ledger, kept)
+        for slot in set(kept) - set(sampled.kept) | set(dropped):
+            self.pool.flights.pop(slot, None)
 
     def _round(self, ledger: Ledger, sampled: Sampled, fresh: list[int], iteration: int) -> None:
         """Fresh prompts into ``fresh`` slots, then one budget's worth of tokens for them
@@ -221,7 +232,7 @@ class PartialRolloutSource(BatchSource):
     def release(self, ledger: Ledger, trained: np.ndarray) -> None:
         """Free only the trained groups' slots; the held ones may be claimed again."""
         runner = self.runner
-        slots = np.unique(trained // self.N).tolist()
+        slots = np.unique(group_slots(trained, self.N)).tolist()
         self.pool.trained = [self.pool.flights.pop(slot) for slot in slots]
         if len(trained):
             runner.timed_dock(ledger, runner.run.dock.recycle, trained)

@@ -4,8 +4,8 @@ The plan decides once how a run's iterations go (mindrl/run_plan.py, ``runner_fo
 this table names the part that varies: the batch source (trainers/driver/iteration.py,
 ``BatchSource``) that draws each iteration's batch, overlaps what may run beside
 training and keeps what outlives the update. :class:`IterationRunner` runs the rest the
-same way for every kind; the offline kind trains stored pairs with no advantages or
-critic, so it has a runner of its own around its source.
+same way for every kind (an offline run's source puts stored pairs, and its plan has no
+advantage stage).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from mindrl.run_plan import CONTINUOUS, ONLINE, PARTIAL_ROLLOUT
 from trainers.driver.async_iteration import DisaggregatedSource
 from trainers.driver.continuous import ContinuousSource
 from trainers.driver.iteration import BatchSource, IterationRunner, OnlineSource
-from trainers.driver.offline import OfflineIterationRunner
+from trainers.driver.offline import offline_runner
 from trainers.driver.partial_rollout import PartialRolloutSource
 from trainers.driver.state import RunState
 
@@ -36,5 +36,5 @@ SOURCES: dict[str, Callable[[IterationRunner], BatchSource]] = {
 def make_runner(run: RunState) -> IterationRunner:
     """The runner the plan of ``run`` names."""
     if run.plan.runner == OFFLINE:
-        return OfflineIterationRunner(run)
+        return offline_runner(run)
     return IterationRunner(run, SOURCES[run.plan.runner])

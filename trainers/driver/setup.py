@@ -22,12 +22,12 @@ from typing import Any
 
 import ray
 
-from backends.device import get_device, library_workspace_bytes
+from backends.device import Device, get_device, library_workspace_bytes
 from backends.megatron import checkpoint
 from mindrl.config.layout import DISAGGREGATED, ROLLOUT_WORKER
 from mindrl.config.schema import MindRLConfig
 from mindrl.config.specs import engine_specs
-from mindrl.data import PromptDataset, load_tokenizer
+from mindrl.data import PromptDataset, PromptRecord, load_tokenizer
 from mindrl.data.pairs import pair_dataset
 from mindrl.data.run_prompts import prompt_dataset
 from mindrl.dock import DockClient, FieldSpec, create_dock, shutdown_dock
@@ -35,11 +35,12 @@ from mindrl.dock.schema import RUN_FIELDS
 from mindrl.envs import EnvConfigError, load_env_class
 from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
 from mindrl.planner.offload import plan_offload
-from mindrl.rewards.registry import get_verifier
+from mindrl.rewards.routing import reward_problems, reward_spec_of, served_judge, unrouted_problem
 from mindrl.run_plan import RunPlan, build_run_plan
 from mindrl.workers.context import model_context, stage_context
 from mindrl.workers.env_worker import env_worker_class
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
+from mindrl.workers.judge_server import JudgeServer
 from mindrl.workers.placement import DevicePlacement
 from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
@@ -62,8 +63,8 @@ def prepare_run(config: MindRLConfig, trainer: str, resume: bool | str) -> RunSt
     ``resume``: True continues from the latest checkpoint, a path (--resume-from) from that
     one; either is checked here, before any process starts.
     """
-    _preflight(config)
     algorithm = get_algorithm(trainer)
+    _preflight(config, algorithm.offline)
     run_dir = Path(config.logging.dir.format(trainer=trainer))
     checkpoint_dir = Path(config.checkpoint.dir or run_dir / "checkpoints")
     plan = build_run_plan(algorithm, config)
@@ -162,17 +163,12 @@ def _offload_if_needed(run: RunState, device_name: str, say: Callable[[str], Non
     return plan
 
 
-def _preflight(config: MindRLConfig) -> None:
-    """What the config names outside itself (verifiers, environment, folders, packages)
-    exists here; every missing one is reported, one line each. The config's own
+def _preflight(config: MindRLConfig, offline: bool) -> None:
+    """What the config names outside itself (reward functions, environment, folders,
+    packages) exists here; every missing one is reported, one line each. The config's own
     consistency, engine capabilities included, is the validator's
     (mindrl/config/validate.py)."""
-    problems = []
-    for name in config.reward.verifiers:
-        try:
-            get_verifier(name)
-        except KeyError as exc:
-            problems.append(f"reward.verifiers: {exc.args[0]}")
+    problems = [] if offline else reward_problems(config)
     if config.env.enabled:
         try:
             load_env_class(config.env.cls)  # the workers import it the same way
@@ -201,9 +197,23 @@ def _dataset(config: MindRLConfig, offline: bool = False) -> tuple[PromptDataset
     try:
         tokenizer = load_tokenizer(config.model.tokenizer)
         dataset = (pair_dataset if offline else prompt_dataset)(config, tokenizer)
-        return dataset, tokenizer.eos_token_id
     except ValueError as exc:
         raise RunSetupError(str(exc)) from None
+    if not offline and not config.env.enabled:
+        _check_domains(config, dataset.records)
+    return dataset, tokenizer.eos_token_id
+
+
+def _check_domains(config: MindRLConfig, records: list[PromptRecord]) -> None:
+    """Every domain of the data has a route (a sample without one could only fail).
+
+    Raises:
+        RunSetupError: the first domain without a route, with three of its rows.
+    """
+    spec = reward_spec_of(config.reward)
+    problem = unrouted_problem(spec, [r.domain for r in records], [r.uid for r in records])
+    if problem is not None:
+        raise RunSetupError(problem)
 
 
 def _ray_address(config: MindRLConfig) -> str | None:
@@ -251,9 +261,17 @@ def _connect_ray(config: MindRLConfig, device_name: str, plan: RunPlan) -> bool:
 
 def cpu_slots(config: MindRLConfig, plan: RunPlan) -> int:
     """Ray CPU slots a run on the CPU reserves: one per device of the plan (every process
-    on a device holds a share of its slot), one per reward worker and one per environment
-    worker."""
-    return plan.layout.devices + config.reward.workers + env_workers(config)
+    on a device holds a share of its slot), one per reward worker, one per environment
+    worker and one for a judge model it serves."""
+    judge = int(not plan.offline and serves_judge(config))
+    return plan.layout.devices + config.reward.workers + env_workers(config) + judge
+
+
+def serves_judge(config: MindRLConfig) -> bool:
+    """The run serves its judge model (``reward.judge.model``) in a worker of its own."""
+    if config.env.enabled or not config.reward.judge.get("model"):
+        return False
+    return served_judge(reward_spec_of(config.reward), config.reward.judge)
 
 
 def env_workers(config: MindRLConfig) -> int:
@@ -305,7 +323,7 @@ def _place_workers(run: RunState, device_name: str) -> None:
         group = start_rollout_workers(run, device_name, run.placement)
         run.groups[ROLLOUT_WORKER] = group
         started[ROLLOUT_WORKER] = _node_ids(group)
-    for group in _cpu_worker_groups(run):
+    for group in _cpu_worker_groups(run, device):
         run.groups[group.name] = group
         started[group.name] = _node_ids(group)
     answers = _start_up_answers(started, plan.stage_deadline_s)
@@ -327,11 +345,21 @@ def _node_ids(group: WorkerGroup) -> dict[str, Any]:
     }
 
 
-def _cpu_worker_groups(run: RunState) -> list[WorkerGroup]:
-    """The run's CPU-only groups: reward workers (none offline: stored pairs carry their
+def _cpu_worker_groups(run: RunState, device: Device) -> list[WorkerGroup]:
+    """The run's groups beside the model roles: the judge model it serves (one device of
+    its own; a CPU slot on the CPU), reward workers (none offline: stored pairs carry their
     preference), spread over the nodes so each scores (and, for a group-local estimator,
     computes advantages for) what its own node's warehouse stores; environment workers."""
     config, groups = run.config, []
+    judge = None
+    if not run.plan.offline and serves_judge(config):
+        on_device = None if device.ray_resource == "CPU" else device
+        server = WorkerGroup(
+            "judge", ray.remote(JudgeServer), 1, on_device,
+            args=(config.reward.judge, config.rollout.engine),
+        )  # fmt: skip
+        groups.append(server)
+        judge = server.workers[0]
     if not run.plan.offline:
         groups.append(
             WorkerGroup(
@@ -339,7 +367,7 @@ def _cpu_worker_groups(run: RunState) -> list[WorkerGroup]:
                 ray.remote(RewardWorker),
                 config.reward.workers,
                 None,
-                args=(stage_context(run.plan, "reward", config, run.algorithm),),
+                args=(stage_context(run.plan, "reward", config, run.algorithm), judge),
                 strategy="SPREAD" if config.resources.nodes > 1 else "PACK",
             )
         )

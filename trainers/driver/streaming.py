@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from mindrl.dock import group_slots
 from mindrl.dock.client import PendingClaim
 from mindrl.run_plan import StagePlan
 from mindrl.workers.group import POLL_S, StageTimeoutError, WorkerGroup, checked_get
@@ -55,10 +56,14 @@ class StageCall:
     part_warehouses: list[int | None] | None = None
     #: the workers' method that scores a part
     method: str = "score"
+    #: claims take whole groups, dealt whole over the workers (StagePlan.whole_groups)
+    whole_groups: bool = False
 
 
 def stage_call(run: RunState, stage: StagePlan) -> StageCall:
     """The call of a scoring stage (``reward``, ``ref_logp``, ``old_logp``, ``values``)."""
+    if stage.role == "reward" and stage.whole_groups:
+        return whole_groups_call(run, stage.name, list(stage.reads), "score")
     if stage.role == "reward":
         group = run.groups["reward"]
         return StageCall(
@@ -79,9 +84,15 @@ def stage_call(run: RunState, stage: StagePlan) -> StageCall:
 def reward_with_advantages_call(run: RunState) -> StageCall:
     """The ``reward`` stage with a group-local estimator's ``advantage`` stage in the same
     call on whole groups (RewardWorker.score_with_advantages: one fetch and one put for
-    both). The claim takes whole groups as one part, dealt over the reward workers by
-    :func:`groups_over_workers`: scoring (a verifier, a reward model) is the costly half,
-    so every worker beside a warehouse takes a share of its groups."""
+    both)."""
+    reads = list(run.plan.stage("reward").reads)
+    return whole_groups_call(run, "reward", reads, "score_with_advantages")
+
+
+def whole_groups_call(run: RunState, stage: str, reads: list[str], method: str) -> StageCall:
+    """A reward-worker stage on whole groups: the claim takes them as one part, dealt over
+    the reward workers by :func:`groups_over_workers` (scoring is the costly half, so every
+    worker beside a warehouse takes a share of its groups)."""
     group = run.groups["reward"]
     beside = run.part_warehouses("reward", range(group.size)) or [None] * group.size
 
@@ -91,8 +102,7 @@ def reward_with_advantages_call(run: RunState) -> StageCall:
         dealt = groups_over_workers(claimed, run.dock.handle.group_size, owners, beside)
         return {rank: (indexes,) for rank, indexes in dealt.items()}
 
-    reads = list(run.plan.stage("reward").reads)
-    return StageCall("reward", group, reads, 1, args, method="score_with_advantages")
+    return StageCall(stage, group, reads, 1, args, method=method, whole_groups=True)
 
 
 def groups_over_workers(
@@ -107,7 +117,7 @@ def groups_over_workers(
     everyone = list(range(len(beside)))
     dealt: dict[int, list[int]] = {}
     turns: dict[int, int] = {}
-    groups = indexes // group_size
+    groups = group_slots(indexes, group_size)
     for group in dict.fromkeys(groups.tolist()):
         members = indexes[groups == group]
         warehouse = int(owners[groups == group][0])
@@ -328,14 +338,21 @@ class StreamScheduler:
                 call.stage,
                 call.fields,
                 left,
+                whole_groups=call.whole_groups,
                 dp_parts=call.dp_parts,
                 timeout_s=max(deadline - time.perf_counter(), 1.0),
-                step=call.dp_parts,  # every chunk splits evenly over the stage's DP ranks
+                step=self._step(call),
                 part_warehouses=call.part_warehouses,
             )
             if left
             else None
         )
+
+    def _step(self, call: StageCall) -> int:
+        """A chunk's size divides evenly over the stage's DP ranks (and into whole groups
+        where the stage takes them)."""
+        group = self.run.dock.handle.group_size if call.whole_groups else 1
+        return int(np.lcm(call.dp_parts, group))
 
     @staticmethod
     def _chunk_done(chunk: Chunk, start: float, generation_end: float | None) -> None:

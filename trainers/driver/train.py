@@ -35,6 +35,7 @@ from mindrl.planner.check import (
     write_memory_check,
 )
 from mindrl.reshard import LayoutError
+from mindrl.rewards.report import RewardsFailed
 from mindrl.workers.group import (
     WorkerOutOfMemoryError,
 )
@@ -115,8 +116,12 @@ def train(
             except CheckpointWriteFailed as exc:
                 _error(str(exc))
                 return 1
+            except RewardsFailed as exc:  # before the failing batch trained
+                _error(str(exc))
+                _save_finished(run, runner, "stopped")
+                return 1
             except KeyboardInterrupt:
-                _on_interrupt(run, runner)
+                _save_finished(run, runner, "interrupted")
                 return 130
             finally:
                 if run is not None:
@@ -275,21 +280,23 @@ def _after_failed_writes(
     )
 
 
-def _on_interrupt(run: RunState | None, runner: IterationRunner | None) -> None:
+def _save_finished(run: RunState | None, runner: IterationRunner | None, why: str) -> None:
+    """Save the last finished iteration of a run that ends mid-way (``why``: interrupted,
+    stopped), so nothing it trained is lost; one line says what became of it."""
     if run is None or run.finished_iteration < run.start_iteration:
-        _say("interrupted before the first iteration finished; nothing new to save")
+        _say(f"{why} before the first iteration finished; nothing new to save")
         return
     try:
-        # Interrupted inside an iteration, the runner's samples in flight are half-way
+        # Ended inside an iteration, the runner's samples in flight are half-way
         # through it: save_checkpoint keeps none of them then (run.iterating).
         save_checkpoint(run, runner, INTERRUPT_SAVE_TIMEOUT_S)
         _say(
-            f"interrupted; saved iteration {run.finished_iteration} to {run.checkpoint_dir} "
+            f"{why}; saved iteration {run.finished_iteration} to {run.checkpoint_dir} "
             "(continue with --resume)"
         )
     except (*RUN_FAILURES, CheckpointWriteFailed, KeyboardInterrupt) as exc:
         _say(
-            f"interrupted; could not save ({exc}); the last complete checkpoint under "
+            f"{why}; could not save ({exc}); the last complete checkpoint under "
             f"{run.checkpoint_dir} is intact"
         )
 

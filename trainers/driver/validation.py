@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from backends.generation import SamplingParams
-from mindrl.data import PromptDataset, load_tokenizer
+from mindrl.data import PromptDataset, PromptRecord, load_tokenizer
 from mindrl.data.run_prompts import validation_records
 from mindrl.metrics.validation import VAL_PREFIX, validation_metrics
 from trainers.driver.setup import RunSetupError
@@ -36,10 +36,11 @@ VALIDATION_STREAM = 2**32 - 1
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The validation prompts, tokenized like the training prompts, and their answers."""
+    """The validation prompts, tokenized like the training prompts, and their records (the
+    rewards score a response with its record, as in training)."""
 
     prompt_ids: list[list[int]]
-    truths: list[str]
+    records: list[PromptRecord]
 
 
 class Validator:
@@ -74,7 +75,7 @@ class Validator:
             )
         except ValueError as exc:
             raise RunSetupError(f"data.val_source {config.data.val_source!r}: {exc}") from None
-        return cls(run, HeldOut(prompts.prompt_ids, [r.answer for r in records]))
+        return cls(run, HeldOut(prompts.prompt_ids, records))
 
     def after(self, iteration: int) -> dict[str, Any]:
         """``val/...`` metrics when validation is due after ``iteration``, else nothing."""
@@ -125,9 +126,9 @@ class Validator:
     def _score(self, responses: list[list[int]]) -> tuple[list[float], list[bool] | None]:
         n, group = self.data.val_n, self.run.groups["reward"]
         prompts = [p for p in self.held_out.prompt_ids for _ in range(n)]
-        truths = [t for t in self.held_out.truths for _ in range(n)]
+        records = [r for r in self.held_out.records for _ in range(n)]
         args = list(
-            zip(*(_shares(rows, group.size) for rows in (prompts, responses, truths)), strict=True)
+            zip(*(_shares(rows, group.size) for rows in (prompts, responses, records)), strict=True)
         )
         results = group.call_each(
             "score_held_out", args, stage="validation", timeout_s=self.run.plan.stage_deadline_s
