@@ -112,7 +112,7 @@ def kind_of(words: list[str]) -> str:
     helped = bool(HELP & set(args))
     if program == "mindrl-train":
         return RUN if helped or "--dry-run" in args else "training run"
-    if program == "mindrl-export":
+    if program in ("mindrl-export", "mindrl-sandbox"):
         return RUN
     if program == "mindrl-plot":
         return RUN if helped else "reads a finished run"
@@ -242,6 +242,10 @@ def _call(program: str, args: list[str]) -> int | None:
         from mindrl.metrics.plot import main
 
         return main(args)
+    if program == "mindrl-sandbox":
+        from mindrl.rewards.sandbox import main
+
+        return main(args)
     if args[:1] == ["-m"]:  # python -m benchmarks.x ...
         sys.argv = [args[1], *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
@@ -276,6 +280,9 @@ def check_output(command: Command, outcome: Outcome, cwd: Path) -> None:
         assert "[int, default actor.parallel.tp]" in outcome.stdout
     elif HELP & set(args):
         assert outcome.stdout.startswith("usage:")
+    elif program == "mindrl-sandbox":
+        verdict = json.loads(outcome.stdout)
+        assert (verdict["status"], verdict["passed"]) == ("ok", True)
     elif program == "mindrl-export":
         written = cwd / args[1]
         assert outcome.stdout.strip() == args[1]
