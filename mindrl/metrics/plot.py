@@ -1,5 +1,6 @@
 """Reward / KL / response-length curves of a run, rendered to a PNG, and the largest
-worker's peak host memory beside them when the run recorded memory.
+worker's peak host memory beside them when the run recorded memory. A run of several
+domains gets each domain's reward (``reward/<domain>``) over the mean's.
 
 Console script: ``mindrl-plot RUN_DIR_OR_JSONL [-o out.png]`` (entry point
 ``mindrl.metrics.plot:main``).
@@ -15,6 +16,7 @@ from typing import Any
 
 from mindrl.metrics.logger import METRICS_FILE, read_metrics
 from mindrl.metrics.memory import MEMORY_RECORD_KEY
+from mindrl.metrics.rewards import DOMAIN_PREFIX, DROPPED_GROUPS, FAILED_SHARE
 
 # (metric key, panel title) of each panel, left to right.
 PANELS: tuple[tuple[str, str], ...] = (
@@ -94,12 +96,29 @@ def plot_metrics(jsonl_path: str | Path, png_path: str | Path) -> Path:
 
 
 def _overlay(axis: Any, records: Sequence[dict[str, Any]], key: str) -> None:
-    """Draw ``OVERLAYS[key]`` (e.g. validation reward) over the panel, when recorded."""
+    """Draw ``OVERLAYS[key]`` (e.g. validation reward) over the panel, when recorded, and
+    over the reward each domain's when the run has several."""
     overlay, label = OVERLAYS.get(key, (None, ""))
-    iterations, values = _series(records, overlay) if overlay else ([], [])
-    if values:
-        axis.plot(iterations, values, marker="o", linestyle="--", label=label)
+    curves = [(overlay, label)] if overlay else []
+    if key == "reward_mean":
+        curves += [(f"{DOMAIN_PREFIX}{d}", d) for d in domains_of(records)]
+    drawn = False
+    for name, label in curves:
+        iterations, values = _series(records, name)
+        if values:
+            dashed = name == overlay
+            axis.plot(iterations, values, linestyle="--" if dashed else ":", label=label)
+            drawn = True
+    if drawn:
         axis.legend(fontsize=7)
+
+
+def domains_of(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The domains a run recorded a reward of, when there are several (one domain's curve
+    is the mean's)."""
+    keys = {k for r in records for k in r if k.startswith(DOMAIN_PREFIX)}
+    domains = sorted(k.removeprefix(DOMAIN_PREFIX) for k in keys - {FAILED_SHARE, DROPPED_GROUPS})
+    return domains if len(domains) > 1 else []
 
 
 def _resolve_jsonl(target: Path) -> Path:

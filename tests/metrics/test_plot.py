@@ -97,3 +97,15 @@ def test_a_run_that_recorded_memory_gets_its_largest_workers_peak_rss_panel(tmp_
     ((_, axes),) = drawn
     assert axes[-1].get_title() == "largest peak host RSS (MiB)"
     assert list(axes[-1].lines[0].get_ydata()) == [4000.0, 4001.0, 4002.0, 4003.0]
+
+
+def test_each_domains_reward_is_drawn_over_the_mean_when_a_run_has_several(tmp_path, drawn):
+    with MetricsLogger(tmp_path / "run", backends=()) as logger:
+        for iteration in range(3):
+            record = {"reward_mean": 0.5, "kl": 0.0, "response_length_mean": 2.0}
+            record |= {"reward/math": 0.1 * iteration, "reward/code": 0.2, "reward/failed_share": 0}
+            logger.log(iteration, record)
+    plot_metrics(tmp_path / "run" / "metrics.jsonl", tmp_path / "curves.png")
+    ((_, (reward, _, _)),) = drawn
+    assert [t.get_text() for t in reward.get_legend().get_texts()] == ["code", "math"]
+    assert list(reward.lines[2].get_ydata()) == [0.0, 0.1, 0.2]
