@@ -215,15 +215,10 @@ class MegatronEngine:
         if plan.max_tokens is None:
             return rows_by_count(len(batch), plan.size)
         lone = [[row] for row in range(len(batch))]
-        if self.packs:
-            groups = prompt_groups(batch) if self.share_prompts else lone
-            prompts, responses = batch.response_start.tolist(), batch.response_len.tolist()
-        else:
-            groups, prompts, responses = (
-                lone,
-                [batch.input_ids.shape[1]] * len(batch),
-                [0] * len(batch),
-            )
+        groups = prompt_groups(batch) if self.share_prompts else lone
+        prompts, responses = batch.response_start.tolist(), batch.response_len.tolist()
+        if not self.packs:  # right-padded rows: each runs at the batch's width
+            prompts, responses = [batch.input_ids.shape[1]] * len(batch), [0] * len(batch)
         rows = rows_by_tokens(groups, prompts, responses, plan.max_tokens)
         return self._same_count_over_experts(rows)
 

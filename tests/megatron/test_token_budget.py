@@ -1,7 +1,8 @@
 """Micro-batches by token budget (``MicroBatching.max_tokens``, backends/megatron/batch.py):
 whole rows packed up to the budget as the packed row counts them, a GRPO group together
 where it fits, and a step identical to fixed-size micro-batches in float64 (log-probs,
-entropy, values, loss and every gradient) on two data-parallel ranks and on a pipeline."""
+entropy, values, loss and every gradient) on two data-parallel ranks (packed and
+right-padded rows) and on a pipeline."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def two_ranks():
     return run_ranks(cases.budget_and_rows, 2)
 
 
-@pytest.mark.parametrize("case", ["dp2", "dp2_scalar", "dp2_critic", "pp2"])
+@pytest.mark.parametrize("case", ["dp2", "dp2_scalar", "dp2_critic", "dp2_padded", "pp2"])
 def test_a_budgeted_step_scores_and_trains_like_fixed_micro_batches(two_ranks, case):
     for rank in range(2):
         rows, budget = two_ranks[rank][case, False], two_ranks[rank][case, True]

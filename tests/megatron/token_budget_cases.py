@@ -31,7 +31,9 @@ def groups_batch(vocab: int, seed: int) -> ResponseBatch:
     ids = torch.zeros(len(rows), max(len(p) for p, _ in rows) + width, dtype=torch.long)
     mask = torch.zeros(len(rows), width)
     for i, (prompt, n) in enumerate(rows):
-        ids[i, : len(prompt) + n] = torch.tensor(prompt + torch.randint(1, vocab, (n,)).tolist())
+        ids[i, : len(prompt) + n] = torch.tensor(
+            prompt + torch.randint(1, vocab, (n,), generator=gen).tolist()
+        )
         mask[i, :n] = 1.0
     start = torch.tensor([len(p) for p, _ in rows])
     advantages = torch.randn(len(rows), width, generator=gen)
@@ -45,18 +47,21 @@ def sequence_mean_loss(outputs: dict, batch: ResponseBatch, counts) -> torch.Ten
     return per_row.sum() / counts.sequences
 
 
-def steps(parallel: ParallelSpec, value_head: bool, losses: dict) -> dict:
+def steps(
+    parallel: ParallelSpec, value_head: bool, losses: dict, pack: bool = True, budget=BUDGET
+) -> dict:
     """Scores, then one train step, of this data-parallel rank's batch with each loss of
-    ``losses`` and each plan, every step from the same weights."""
-    engine = MegatronEngine(DENSE64, parallel, NO_CLIP, value_head=value_head)
+    ``losses`` and each plan, every step from the same weights (``pack=False``: the
+    right-padded rows TransformerEngine's attention takes)."""
+    engine = MegatronEngine(DENSE64, parallel, NO_CLIP, value_head=value_head, pack=pack)
     batch = groups_batch(DENSE64.vocab_size, seed=20 + engine.data_parallel_rank())
     out = {}
     for name, loss_fn in losses.items():
-        for plan in (ROWS, BUDGET):
+        for plan in (ROWS, budget):
             engine.load_full_state_dict(named_weights(engine.param_layouts()))
             scored = engine.forward(batch, plan, with_entropy=not value_head)
             metrics = engine.train_step(batch, loss_fn, plan, with_entropy=not value_head)
-            out[name, plan == BUDGET] = {
+            out[name, plan == budget] = {
                 "scored": scored,
                 "loss": metrics["loss"],
                 "grad_norm": metrics["grad_norm"],
@@ -73,12 +78,16 @@ def value_loss(outputs: dict, batch: ResponseBatch, counts=None) -> torch.Tensor
 
 def budget_and_rows(rank: int, world: int) -> dict:
     """Each case with ``ROWS`` rows per micro-batch and with ``BUDGET``: two
-    data-parallel ranks (policy with a per-token and a scalar loss, critic) and a
-    two-stage pipeline."""
+    data-parallel ranks (policy with a per-token and a scalar loss, critic, right-padded
+    rows) and a two-stage pipeline."""
     import torch.distributed as dist
 
     out = steps(ParallelSpec(), False, {"dp2": policy_loss, "dp2_scalar": sequence_mean_loss})
     dist.barrier()
     out |= steps(ParallelSpec(), True, {"dp2_critic": value_loss})
+    dist.barrier()
+    # Padded rows run at the batch's width (at most 12): three or more to 36 tokens.
+    padded = MicroBatching(max_tokens=36)
+    out |= steps(ParallelSpec(), False, {"dp2_padded": policy_loss}, pack=False, budget=padded)
     dist.barrier()
     return out | steps(ParallelSpec(pp=2), False, {"pp2": policy_loss})
