@@ -6,6 +6,7 @@ Entry points:
         ``train_step``, HF weights in/out, checkpoints.
     :class:`ResponseBatch`: what ``forward`` / ``train_step`` take (packed rows and their
         response span); their outputs are response-aligned ``[B, R]``.
+    :class:`MicroBatching`: how they cut it (rows, or a token budget per micro-batch).
     :func:`param_layouts`: canonical name -> ``ParamLayout`` for the resharder.
     ``families.get_family(name).megatron_to_hf(full, spec)``: full Megatron tensors -> HF.
 """
@@ -22,6 +23,7 @@ _EXPORTS = {
     "GPTSpec": "backends.megatron.spec",
     "GlobalCounts": "backends.megatron.batch",
     "MegatronEngine": "backends.megatron.engine",
+    "MicroBatching": "backends.megatron.batch",
     "OptimSpec": "backends.megatron.optim",
     "ParallelSpec": "backends.megatron.spec",
     "ResponseBatch": "backends.megatron.batch",
@@ -31,6 +33,7 @@ __all__ = [
     "GPTSpec",
     "GlobalCounts",
     "MegatronEngine",
+    "MicroBatching",
     "OptimSpec",
     "ParallelSpec",
     "ResponseBatch",
@@ -38,7 +41,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from backends.megatron.batch import GlobalCounts, ResponseBatch
+    from backends.megatron.batch import GlobalCounts, MicroBatching, ResponseBatch
     from backends.megatron.engine import MegatronEngine
     from backends.megatron.layouts import param_layouts
     from backends.megatron.optim import OptimSpec

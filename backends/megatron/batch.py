@@ -16,6 +16,7 @@ response tokens meet, shift included.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -82,8 +83,7 @@ class ResponseBatch:
 
     def split(self, size: int | None) -> list[ResponseBatch]:
         """Micro-batches of ``size`` rows (the last may be smaller); ``None``: one."""
-        size = size or max(len(self), 1)
-        return [self.rows(slice(first, first + size)) for first in range(0, len(self), size)]
+        return [self.rows(rows) for rows in rows_by_count(len(self), size)]
 
     def to(self, device: torch.device | str) -> ResponseBatch:
         return ResponseBatch(
@@ -118,3 +118,107 @@ class ResponseBatch:
         is (past each response, and on a trajectory's observations)."""
         padded = torch.nn.functional.pad(per_window, (0, self.width - per_window.shape[1]))
         return torch.where(self.response_mask > 0, padded, torch.zeros_like(padded))
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a stage cuts its rows into micro-batches: ``size`` rows each (``None``: all at
+    once), or, with ``max_tokens``, whole rows up to that many tokens each as the forward
+    computes them (the budget wins over ``size``; :func:`rows_by_tokens`)."""
+
+    size: int | None = None
+    max_tokens: int | None = None
+
+    @classmethod
+    def of(cls, plan: MicroBatching | int | None) -> MicroBatching:
+        """``plan`` itself, or a row count (``None``: one micro-batch) as a plan."""
+        return plan if isinstance(plan, MicroBatching) else cls(size=plan)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """Rows that travel together into one micro-batch and the tokens they cost."""
+
+    rows: list[int]
+    tokens: int
+
+
+def rows_by_count(total: int, size: int | None) -> list[slice]:
+    """Consecutive slices of ``size`` of ``total`` rows; ``None``: one slice."""
+    size = size or max(total, 1)
+    return [slice(first, first + size) for first in range(0, total, size)]
+
+
+def rows_by_tokens(
+    groups: Sequence[Sequence[int]],
+    prompt_tokens: Sequence[int],
+    response_tokens: Sequence[int],
+    max_tokens: int,
+) -> list[list[int]]:
+    """Rows in micro-batches of at most ``max_tokens`` tokens each (a row longer than that
+    alone in its own), counted as a packed row (``packing.py``) counts them.
+
+    A micro-batch costs the sum of its documents: a group of ``groups`` (rows sharing a
+    prompt, or one row) its prompt once plus each response. A group stays in one
+    micro-batch where it fits the budget; a longer one is cut into consecutive runs of
+    rows, each with its own copy of the prompt. First-fit decreasing: the costliest units
+    first, each into the first micro-batch with room, so a step runs few micro-batches.
+    Each micro-batch lists its rows in ascending order.
+    """
+    units = [
+        unit
+        for group in groups
+        for unit in _group_units(list(group), prompt_tokens, response_tokens, max_tokens)
+    ]
+    bins: list[list[_Unit]] = []
+    loads: list[int] = []
+    for unit in sorted(units, key=lambda u: -u.tokens):  # stable: ties keep row order
+        home = next((i for i, load in enumerate(loads) if load + unit.tokens <= max_tokens), None)
+        if home is None:
+            bins.append([unit])
+            loads.append(unit.tokens)
+        else:
+            bins[home].append(unit)
+            loads[home] += unit.tokens
+    return [sorted(row for unit in b for row in unit.rows) for b in bins]
+
+
+def _group_units(
+    group: list[int], prompt_tokens: Sequence[int], response_tokens: Sequence[int], budget: int
+) -> list[_Unit]:
+    """``group`` (rows sharing one prompt) whole, or cut into consecutive runs that fit."""
+    prompt = int(prompt_tokens[group[0]])
+    units: list[_Unit] = []
+    rows: list[int] = []
+    for row in group:
+        responses = sum(int(response_tokens[r]) for r in rows)
+        if rows and prompt + responses + int(response_tokens[row]) > budget:
+            units.append(_shared(rows, prompt, response_tokens))
+            rows = []
+        rows.append(row)
+    units.append(_shared(rows, prompt, response_tokens))
+    return units
+
+
+def _shared(rows: list[int], prompt: int, response_tokens: Sequence[int]) -> _Unit:
+    return _Unit(rows, prompt + sum(int(response_tokens[r]) for r in rows))
+
+
+def split_to_count(micro_batches: list[list[int]], count: int) -> list[list[int]]:
+    """``micro_batches`` cut until there are ``count``: the one with the most rows is
+    halved each time (fewer tokens each, so every budget still holds); for ranks that
+    must run the same number of micro-batches (an expert-parallel all-to-all joins them
+    at every forward).
+
+    Raises:
+        ValueError: fewer rows than ``count``.
+    """
+    parts = [list(rows) for rows in micro_batches]
+    while len(parts) < count:
+        widest = max(range(len(parts)), key=lambda i: len(parts[i]))
+        rows = parts[widest]
+        if len(rows) < 2:
+            raise ValueError(f"{sum(map(len, parts))} rows cannot fill {count} micro-batches")
+        half = len(rows) // 2
+        parts[widest : widest + 1] = [rows[:half], rows[half:]]
+    return parts

@@ -28,7 +28,14 @@ import torch.distributed as dist
 from backends.device import get_device
 from backends.layout import ParamLayout
 from backends.megatron import checkpoint, legacy_checkpoint
-from backends.megatron.batch import GlobalCounts, ResponseBatch
+from backends.megatron.batch import (
+    GlobalCounts,
+    MicroBatching,
+    ResponseBatch,
+    rows_by_count,
+    rows_by_tokens,
+    split_to_count,
+)
 from backends.megatron.builder import build_gpt, initialize_parallel, use_transformer_engine
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.distributed_optim import DistributedOptimizer
@@ -47,7 +54,7 @@ from backends.megatron.optim import (
     optimizer_state_tensors,
     reduce_gradients,
 )
-from backends.megatron.packing import pack_micro_batch
+from backends.megatron.packing import pack_micro_batch, prompt_groups
 from backends.megatron.pipeline import (
     MicroBatch,
     megatron_schedule,
@@ -71,6 +78,8 @@ from backends.megatron.spec import GPTSpec, ParallelSpec
 #: loss_fn(outputs, micro-batch, global counts) -> scalar or per-token loss [b, R];
 #: outputs holds logprobs / entropy or values, [b, R] each.
 LossFn = Callable[[dict[str, torch.Tensor], ResponseBatch, GlobalCounts], torch.Tensor]
+#: the rows of a batch one micro-batch holds
+Rows = slice | list[int]
 
 
 class MegatronEngine:
@@ -191,13 +200,45 @@ class MegatronEngine:
                 per_window["entropy"] = vocab_parallel_entropy(output, vocab)
         return {k: micro.batch.spread(v) for k, v in per_window.items()}
 
-    def _micro_batches(self, batch: ResponseBatch, micro_batch_size: int | None) -> list[_Scored]:
+    def _micro_batches(self, batch: ResponseBatch, rows: list[Rows]) -> list[_Scored]:
         multiple = sequence_multiple(self.model)
         layout = (self.packs, self.share_prompts, multiple)
         return [
-            _Scored.of(micro.to(self.device.device()), self.value_head, *layout)
-            for micro in batch.split(micro_batch_size)
+            _Scored.of(batch.rows(index).to(self.device.device()), self.value_head, *layout)
+            for index in rows
         ]
+
+    def _micro_batch_rows(self, batch: ResponseBatch, plan: MicroBatching) -> list[Rows]:
+        """The rows of ``batch`` each micro-batch runs: ``plan.size`` consecutive rows, or
+        rows within ``plan.max_tokens`` tokens as the forward lays them out (a packed row:
+        each shared prompt once; right-padded rows: every row at the batch's width)."""
+        if plan.max_tokens is None:
+            return rows_by_count(len(batch), plan.size)
+        lone = [[row] for row in range(len(batch))]
+        groups = prompt_groups(batch) if self.share_prompts else lone
+        prompts, responses = batch.response_start.tolist(), batch.response_len.tolist()
+        if not self.packs:  # right-padded rows: each runs at the batch's width
+            prompts, responses = [batch.input_ids.shape[1]] * len(batch), [0] * len(batch)
+        rows = rows_by_tokens(groups, prompts, responses, plan.max_tokens)
+        return self._same_count_over_experts(rows)
+
+    def _same_count_over_experts(self, rows: list[list[int]]) -> list[list[int]]:
+        """Expert parallelism's all-to-all joins the data-parallel ranks at every forward:
+        they run as many micro-batches as the rank that needs the most."""
+        if self.parallel.ep == 1:
+            return rows
+        from megatron.core import parallel_state as ps
+
+        most = torch.tensor([len(rows)], device=self.device.device())
+        group = ps.get_data_parallel_group(with_context_parallel=True)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
+        try:
+            return split_to_count(rows, int(most))
+        except ValueError as error:
+            raise RuntimeError(
+                f"max_tokens_per_micro_batch under expert parallelism: {error} (another "
+                "data-parallel rank needs that many); raise the budget or the batch"
+            ) from error
 
     def _run(self, micro_batches: list[_Scored], head, train: bool) -> list[Any]:
         on_cpu = self.device.torch_device_type == "cpu"
@@ -210,11 +251,12 @@ class MegatronEngine:
     def forward(
         self,
         batch: ResponseBatch,
-        micro_batch_size: int | None = None,
+        micro_batch_size: MicroBatching | int | None = None,
         with_entropy: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Log-probs (and entropy) or values of the response tokens, ``[B, R]`` on every
-        rank, computed ``micro_batch_size`` rows at a time (``None``: all at once)."""
+        rank in ``batch``'s row order, computed ``micro_batch_size`` rows at a time
+        (``None``: all at once) or by a :class:`MicroBatching` plan (a token budget)."""
         self.model.eval()
 
         def head(output, micro):
@@ -222,8 +264,10 @@ class MegatronEngine:
                 k: v.detach() for k, v in self._outputs(output, micro, with_entropy).items()
             }
 
-        results = self._run(self._micro_batches(batch, micro_batch_size), head, train=False)
-        return self._share_from_last_stage(results, batch, with_entropy)
+        rows = self._micro_batch_rows(batch, MicroBatching.of(micro_batch_size))
+        results = self._run(self._micro_batches(batch, rows), head, train=False)
+        outputs = self._share_from_last_stage(results, batch, with_entropy)
+        return in_row_order(outputs, rows, len(batch))
 
     def _share_from_last_stage(self, results, batch: ResponseBatch, with_entropy) -> dict:
         from megatron.core import parallel_state as ps
@@ -277,7 +321,7 @@ class MegatronEngine:
         self,
         batch: ResponseBatch,
         loss_fn: LossFn,
-        micro_batch_size: int | None = None,
+        micro_batch_size: MicroBatching | int | None = None,
         with_entropy: bool = False,
     ) -> dict[str, float]:
         """One optimizer step over this DP rank's share of the global batch.
@@ -288,7 +332,10 @@ class MegatronEngine:
                 PPO clip loss), token-meaned here over ``counts.tokens``; or a scalar: the
                 micro-batch's share of the global loss, already aggregated and normalised
                 with ``counts`` by ``loss_fn``.
-            micro_batch_size: rows per forward/backward (``None``: all at once).
+            micro_batch_size: rows per forward/backward (``None``: all at once), or a
+                :class:`MicroBatching` plan: with a token budget, whole rows up to that
+                many tokens each. The step is the same either way: every loss is
+                normalised by the global counts, whatever rows a micro-batch holds.
             with_entropy: also compute ``outputs["entropy"]`` for ``loss_fn``.
 
         Returns:
@@ -299,7 +346,8 @@ class MegatronEngine:
         """
         if self.optimizer is None:
             raise RuntimeError("this engine was built without OptimSpec; it cannot train")
-        micro_batches = self._micro_batches(batch, micro_batch_size)
+        plan = MicroBatching.of(micro_batch_size)
+        micro_batches = self._micro_batches(batch, self._micro_batch_rows(batch, plan))
         counts = self.global_counts(batch)
         norm = max(counts.tokens, 1.0)
         self.model.train()
@@ -553,3 +601,15 @@ class _Scored(MicroBatch):
     def per_row(self, per_position: torch.Tensor) -> torch.Tensor:
         """Outputs at :attr:`positions` -> ``[b, W, ...]`` in the batch's row order."""
         return per_position if self.packed is None else self.packed.unpack(per_position)
+
+
+def in_row_order(
+    outputs: dict[str, torch.Tensor], rows: list[Rows], count: int
+) -> dict[str, torch.Tensor]:
+    """Outputs concatenated micro-batch after micro-batch -> the batch's row order."""
+    order = torch.cat([torch.arange(count)[index] for index in rows]) if rows else None
+    if order is None or torch.equal(order, torch.arange(count)):
+        return outputs
+    place = torch.empty_like(order)
+    place[order] = torch.arange(count)
+    return {key: value[place] for key, value in outputs.items()}

@@ -50,6 +50,7 @@ INHERITED_FROM_ACTOR: tuple[tuple[str, ...], ...] = (
     ("parallel", "etp"),
     ("parallel", "first_stage_layers"),
     ("micro_batch_size",),
+    ("max_tokens_per_micro_batch",),
 )
 INHERITING_ROLES = ("reference", "critic")
 

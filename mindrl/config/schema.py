@@ -193,7 +193,17 @@ class RoleConfig:
 
     parallel: ParallelConfig = section(ParallelConfig)
     optim: OptimConfig = section(OptimConfig)
-    micro_batch_size: int = option(4, "Sequences per forward/backward micro-batch.", ge=1)
+    micro_batch_size: int = option(
+        4, "Sequences per forward/backward micro-batch (when no token budget is set).", ge=1
+    )
+    max_tokens_per_micro_batch: int | None = option(
+        None,
+        "Token budget per forward/backward micro-batch, counted as the packed row computes "
+        "them (a shared prompt once): whole sequences are packed up to it, a GRPO group kept "
+        "together where it fits, a longer sequence alone; data-parallel ranks get balanced "
+        "tokens. Set, it replaces micro_batch_size; None: micro_batch_size sequences.",
+        ge=1,
+    )
     mini_batch_size: int | None = option(
         None, "Prompts per optimizer step (PPO mini-batch); None: the whole global batch.", ge=1
     )

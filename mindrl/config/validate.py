@@ -241,6 +241,12 @@ def check_whole_pairs(config: MindRLConfig, layout: RunLayout) -> list[str]:
     micro-batch: a pair never straddles two ranks or two micro-batches."""
     actor = config.actor
     problems = []
+    if actor.max_tokens_per_micro_batch is not None:
+        problems.append(
+            f"actor.max_tokens_per_micro_batch: {actor.max_tokens_per_micro_batch} could cut "
+            "a pair's chosen and rejected rows apart; pairs train by actor.micro_batch_size, "
+            "remove it"
+        )
     if actor.micro_batch_size % 2:
         problems.append(
             f"actor.micro_batch_size: {actor.micro_batch_size} rows would split a pair (its "

@@ -15,6 +15,7 @@ import numpy as np
 import ray
 
 from mindrl.dock.errors import DockError
+from mindrl.dock.schema import TOKEN_FIELDS
 
 
 class ControllerState:
@@ -58,6 +59,9 @@ class ControllerState:
         self.held = np.zeros(self.n_samples, dtype=bool)
         self.warehouse = np.full(self.n_samples, -1, dtype=np.int32)
         self.length = np.zeros(self.n_samples, dtype=np.int64)
+        # Each token field's tokens per sample: a response put again (partial rollout)
+        # replaces its own count, never the prompt's.
+        self.tokens = {name: np.zeros(self.n_samples, dtype=np.int64) for name in TOKEN_FIELDS}
         self.version = np.full(self.n_samples, -1, dtype=np.int64)
         self.metadata_bytes = 0
 
@@ -76,6 +80,9 @@ class ControllerState:
                 self.ready[name][indexes] = True
         self.warehouse[indexes] = warehouse
         self.length[indexes] = np.maximum(self.length[indexes], lengths)
+        carried = [name for name in TOKEN_FIELDS if name in fields]
+        for name in carried:  # a put's lengths are its token fields' sum (WarehouseStore)
+            self.tokens[name][indexes] = lengths if name == carried[0] else 0
         self.metadata_bytes += indexes.nbytes + lengths.nbytes + 8 * len(fields) + 4
         if version is not None:
             self.version[indexes] = version
@@ -144,6 +151,8 @@ class ControllerState:
         self.held[indexes] = False
         self.warehouse[indexes] = -1
         self.length[indexes] = 0
+        for tokens in self.tokens.values():
+            tokens[indexes] = 0
         self.version[indexes] = -1
 
     def hold(self, indexes: np.ndarray, held: bool) -> None:
@@ -152,6 +161,12 @@ class ControllerState:
         the finished groups that wait for a later update, so a claim of the batch's size
         takes exactly the groups chosen to train now."""
         self.held[np.asarray(indexes, dtype=np.int64)] = held
+
+    def load(self, indexes: np.ndarray) -> np.ndarray:
+        """What each of ``indexes`` weighs on the rank that trains it: its tokens (prompt
+        + response) where a token field was put, else its longest field."""
+        tokens = sum(counts[indexes] for counts in self.tokens.values())
+        return np.where(tokens > 0, tokens, self.length[indexes])
 
     def ready_count(self, fields: list[str]) -> int:
         """Samples whose ``fields`` are all stored, consumed or not (progress reports)."""
@@ -193,9 +208,13 @@ def balance_by_length(
     warehouses: np.ndarray | None = None,
     part_warehouses: Sequence[int | None] | None = None,
 ) -> list[np.ndarray]:
-    """Split ``indexes`` into ``parts`` of equal count with similar total length.
+    """Split ``indexes`` into ``parts`` of equal count with similar total length (a
+    claim passes each sample's tokens, :meth:`ControllerState.load`).
 
-    Greedy: longest first, each to the part with the smallest load that still has room.
+    Greedy (longest processing time first under a count limit): longest first, each to
+    the part with the smallest load that still has room. Equal counts keep every
+    data-parallel rank at the same number of mini-batches, so of optimizer steps; the
+    ranks' tokens, which their forward and backward time follows, balance.
     With ``part_warehouses`` (the warehouse beside each part's worker) and ``warehouses``
     (where each index is stored), a sample goes to a part beside its warehouse while one
     has room, and only the rest to any part: each worker then reads what is stored on its
@@ -280,7 +299,7 @@ async def wait_and_claim(
             f"stage '{state.stage}': {len(part_warehouses)} part warehouses for {dp_parts} parts"
         )
     return balance_by_length(
-        taken, state.length[taken], dp_parts, state.warehouse[taken], part_warehouses
+        taken, state.load(taken), dp_parts, state.warehouse[taken], part_warehouses
     )
 
 
@@ -348,6 +367,12 @@ class TDController:
         self.state.hold(indexes, held)
         async with self.changed:  # a released sample may complete a waiting claim
             self.changed.notify_all()
+
+    def load(self, indexes: np.ndarray) -> np.ndarray:
+        """What each of ``indexes`` weighs on the rank that trains it: its tokens (prompt
+        + response) where a token field was put, else its longest field."""
+        tokens = sum(counts[indexes] for counts in self.tokens.values())
+        return np.where(tokens > 0, tokens, self.length[indexes])
 
     def ready_count(self, fields: list[str]) -> int:
         return self.state.ready_count(fields)

@@ -15,7 +15,11 @@ import numpy as np
 from mindrl.data.records import RECORD_FIELDS
 from mindrl.dock.errors import DockError
 
-__all__ = ["RL_FIELDS", "DockError", "FieldSpec", "check_column"]
+__all__ = ["RL_FIELDS", "TOKEN_FIELDS", "DockError", "FieldSpec", "check_column"]
+
+#: The fields whose lengths add up to a sample's tokens (what a training forward runs over):
+#: a claim deals its samples to the data-parallel ranks balanced by them.
+TOKEN_FIELDS = ("prompt_ids", "response_ids")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 import ray
 
 from mindrl.dock.errors import DockError
-from mindrl.dock.schema import FieldSpec, check_column
+from mindrl.dock.schema import TOKEN_FIELDS, FieldSpec, check_column
 from mindrl.dock.wire import Columns, Padded, pad_columns
 
 
@@ -55,8 +55,10 @@ class WarehouseStore:
                 raise DockError(problem)
 
     def put(self, indexes: np.ndarray, columns: dict[str, Columns], repeat: int = 1) -> np.ndarray:
-        """Store all fields of all samples, or nothing. Returns per-sample lengths.
-        ``repeat``: each row is the value of ``repeat`` consecutive ``indexes``."""
+        """Store all fields of all samples, or nothing. Returns per-sample lengths: the
+        tokens of the put's :data:`TOKEN_FIELDS` where it has any, else its longest
+        variable field. ``repeat``: each row is the value of ``repeat`` consecutive
+        ``indexes``."""
         self.validate(indexes, columns, repeat)
         for name, column in columns.items():
             store, offsets = self.data[name], column.offsets
@@ -68,6 +70,9 @@ class WarehouseStore:
                 store[index] = column.values[offsets[row] : offsets[row + 1]]
             with self._count:
                 self.bytes_in += column.nbytes
+        tokens = [c.lengths for n, c in columns.items() if n in TOKEN_FIELDS]
+        if tokens:
+            return np.repeat(np.sum(tokens, axis=0), repeat)
         lengths = [c.lengths for n, c in columns.items() if self.schema[n].variable]
         if not lengths:
             return np.zeros(len(indexes), dtype=np.int64)

@@ -75,7 +75,10 @@ def samples_per_step(config: MindRLConfig, role: RoleConfig) -> int:
 
 
 def micro_batch_shape(config: MindRLConfig, role: RoleConfig) -> MicroBatchShape:
-    """The largest micro-batch: every prompt and response at its longest."""
+    """The largest micro-batch: every prompt and response at its longest; with a token
+    budget, one packed row of the budget's tokens (:func:`budget_shape`)."""
+    if role.max_tokens_per_micro_batch is not None:
+        return budget_shape(config, role, role.max_tokens_per_micro_batch)
     prompt, response = config.rollout.max_prompt_length, config.rollout.max_response_length
     rows = min(role.micro_batch_size, samples_per_step(config, role))
     n = config.data.n_samples_per_prompt
@@ -86,8 +89,34 @@ def micro_batch_shape(config: MindRLConfig, role: RoleConfig) -> MicroBatchShape
     return MicroBatchShape(rows, prompt + response, rows * response)
 
 
+def budget_shape(config: MindRLConfig, role: RoleConfig, budget: int) -> MicroBatchShape:
+    """A token budget's micro-batch: one packed row of ``budget`` tokens (the engine
+    fills it with whole sequences up to it), or of one longest sequence where that is
+    longer, or of the whole step where that is shorter. Its response tokens, whose
+    logits it computes, are in the proportion of its longest sequences'."""
+    response = config.rollout.max_response_length
+    longest = packed_tokens(config, role, 1)
+    seq = min(max(budget, longest), packed_tokens(config, role, samples_per_step(config, role)))
+    rows = 1
+    while packed_tokens(config, role, rows + 1) <= seq:
+        rows += 1
+    return MicroBatchShape(1, seq, -(-seq * rows * response // packed_tokens(config, role, rows)))
+
+
+def packed_tokens(config: MindRLConfig, role: RoleConfig, rows: int) -> int:
+    """Tokens of ``rows`` of the longest sequences in one packed row: a group's prompt
+    once where prompts are shared."""
+    prompt, response = config.rollout.max_prompt_length, config.rollout.max_response_length
+    n = config.data.n_samples_per_prompt
+    per_prompt = n if shares_prompts(config, role) and n > 1 else 1
+    return -(-rows // per_prompt) * prompt + rows * response
+
+
 def micro_batches_per_step(config: MindRLConfig, role: RoleConfig) -> int:
-    return -(-samples_per_step(config, role) // role.micro_batch_size)
+    samples = samples_per_step(config, role)
+    if role.max_tokens_per_micro_batch is None:
+        return -(-samples // role.micro_batch_size)
+    return -(-packed_tokens(config, role, samples) // micro_batch_shape(config, role).tokens)
 
 
 def attention_elements(model: ModelConfig) -> int:

@@ -55,7 +55,12 @@ from mindrl.config.layout import (
     training_devices,
     training_layout,
 )
-from mindrl.planner.activations import F32, activation_bytes, micro_batches_per_step
+from mindrl.planner.activations import (
+    F32,
+    activation_bytes,
+    micro_batch_shape,
+    micro_batches_per_step,
+)
 from mindrl.planner.generation import generation_working_bytes, planned_engine
 from mindrl.planner.params import DTYPE_BYTES, ParamCounts, model_params, stage_params
 
@@ -78,6 +83,9 @@ class TrainingMemory:
     activations: int
     step_temporaries: int = 0
     accumulates: bool = True
+    #: tokens of the planned micro-batch, and the role's budget (None: micro_batch_size)
+    micro_batch_tokens: int = 0
+    max_tokens_per_micro_batch: int | None = None
 
     @property
     def resident(self) -> int:
@@ -212,6 +220,8 @@ def training_memory(config: MindRLConfig, role_name: str = "actor") -> TrainingM
         activations=activation_bytes(config, role_name) if trains else 0,
         step_temporaries=int(step),
         accumulates=micro_batches_per_step(config, role) > 1,
+        micro_batch_tokens=micro_batch_shape(config, role).tokens,
+        max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
     )
 
 

@@ -128,7 +128,7 @@ def training_rows(mem: dict) -> list[tuple[str, int]]:
         ("train: weights", train["weights"]),
         ("train: grads", train["grads"]),
         ("train: optimizer state", train["optimizer"]),
-        ("train: activations (one micro-batch)", train["activations"]),
+        (f"train: activations ({micro_batch_label(train)})", train["activations"]),
         ("train: optimizer step temporaries", train["step_temporaries"]),
         ("train: actor total (update peak)", train["total"]),
         *(
@@ -144,6 +144,13 @@ def training_rows(mem: dict) -> list[tuple[str, int]]:
         *((f"{role}: resident (all stages)", size) for role, size in mem["other_roles"].items()),
         ("train: stage total", mem["training_stage_total"]),
     ]
+
+
+def micro_batch_label(train: dict) -> str:
+    """What the planned micro-batch is: its tokens, and the budget that sized it."""
+    label = f"one micro-batch of {train.get('micro_batch_tokens', 0):,} tokens"
+    budget = train.get("max_tokens_per_micro_batch")
+    return label if budget is None else f"{label}, budget {budget:,}"
 
 
 def offloaded_rows(mem: dict) -> list[tuple[str, int]]:

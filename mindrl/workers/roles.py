@@ -42,7 +42,7 @@ from mindrl.workers.rollout import Rollout
 from mindrl.workers.sequences import loss_mask, pack_rows
 from mindrl.workers.stage_report import memory_window, stage_report
 from mindrl.workers.timed_dock import TimedDockClient
-from mindrl.workers.updates import actor_update, critic_update
+from mindrl.workers.updates import actor_update, critic_update, micro_batching
 from mindrl.workers.weight_transfer import WeightSource
 
 #: The tree in the actor's step folder with the dock's samples in flight (mindrl.dock.snapshot).
@@ -239,7 +239,7 @@ class ModelWorker(WeightSource):
         start = time.perf_counter()
         (field,) = self.context.stage(stage).writes
         rows = self._rows(indexes, stage)
-        outputs = self.engine.forward(rows, self.section.micro_batch_size)
+        outputs = self.engine.forward(rows, micro_batching(self.section))
         result = outputs["values" if self.role == "critic" else "logprobs"]
         if self.engine.is_data_leader():
             self.dock.put(indexes, {field: result, f"{field}_lengths": rows.response_len})

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from backends.megatron import GlobalCounts, MegatronEngine, ResponseBatch
+from backends.megatron import GlobalCounts, MegatronEngine, MicroBatching, ResponseBatch
 from mindrl.algorithm import Algorithm
 from mindrl.config.schema import AlgorithmConfig, RoleConfig
 from mindrl.metrics.reduce import mean_by_key
@@ -43,6 +43,12 @@ def minibatch_slices(total: int, parts: int) -> list[slice]:
     """``parts`` contiguous slices covering ``total`` rows as evenly as possible."""
     bounds = [round(i * total / parts) for i in range(parts + 1)]
     return [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def micro_batching(section: RoleConfig) -> MicroBatching:
+    """How a role cuts a step into micro-batches: its token budget when set (it wins),
+    else ``micro_batch_size`` sequences."""
+    return MicroBatching(section.micro_batch_size, section.max_tokens_per_micro_batch)
 
 
 def step_metrics(
@@ -71,7 +77,7 @@ def _run_steps(
             stats = worker.engine.train_step(
                 rows.rows(part),
                 make_loss(collected),
-                worker.section.micro_batch_size,
+                micro_batching(worker.section),
                 with_entropy=worker.role == "actor",
             )
             steps.append({**stats, **step_metrics(collected, additive, dp_size)})

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mindrl.dock.controller import ControllerState, balance_by_length, wait_and_claim
-from mindrl.dock.schema import RL_FIELDS, DockError
+from mindrl.dock.schema import RL_FIELDS, RUN_FIELDS, DockError
 from mindrl.dock.tensors import attention_mask, columns_from, to_tensordict
 from mindrl.dock.warehouse import WarehouseStore
 from mindrl.dock.wire import Columns, pad_columns
@@ -119,6 +119,28 @@ def test_dp_split_is_even_in_count_and_balanced_in_length():
     assert loads[1] - loads[0] <= 12
     with pytest.raises(DockError, match="cannot split 8 samples evenly over 3"):
         balance_by_length(indexes, lengths, 3)
+
+
+def test_a_claim_deals_data_parallel_ranks_balanced_prompt_plus_response_tokens():
+    store = WarehouseStore(0, 0, 8, RUN_FIELDS)
+    state = ControllerState("update", 8, 2, [*FIELDS, "text"])
+    indexes = np.arange(8)
+    # Long prompt texts, short prompts: the text is no token of the forward's.
+    text = Columns(np.zeros(8 * 500, dtype=np.uint8), np.full(8, 500))
+    prompts, responses = [30, 30, 2, 2, 2, 2, 2, 2], [1, 1, 40, 1, 1, 1, 1, 1]
+    for columns in ({"prompt_ids": ragged(prompts), "text": text},
+                    {"response_ids": ragged([9] * 8)},  # partial rollout: then finished
+                    {"response_ids": ragged(responses)}):  # fmt: skip
+        state.on_put(indexes, list(columns), 0, store.put(indexes, columns))
+    request = (["response_ids"], 8, False, None)
+
+    parts = asyncio.run(wait_and_claim(state, asyncio.Condition(), request, 1.0, 2))
+
+    tokens = np.add(prompts, responses)
+    assert state.load(indexes).tolist() == tokens.tolist()
+    assert [len(p) for p in parts] == [4, 4]  # the same mini-batches on every rank
+    # The best split of equal counts: 42 + 3 + 3 + 3 against 31 + 31 + 3 + 3.
+    assert sorted(int(tokens[p].sum()) for p in parts) == [51, 68]
 
 
 def test_dp_split_gives_each_part_what_its_warehouse_stores():

@@ -348,3 +348,10 @@ def test_validation_of_an_offline_trainer_is_refused_for_want_of_a_generation_en
         "data.val_every: --trainer dpo trains on stored pairs and builds no generation engine" in p
         for p in problems
     )
+
+
+def test_the_token_budget_is_inherited_as_the_rest_of_the_actors_micro_batching():
+    config = load_config(None, ["actor.max_tokens_per_micro_batch=4096"])
+    assert config.reference.max_tokens_per_micro_batch == 4096
+    assert config.critic.max_tokens_per_micro_batch == 4096
+    assert load_config(None).actor.max_tokens_per_micro_batch is None

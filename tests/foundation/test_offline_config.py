@@ -68,3 +68,10 @@ def test_pairs_that_do_not_split_evenly_over_data_parallel_ranks_are_refused():
         "actor's 2 data-parallel ranks"
     ]
     load_config(TINY_DPO, [*tp1, "data.global_batch_size=6"], algorithm=get_algorithm("dpo"))
+
+
+def test_a_token_budget_could_part_a_pair_and_is_refused():
+    assert dpo_problems("actor.max_tokens_per_micro_batch=512") == [
+        "actor.max_tokens_per_micro_batch: 512 could cut a pair's chosen and rejected rows "
+        "apart; pairs train by actor.micro_batch_size, remove it"
+    ]

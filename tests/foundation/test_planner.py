@@ -294,3 +294,33 @@ def test_a_rollout_device_without_room_for_the_next_weights_is_a_fit_problem():
     (problem,) = problems(0.9)
     assert "the next weights as they arrive" in problem and "of its 85.9 GB" in problem
     assert problems(0.7) == []
+
+
+def qwen_actor(*overrides: str):
+    grpo = get_algorithm("grpo")
+    return load_config(CONFIGS / "qwen25_7b.yaml", list(overrides), algorithm=grpo)
+
+
+def test_a_token_budget_sizes_one_packed_micro_batch_by_its_tokens():
+    from mindrl.planner.activations import activation_bytes, micro_batch_shape
+
+    # 2048-token prompts and responses, 16 per prompt: one sequence is 4096 tokens.
+    one_sequence = qwen_actor("actor.max_tokens_per_micro_batch=4096")
+    assert micro_batch_shape(one_sequence, one_sequence.actor) == micro_batch_shape(
+        qwen_actor(), qwen_actor().actor
+    )  # the recipe's micro_batch_size=1 is that same row
+    budget = qwen_actor("actor.max_tokens_per_micro_batch=8192")
+    shape = micro_batch_shape(budget, budget.actor)
+    # A prompt once and three responses fill 8192 tokens; their logits are computed.
+    assert (shape.rows, shape.seq, shape.logit_positions) == (1, 8192, 3 * 2048)
+    assert activation_bytes(budget) > 1.9 * activation_bytes(one_sequence)
+    longer = qwen_actor("actor.max_tokens_per_micro_batch=1000")  # a sequence runs alone
+    assert micro_batch_shape(longer, longer.actor).tokens == 4096
+
+
+def test_the_dry_run_names_the_micro_batch_s_tokens_and_its_budget():
+    grpo = get_algorithm("grpo")
+    config = load_config(CONFIGS / "tiny.yaml", ["actor.max_tokens_per_micro_batch=256"], grpo)
+    report = build_plan(config, build_run_plan(grpo, config), "cpu", 16 * GIB, 64 * GIB)
+    assert report["memory"]["training"]["micro_batch_tokens"] == 256
+    assert "train: activations (one micro-batch of 256 tokens, budget 256)" in printed(report)

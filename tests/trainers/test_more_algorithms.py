@@ -200,9 +200,9 @@ class MicroBatchingEngine:
     def data_parallel_size(self) -> int:
         return self.dp_size
 
-    def train_step(self, batch: ResponseBatch, loss_fn, micro_batch_size, with_entropy):
+    def train_step(self, batch: ResponseBatch, loss_fn, micro_batching, with_entropy):
         counts = GlobalCounts(tokens=float(self.global_rows), sequences=self.global_rows)
-        for micro in batch.split(micro_batch_size):
+        for micro in batch.split(micro_batching.size):
             policy = micro.fields["policy"]
             loss_fn({"logprobs": policy, "entropy": torch.zeros_like(policy)}, micro, counts)
         tokens = float(batch.input_ids.numel())  # no padding: every position computed is real
@@ -223,7 +223,7 @@ def dpo_rank_update(pairs: list[tuple[float, float]], total_pairs: int, dp_size:
     context = stage_context(build_run_plan(dpo, config), "actor", config, dpo)
     worker = SimpleNamespace(
         algorithm=dpo, options=dpo.resolve(), context=context, role="actor",
-        section=SimpleNamespace(ppo_epochs=1, micro_batch_size=4),
+        section=SimpleNamespace(ppo_epochs=1, micro_batch_size=4, max_tokens_per_micro_batch=None),
         engine=MicroBatchingEngine(2 * total_pairs, dp_size),
     )  # fmt: skip
     return actor_update(worker, rows, num_minibatches=1)
