@@ -17,6 +17,7 @@ computed only at the positions that score response tokens (``logit_window.py``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +138,7 @@ class MegatronEngine:
         #: Where the base came from (set by the caller: model source, seed); a LoRA
         #: checkpoint records it and refuses to resume on another base.
         self.base_origin: dict[str, Any] | None = None
+        self._trainable_params: int | None = None
         self.optimizer, self.scheduler = None, None
         self.distributed: DistributedOptimizer | None = None
         if optim is not None and optim.distributed_optimizer:
@@ -207,6 +209,19 @@ class MegatronEngine:
         """Merge the current adapters into :meth:`policy_weights` (LoRA only)."""
         if self.lora is not None:
             merged_weights(self.model, self._policy)
+
+    def trainable_params(self) -> int:
+        """Elements of the whole model the optimizer trains, every shard counted once
+        (collective): every weight, or with LoRA the adapters."""
+        if self._trainable_params is None:
+            layouts = self.param_layouts()
+            local = {
+                name: math.prod(layouts[name].full_shape)
+                for name, param in self.named_parameters().items()
+                if param.requires_grad
+            }
+            self._trainable_params = sum(merge_over_world(local).values())
+        return self._trainable_params
 
     def adapters_off(self):
         """Context manager: inside it the model is the base alone (the adapters add

@@ -77,6 +77,7 @@ def one_step(parallel: ParallelSpec, optim: OptimSpec = OPTIM, spec: GPTSpec = S
         "state_tensors": len(engine.optimizer_state_tensors()),
         "state_numel": sum(t.numel() for t in engine.optimizer_state_tensors() if t.dim() > 0),
         "adapter_numel": sum(p.numel() for p in engine.model.parameters() if p.requires_grad),
+        "trainable_params": engine.trainable_params(),
         "policy": engine.policy_state_dict(),
     }
     _finish()

@@ -68,8 +68,12 @@ def test_only_the_adapters_get_gradients_and_optimizer_state(runs):
     # AdamW: two moments shaped as each adapter matrix (and a 0-d step each)
     assert reference["state_numel"] == 2 * reference["adapter_numel"]
     assert reference["state_tensors"] == 3 * 16
+    # Per layer, rank 4: qkv 4 x 64 + 128 x 4, proj 4 x 64 + 64 x 4, fc1 4 x 64 + 256 x 4,
+    # fc2 4 x 128 + 64 x 4; two layers.
+    assert reference["trainable_params"] == reference["adapter_numel"] == 2 * 3328
     for layout in ("tp2", "pp2"):
         assert all(".lora." in n for n in two[0][layout]["trainable"])
+        assert two[1][layout]["trainable_params"] == reference["trainable_params"]
     # The base did not move: every non-adapter weight after the step is the loaded one.
     for name, weight in one["base"].items():
         torch.testing.assert_close(reference["weights"][name], weight, rtol=0, atol=0, msg=name)
