@@ -157,8 +157,26 @@ def _refusal(engine: MegatronEngine, root: str) -> str | None:
     return None
 
 
+def unmatched_target_refusal() -> str | None:
+    """Building a LoRA engine whose target names no linear of the model (MLA has no fused
+    ``linear_qkv``): the refusal, or None."""
+    from tests.megatron.deepseek_cases import tiny_spec
+
+    spec = tiny_spec()
+    try:
+        MegatronEngine(
+            spec, ParallelSpec(), OPTIM, lora=dataclasses.replace(LORA, targets=("qkv",))
+        )
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        destroy_parallel()
+    return None
+
+
 def on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
     return {
+        "unmatched": unmatched_target_refusal(),
         "base": base_weights(),
         "tp1": one_step(ParallelSpec()),
         "logprobs": fresh_adapters_and_reference(rank, world),

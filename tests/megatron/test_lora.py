@@ -89,6 +89,13 @@ def test_the_generation_engine_gets_the_base_with_the_adapters_merged_in(runs):
     assert not any(".lora." in name for name in reference["policy"])
 
 
+def test_a_target_that_matches_no_linear_is_refused_at_start_up(runs):
+    one, _ = runs
+    assert one["unmatched"] is not None
+    assert "lora targets ['qkv'] match no linear of this model" in one["unmatched"]
+    assert "remove them from actor.lora.targets" in one["unmatched"]
+
+
 def test_fresh_adapters_leave_the_base_models_log_probs_exactly(runs):
     one, _ = runs
     logprobs = one["logprobs"]
