@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mindrl.algorithm import Algorithm, run_options
-from mindrl.config.compat import model_roles
+from mindrl.config.compat import model_roles, uses_reference
 from mindrl.config.layout import DISAGGREGATED, OFFLINE, RunLayout, resolve_layout
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig
 from mindrl.data.records import RECORD_FIELDS
@@ -25,6 +25,8 @@ SEQUENCE = ("prompt_ids", "response_ids")
 #: A multi-turn run's trajectories also carry which tokens the model wrote (1) and which
 #: the environment did (0): every stage that scores or trains on them reads it.
 LOSS_MASK = "loss_mask"
+#: The stage that scores the reference log-probs (reference_role says who serves it).
+REFERENCE_STAGE = "ref_logp"
 #: The sum of an episode's step rewards, which the rollout puts and the reward stage reads.
 ENV_REWARD = "env_reward"
 #: A prompt's group, which the driver puts beside the prompt with its record
@@ -194,8 +196,8 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
     if algorithm.offline:
         return _offline_plan(algorithm, config)
     options = run_options(algorithm, config)
-    roles = model_roles(algorithm, options)
-    needs_reference, needs_critic = "reference" in roles, "critic" in roles
+    roles = model_roles(algorithm, options, config.actor.lora.enabled)
+    needs_reference, needs_critic = uses_reference(algorithm, options), "critic" in roles
     needs_old = needs_old_logprob(config)
     layout = resolve_layout(config, roles)
     return RunPlan(
@@ -212,6 +214,7 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
             config.env.enabled,
             config.reward.reward_model is not None,
             not config.env.enabled and reward_spec_of(config.reward).uses_groups,
+            reference_role(config),
         ),
         needs_reference=needs_reference,
         needs_critic=needs_critic,
@@ -278,16 +281,22 @@ def partial_rollout_groups(config: MindRLConfig) -> int:
 PAIR_SIZE = 2
 
 
+def reference_role(config: MindRLConfig) -> str:
+    """The role that scores the reference log-probs: the reference model, or a LoRA actor
+    with its adapters off (the frozen base is the reference)."""
+    return "actor" if config.actor.lora.enabled else "reference"
+
+
 def _offline_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
     """An offline algorithm's plan: the driver puts each pair as two samples (one dock
     group: chosen at the even index, rejected after it), the reference scores them and
     the actor trains. Its loss compares the policy with the reference only, so there is
     no old_logp stage whatever the epochs and mini-batches."""
     stages = (
-        StagePlan("ref_logp", "reference", SEQUENCE, ("ref_logprob",)),
+        StagePlan(REFERENCE_STAGE, reference_role(config), SEQUENCE, ("ref_logprob",)),
         StagePlan("update", "actor", (*SEQUENCE, "ref_logprob"), ()),
     )
-    roles = model_roles(algorithm, run_options(algorithm, config))
+    roles = model_roles(algorithm, run_options(algorithm, config), config.actor.lora.enabled)
     return RunPlan(
         trainer=algorithm.name,
         mode=OFFLINE,
@@ -349,13 +358,15 @@ def _stages(
     multi_turn: bool = False,
     reward_model: bool = False,
     reward_groups: bool = False,
+    reference: str = "reference",
 ) -> tuple[StagePlan, ...]:
     """The stages in order. ``multi_turn``: the rollout runs episodes, so it also writes
     each trajectory's loss mask and environment reward; the reward stage reads that reward
     (no verifier), and every stage that packs rows or computes advantages reads the mask.
     ``reward_model``: the reward stage also scores the decoded prompt + response.
     ``reward_groups``: a reward function scores a prompt's responses together, so the
-    reward stage reads the group and takes whole groups."""
+    reward stage reads the group and takes whole groups. ``reference``: the role that
+    scores ``ref_logp``."""
     sequence = (*SEQUENCE, LOSS_MASK) if multi_turn else SEQUENCE
     update_reads = (*sequence, "advantages", "rollout_logprob")
     update_reads += ("old_logprob",) if needs_old else ()
@@ -379,7 +390,7 @@ def _stages(
         StagePlan("reward", "reward", reward_reads, ("reward",), whole_groups=reward_groups),
     ]
     if needs_reference:
-        stages.append(StagePlan("ref_logp", "reference", sequence, ("ref_logprob",)))
+        stages.append(StagePlan(REFERENCE_STAGE, reference, sequence, ("ref_logprob",)))
     if needs_old:
         stages.append(StagePlan("old_logp", "actor", sequence, ("old_logprob",)))
     if needs_critic:

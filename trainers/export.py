@@ -28,6 +28,7 @@ import torch
 from backends.megatron import GPTSpec, checkpoint
 from backends.megatron.families import get_family
 from backends.megatron.hf_io import DEFAULT_MAX_SHARD_BYTES, write_hf_folder
+from backends.megatron.lora import MergedWeights
 from mindrl.data import load_tokenizer
 from mindrl.data.tokenizer import BUILTIN_PREFIX
 from mindrl.workers.model_setup import hf_config_for
@@ -60,7 +61,11 @@ def export_checkpoint(
         (name, tuple(t.shape), t.dtype)
         for name, t in hf_tensors(saved.weights(meta=True), spec, value_head)
     ]
-    tensors = (t for _, t in hf_tensors(saved.weights(), spec, value_head))
+    weights = saved.weights()
+    lora = saved.meta.get("lora")
+    if lora is not None:  # the policy is the base with the adapters merged in
+        weights = MergedWeights(weights, lora["alpha"] / lora["rank"])
+    tensors = (t for _, t in hf_tensors(weights, spec, value_head))
     write_hf_folder(entries, tensors, hf_config(spec, value_head), out_dir, max_shard_bytes)
     return Path(out_dir)
 

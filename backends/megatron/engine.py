@@ -17,6 +17,7 @@ computed only at the positions that score response tokens (``logit_window.py``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,13 @@ from backends.megatron.logprobs import (
     vocab_parallel_entropy,
     vocab_parallel_logprobs,
 )
+from backends.megatron.lora import (
+    LoRASpec,
+    adapters_disabled,
+    add_adapters,
+    is_adapter_name,
+    merged_weights,
+)
 from backends.megatron.optim import (
     OptimSpec,
     clip_gradients,
@@ -72,7 +80,12 @@ from backends.megatron.sharded_state import (
     weight_pieces,
 )
 from backends.megatron.sharded_store import Pieces
-from backends.megatron.sharding import gather_full_state_dict, load_full_state_dict
+from backends.megatron.sharding import (
+    gather_full_state_dict,
+    gather_like,
+    load_full_state_dict,
+    merge_over_world,
+)
 from backends.megatron.spec import GPTSpec, ParallelSpec
 
 #: loss_fn(outputs, micro-batch, global counts) -> scalar or per-token loss [b, R];
@@ -102,6 +115,8 @@ class MegatronEngine:
             rows, where the attention takes a ``PackedMask`` (the torch core attention:
             every device without TransformerEngine); :attr:`packs` says if it does.
             Otherwise (TE, or ``pack=False``) right-padded rows with the causal mask.
+        lora: train LoRA adapters on a frozen base (``lora.py``) instead of the weights;
+            the optimizer then holds the adapters only. ``None`` (or rank 0): full weights.
     """
 
     def __init__(
@@ -113,6 +128,7 @@ class MegatronEngine:
         seed: int = 0,
         share_prompts: bool = True,
         pack: bool = True,
+        lora: LoRASpec | None = None,
     ) -> None:
         self.spec, self.parallel, self.optim = spec, parallel, optim
         self.value_head = value_head
@@ -122,6 +138,16 @@ class MegatronEngine:
         self.share_prompts = share_prompts and self.packs
         initialize_parallel(parallel, seed)
         self.model = build_gpt(spec, parallel, value_head=value_head, seed=seed)
+        self.lora = lora if lora is not None and lora.rank > 0 else None
+        if self.lora is not None:
+            with megatron_compat(self.device):
+                add_adapters(self.model, self.lora, seed)
+        self._policy = self._policy_weights()
+        self._refresh_policy()
+        #: Where the base came from (set by the caller: model source, seed); a LoRA
+        #: checkpoint records it and refuses to resume on another base.
+        self.base_origin: dict[str, Any] | None = None
+        self._trainable_params: int | None = None
         self.optimizer, self.scheduler = None, None
         self.distributed: DistributedOptimizer | None = None
         if optim is not None and optim.distributed_optimizer:
@@ -161,8 +187,55 @@ class MegatronEngine:
 
     # ---- weights ---------------------------------------------------------------------
     def param_layouts(self) -> dict[str, ParamLayout]:
-        """Canonical name -> layout of every parameter on this rank (for the resharder)."""
+        """Canonical name -> layout of every parameter on this rank (adapters included)."""
         return param_layouts(self.model)
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's weights on this rank under the base's canonical names: what the
+        generation engine gets (the resharder keeps this dict and reads it at every
+        hand-over). Without LoRA the parameters themselves; with LoRA each wrapped weight
+        is a kept tensor holding ``weight + scale * B @ A``, refreshed after every step
+        and load, and the adapters are not listed."""
+        return self._policy
+
+    def policy_layouts(self) -> dict[str, ParamLayout]:
+        """Canonical name -> layout of each of :meth:`policy_weights`."""
+        layouts = self.param_layouts()
+        return {name: layouts[name] for name in self._policy}
+
+    def _policy_weights(self) -> dict[str, torch.Tensor]:
+        params = self.named_parameters()
+        if self.lora is None:
+            return params
+        wrapped = {id(module.weight) for module in self.model.modules() if hasattr(module, "lora")}
+        return {
+            name: torch.empty_like(param.detach()) if id(param) in wrapped else param
+            for name, param in params.items()
+            if not is_adapter_name(name)
+        }
+
+    def _refresh_policy(self) -> None:
+        """Merge the current adapters into :meth:`policy_weights` (LoRA only)."""
+        if self.lora is not None:
+            merged_weights(self.model, self._policy)
+
+    def trainable_params(self) -> int:
+        """Elements of the whole model the optimizer trains, every shard counted once
+        (collective): every weight, or with LoRA the adapters."""
+        if self._trainable_params is None:
+            layouts = self.param_layouts()
+            local = {
+                name: math.prod(layouts[name].full_shape)
+                for name, param in self.named_parameters().items()
+                if param.requires_grad
+            }
+            self._trainable_params = sum(merge_over_world(local).values())
+        return self._trainable_params
+
+    def adapters_off(self):
+        """Context manager: inside it the model is the base alone (the adapters add
+        nothing): the reference policy of a LoRA actor. A no-op without LoRA."""
+        return adapters_disabled(self.model)
 
     def load_hf_state_dict(self, hf: dict[str, torch.Tensor]) -> None:
         """Load full HF tensors (every rank passes the same dict; each keeps its shard)."""
@@ -173,18 +246,41 @@ class MegatronEngine:
     def load_full_state_dict(self, full: dict[str, torch.Tensor]) -> None:
         """Load full canonical Megatron tensors (non-strict for a critic's missing head)."""
         with megatron_compat(self.device):
+            if self.lora is not None:  # HF weights hold the base: adapters stay as they are
+                full = {**self._adapter_state(), **full}
             load_full_state_dict(self.model, full, strict=not self.value_head)
             if self.distributed is not None:
                 self.distributed.reload_model_params()
+        self._refresh_policy()
+
+    def _adapter_state(self) -> dict[str, torch.Tensor]:
+        """The adapters as full canonical tensors (collective over TP)."""
+        return {
+            name: gather_like(name, param, param.detach())
+            for name, param in self.named_parameters().items()
+            if is_adapter_name(name)
+        }
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every canonical parameter as a full CPU tensor, on every rank (tests, conversion;
         checkpoints never gather)."""
         return gather_full_state_dict(self.model)
 
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's canonical weights as full CPU tensors, on every rank: the weights,
+        or with LoRA the base with the adapters merged in."""
+        if self.lora is None:
+            return self.full_state_dict()
+        params = self.named_parameters()
+        local = {
+            name: gather_like(name, params[name], weight).cpu()
+            for name, weight in self._policy.items()
+        }
+        return merge_over_world(local)
+
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy as an HF state dict (what generation engines load)."""
-        return get_family(self.spec.family).megatron_to_hf(self.full_state_dict(), self.spec)
+        return get_family(self.spec.family).megatron_to_hf(self.policy_state_dict(), self.spec)
 
     # ---- forward passes ----------------------------------------------------------------
     def _outputs(self, output: torch.Tensor, micro: _Scored, with_entropy: bool) -> dict:
@@ -364,6 +460,7 @@ class MegatronEngine:
 
         losses = self._run(micro_batches, head, train=True)
         grad_norm, lr = self._optimizer_step()
+        self._refresh_policy()
         self.step += 1
         loss = self._global_loss(losses)
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, **self._token_use(micro_batches)}
@@ -437,6 +534,8 @@ class MegatronEngine:
             "layout": self.layout(),
             "optimizer": self.optimizer_kind(),
             "data_position": data_position,
+            "lora": dataclasses.asdict(self.lora) if self.lora is not None else None,
+            "base": self.base_origin if self.lora is not None else None,
         }
         with megatron_compat(self.device):
             tensors = self._checkpoint_tensors(saving=True)
@@ -471,6 +570,7 @@ class MegatronEngine:
         saved = checkpoint.open_checkpoint(path)
         if saved.format == checkpoint.LEGACY_FORMAT:
             return legacy_checkpoint.load(self, saved)
+        self._check_adapters_match(saved)
         with megatron_compat(self.device):
             self._fresh_optimizer_state()
             states = self._distributed_states()
@@ -491,7 +591,28 @@ class MegatronEngine:
             self._schedule_at(self.step)
         if self.distributed is not None:
             self._group_steps_at(self.step)
+        self._refresh_policy()
         return saved.meta["data_position"]
+
+    def _check_adapters_match(self, saved: checkpoint.Checkpoint) -> None:
+        """A LoRA checkpoint resumes a LoRA engine of the same adapters on the same base,
+        a full-weight one a full-weight engine (else adapters would be lost or missing)."""
+        mine = dataclasses.asdict(self.lora) if self.lora is not None else None
+        theirs = saved.meta.get("lora")
+        if theirs is not None:
+            theirs = {**theirs, "targets": tuple(theirs["targets"])}
+        if mine != theirs:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {saved.dir} holds lora {theirs} but this run trains lora {mine}; "
+                "set actor.lora as the run that wrote it did"
+            )
+        base = saved.meta.get("base")
+        known = self.lora is not None and None not in (base, self.base_origin)
+        if known and base != self.base_origin:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {saved.dir} trained adapters on base {base}, but this run's "
+                f"base is {self.base_origin}; resume with the model it started from"
+            )
 
     def _checkpoint_tensors(self, saving: bool, states: list | None = None) -> dict[str, Pieces]:
         """This rank's boxes of the checkpoint's tensors: what it writes (``saving``) or

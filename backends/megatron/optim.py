@@ -70,9 +70,10 @@ def lr_factor(step: int, optim: OptimSpec) -> float:
 
 
 def make_optimizer(model: nn.Module, optim: OptimSpec):
-    """AdamW over the model's parameters and a LambdaLR with :func:`lr_factor`."""
+    """AdamW over the model's trainable parameters (a LoRA model's adapters only: its
+    frozen base gets no state) and a LambdaLR with :func:`lr_factor`."""
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        [param for param in model.parameters() if param.requires_grad],
         lr=optim.lr,
         betas=(optim.adam_beta1, optim.adam_beta2),
         eps=optim.adam_eps,
@@ -148,7 +149,8 @@ def _reduce_tied_embedding(model: nn.Module) -> None:
         return
     if ps.is_rank_in_embedding_group():
         grad = model.shared_embedding_or_output_weight().grad
-        dist.all_reduce(grad, group=ps.get_embedding_group())
+        if grad is not None:  # None: frozen (a LoRA model's base)
+            dist.all_reduce(grad, group=ps.get_embedding_group())
 
 
 def _is_duplicate(model: nn.Module, param: nn.Parameter) -> bool:

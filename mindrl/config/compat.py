@@ -41,20 +41,26 @@ class AlgorithmTraits(Protocol):
 
 
 def model_roles(
-    algorithm: AlgorithmTraits | None, options: AlgorithmConfig | None
+    algorithm: AlgorithmTraits | None, options: AlgorithmConfig | None, lora: bool = False
 ) -> tuple[str, ...]:
     """The model roles a run of ``algorithm`` with ``options`` places, ``actor`` first: a
-    reference where its loss reads one (offline pairs always do), a critic where it learns
-    values. Without an algorithm or its options, every role (a recipe checked for any
-    trainer)."""
+    reference where its loss reads one (offline pairs always do) unless the actor trains
+    LoRA adapters (its base, the adapters off, is then the reference: one model in
+    memory), a critic where it learns values. Without an algorithm or its options, every
+    role (a recipe checked for any trainer)."""
     if algorithm is None or options is None:
-        return ("actor", "reference", "critic")
-    reference = algorithm.offline or algorithm.uses_reference(options)
+        return ("actor", "critic") if lora else ("actor", "reference", "critic")
+    reference = uses_reference(algorithm, options) and not lora
     return (
         ("actor",)
         + (("reference",) if reference else ())
         + (("critic",) if algorithm.needs_critic else ())
     )
+
+
+def uses_reference(algorithm: AlgorithmTraits, options: AlgorithmConfig) -> bool:
+    """The run's losses read reference log-probs (offline pairs always do)."""
+    return algorithm.offline or algorithm.uses_reference(options)
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mindrl.config.layout import TrainingLayout
-from mindrl.config.schema import ModelConfig, OptimConfig, RoleConfig
+from mindrl.config.schema import LORA_DEFAULT_LR, LoRAConfig, ModelConfig, OptimConfig, RoleConfig
 
 if TYPE_CHECKING:  # Megatron-core is loaded by the functions that build specs
     from backends.megatron import GPTSpec, OptimSpec, ParallelSpec
+    from backends.megatron.lora import LoRASpec
 
 
 class ModelSetupError(ValueError):
@@ -248,10 +249,12 @@ class EngineSpecs:
     Attributes:
         parallel: the role's training layout.
         optim: its optimizer and schedule; ``None`` for a role that only scores (reference).
+        lora: the adapters it trains instead of its weights (``None``: full weights).
     """
 
     parallel: ParallelSpec
     optim: OptimSpec | None
+    lora: LoRASpec | None = None
 
 
 def engine_specs(
@@ -260,4 +263,17 @@ def engine_specs(
     """A role's engine specs: its layout, and its optimizer over ``total_steps`` optimizer
     steps (``None``: the role does not train)."""
     optim = None if total_steps is None else optim_spec(section.optim, total_steps)
-    return EngineSpecs(parallel_spec(layout), optim)
+    lora = lora_spec(section.lora) if optim is not None else None
+    if lora is not None:  # the optimizer holds the adapters only: their rate is its rate
+        optim = dataclasses.replace(optim, lr=section.lora.lr or LORA_DEFAULT_LR)
+    return EngineSpecs(parallel_spec(layout), optim, lora)
+
+
+def lora_spec(lora: LoRAConfig) -> LoRASpec | None:
+    """The engine's adapters of a trained role's ``lora`` section (``None``: rank 0)."""
+    from backends.megatron.lora import LoRASpec
+
+    if not lora.enabled:
+        return None
+    alpha = lora.alpha if lora.alpha is not None else 2.0 * lora.rank
+    return LoRASpec(lora.rank, alpha, lora.dropout, tuple(lora.targets))

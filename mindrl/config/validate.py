@@ -23,7 +23,14 @@ from mindrl.config.layout import (
     placement_problems,
     resolve_layout,
 )
-from mindrl.config.schema import AlgorithmConfig, DataConfig, DockConfig, MindRLConfig, RoleConfig
+from mindrl.config.schema import (
+    LORA_TARGETS,
+    AlgorithmConfig,
+    DataConfig,
+    DockConfig,
+    MindRLConfig,
+    RoleConfig,
+)
 
 
 def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = None) -> list[str]:
@@ -34,7 +41,7 @@ def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = No
     the run does not place (a reference without a KL term, a critic outside PPO) is not
     checked: its layout never has to fit.
     """
-    roles = model_roles(algorithm, _options(config, algorithm))
+    roles = model_roles(algorithm, _options(config, algorithm), config.actor.lora.enabled)
     offline = algorithm is not None and algorithm.offline
     layout = resolve_layout(config, roles, offline)
     facts = RunFacts(config, algorithm, layout)
@@ -42,6 +49,7 @@ def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = No
     problems += check_batch(config, algorithm, layout)
     problems += check_lengths(config)
     problems += check_ignored_role_settings(config)
+    problems += check_lora(config)
     problems += check_validation(config, algorithm)
     placement = placement_problems(config)
     problems += placement
@@ -271,9 +279,42 @@ IGNORED_ROLE_SETTINGS = {
         "ppo_epochs": "the reference model does not train",
         "activation_checkpointing": "the reference model only scores, it keeps no activations",
         "swap_optimizer": "only the actor is swapped to the host",
+        "lora": "only the actor trains adapters (its reference is the actor with them off)",
     },
-    "critic": {"swap_optimizer": "only the actor is swapped to the host"},
+    "critic": {
+        "swap_optimizer": "only the actor is swapped to the host",
+        "lora": "only the actor trains adapters",
+    },
 }
+
+
+def check_lora(config: MindRLConfig) -> list[str]:
+    """``actor.lora``: known targets, no experts, and the layouts it is tested on."""
+    lora, parallel = config.actor.lora, config.actor.parallel
+    if not lora.enabled:
+        return []
+    choices = ", ".join(LORA_TARGETS)
+    problems = []
+    for target in lora.targets:
+        if "expert" in target:
+            problems.append(
+                f"actor.lora.targets: '{target}': MoE experts take no adapters; "
+                f"choose from {choices}"
+            )
+        elif target not in LORA_TARGETS:
+            problems.append(f"actor.lora.targets: unknown '{target}'; choose from {choices}")
+    if not lora.targets:
+        problems.append("actor.lora.targets is empty: name at least one of qkv, proj, fc1, fc2")
+    if parallel.cp > 1:
+        problems.append(
+            "actor.lora with parallel.cp > 1 is not supported yet; set actor.parallel.cp=1"
+        )
+    if parallel.ep > 1:
+        problems.append(
+            "actor.lora with parallel.ep > 1 is not supported yet (experts take no "
+            "adapters); set actor.parallel.ep=1"
+        )
+    return problems
 
 
 def check_ignored_role_settings(config: MindRLConfig) -> list[str]:

@@ -10,6 +10,7 @@ argument (an ``Algorithm`` object from ``trainers``), never as an import.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import warnings
@@ -27,12 +28,12 @@ from backends.device import get_device
 from backends.generation import SamplingParams
 from backends.megatron import MegatronEngine, ResponseBatch, checkpoint
 from mindrl.config.layout import COLLOCATED, DISAGGREGATED
-from mindrl.config.schema import AlgorithmConfig, RoleConfig
+from mindrl.config.schema import AlgorithmConfig, MindRLConfig, RoleConfig
 from mindrl.data import load_tokenizer
 from mindrl.dock import DockHandle, DockSlice, restore_samples, snapshot_samples
 from mindrl.reshard import grad_tensors
 from mindrl.reshard.swap import HostSwap
-from mindrl.run_plan import LOSS_MASK, stage_deadline_s
+from mindrl.run_plan import LOSS_MASK, REFERENCE_STAGE, stage_deadline_s
 from mindrl.workers.context import ModelContext
 from mindrl.workers.episodes import EnvSettings, TextCodec, run_episodes_into_dock
 from mindrl.workers.generation import PartialRollout, generate_into_dock
@@ -77,6 +78,15 @@ class EpisodeContext:
     workers: list[ActorHandle]
     settings: EnvSettings
     codec: TextCodec
+
+
+def base_origin(config: MindRLConfig) -> dict[str, Any]:
+    """What a LoRA checkpoint names as its base: the weights' source (a random init is
+    the seed's)."""
+    model = config.model
+    if model.hf_path is None and model.gguf_package is None:
+        return {"random_init_seed": config.seed}
+    return {"hf_path": model.hf_path, "gguf_package": model.gguf_package}
 
 
 class ModelWorker(WeightSource):
@@ -152,7 +162,9 @@ class ModelWorker(WeightSource):
             value_head=self.role == "critic",
             seed=self.config.seed,
             share_prompts=self.section.share_prompts,
+            lora=self.specs.lora,
         )
+        self.engine.base_origin = base_origin(self.config)
         if initial.hf_state is not None:
             self.engine.load_hf_state_dict(initial.hf_state)
         if self.role == "actor" and self.mode == DISAGGREGATED:
@@ -239,7 +251,10 @@ class ModelWorker(WeightSource):
         start = time.perf_counter()
         (field,) = self.context.stage(stage).writes
         rows = self._rows(indexes, stage)
-        outputs = self.engine.forward(rows, micro_batching(self.section))
+        # A LoRA actor scores the reference as its frozen base (run_plan.reference_role).
+        base = stage == REFERENCE_STAGE and self.role == "actor"
+        with self.engine.adapters_off() if base else contextlib.nullcontext():
+            outputs = self.engine.forward(rows, micro_batching(self.section))
         result = outputs["values" if self.role == "critic" else "logprobs"]
         if self.engine.is_data_leader():
             self.dock.put(indexes, {field: result, f"{field}_lengths": rows.response_len})

@@ -96,8 +96,8 @@ def make_resharder(
         "model": ModelShape(spec.num_attention_heads, spec.num_query_groups, spec.num_experts),
         "bucket_bytes": int(config.rollout.reshard_bucket_mib * 2**20),
     }
-    params = trainer.named_parameters()
-    layouts = trainer.param_layouts()
+    params = trainer.policy_weights()  # with LoRA: the adapters merged into the base
+    layouts = trainer.policy_layouts()
     if not swap:
         return NaiveResharder(params, layouts, train, gen, **kwargs)
     extra = None

@@ -84,6 +84,8 @@ def _run_steps(
     metrics = mean_by_key(steps)
     computed, real = metrics.pop("computed_tokens"), metrics.pop("real_tokens")
     metrics["train_tokens_per_real_token"] = computed / max(real, 1.0)  # 1.0: no padding
+    if worker.engine.lora is not None:  # what LoRA saves shows in every record
+        metrics["trainable_params"] = float(worker.engine.trainable_params())
     return metrics
 
 

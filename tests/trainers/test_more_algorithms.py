@@ -194,6 +194,8 @@ class MicroBatchingEngine:
     rows into micro-batches (the last one shorter) and hands each to the loss with the
     global counts; the policy's log-probs ride in the rows as the field ``policy``."""
 
+    lora = None  # full weights
+
     def __init__(self, global_rows: int, dp_size: int) -> None:
         self.global_rows, self.dp_size = global_rows, dp_size
 

@@ -1,0 +1,194 @@
+"""LoRA scenarios run inside spawned ranks by ``test_lora.py`` (float64, tiny models)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec
+from backends.megatron.builder import destroy_parallel
+from backends.megatron.checkpoint import CheckpointError
+from backends.megatron.lora import LoRASpec
+from backends.megatron.sharding import gather_full_state_dict
+from tests.megatron.cases import (
+    DENSE,
+    MICRO,
+    batches,
+    full_weights_for,
+    named_weights,
+    policy_loss,
+    train_steps,
+)
+
+SPEC = dataclasses.replace(DENSE, dtype="float64")
+LORA = LoRASpec(rank=4, alpha=8.0)
+OPTIM = OptimSpec(lr=1e-2, clip_grad=0.0)
+
+
+def _finish() -> None:
+    destroy_parallel()
+    dist.barrier()
+
+
+def base_weights(spec: GPTSpec = SPEC) -> dict[str, torch.Tensor]:
+    """The shared base (per-name weights of the model without adapters)."""
+    return {k: v.to(spec.torch_dtype) for k, v in full_weights_for(spec).items()}
+
+
+def lora_engine(
+    parallel: ParallelSpec,
+    optim: OptimSpec | None = OPTIM,
+    trained_adapters: bool = True,
+    seed: int = 0,
+    spec: GPTSpec = SPEC,
+) -> MegatronEngine:
+    """A LoRA engine on the shared base; ``trained_adapters``: its adapters replaced by
+    per-name non-zero ones (``B`` too), as after some training, so every adapter gradient
+    is non-zero; otherwise the fresh ``B = 0`` adapters."""
+    base = base_weights(spec)
+    engine = MegatronEngine(spec, parallel, optim, seed=seed, lora=LORA)
+    engine.load_full_state_dict(base)
+    if trained_adapters:
+        adapters = {
+            name: weight.to(spec.torch_dtype)
+            for name, weight in named_weights(engine.param_layouts()).items()
+            if ".lora." in name
+        }
+        engine.load_full_state_dict({**base, **adapters})
+    return engine
+
+
+def one_step(parallel: ParallelSpec, optim: OptimSpec = OPTIM, spec: GPTSpec = SPEC) -> dict:
+    """One LoRA training step: loss, full grads (of what has any), weights after, and
+    what the optimizer holds state of."""
+    engine = lora_engine(parallel, optim, spec=spec)
+    batch = batches(spec)
+    before = engine.forward(batch, MICRO)["logprobs"]
+    metrics = engine.train_step(batch, policy_loss, MICRO, with_entropy=True)
+    result = {
+        "logprobs": before,
+        "loss": metrics["loss"],
+        "grad_norm": metrics["grad_norm"],
+        "grads": _grads(engine),
+        "weights": engine.full_state_dict(),
+        "trainable": sorted(n for n, p in engine.named_parameters().items() if p.requires_grad),
+        "state_tensors": len(engine.optimizer_state_tensors()),
+        "state_numel": sum(t.numel() for t in engine.optimizer_state_tensors() if t.dim() > 0),
+        "adapter_numel": sum(p.numel() for p in engine.model.parameters() if p.requires_grad),
+        "trainable_params": engine.trainable_params(),
+        "policy": engine.policy_state_dict(),
+    }
+    _finish()
+    return result
+
+
+def _grads(engine: MegatronEngine) -> dict[str, torch.Tensor]:
+    if engine.distributed is None:
+        return gather_full_state_dict(engine.model, grads=True)
+    return {}  # DDP keeps them in its buffers (main_grad); the step's result is compared
+
+
+def fresh_adapters_and_reference(rank: int, world: int) -> dict:
+    """Log-probs of the base model, of a fresh LoRA model on it (``B = 0``), and of a
+    trained LoRA model with its adapters on and off; adapter counts."""
+    batch = batches(SPEC)
+    base = MegatronEngine(SPEC, ParallelSpec())
+    base.load_full_state_dict(base_weights())
+    reference = base.forward(batch, MICRO)["logprobs"]
+    fresh = lora_engine(ParallelSpec(), trained_adapters=False)
+    fresh_logprobs = fresh.forward(batch, MICRO)["logprobs"]
+    trained = lora_engine(ParallelSpec())
+    with trained.adapters_off():
+        off = trained.forward(batch, MICRO)["logprobs"]
+    on = trained.forward(batch, MICRO)["logprobs"]
+    as_built = MegatronEngine(SPEC, ParallelSpec(), lora=LORA)  # its own init, nothing loaded
+    policy, weights = as_built.policy_state_dict(), as_built.full_state_dict()
+    as_built_policy_is_base = all(torch.equal(policy[n], weights[n]) for n in policy)
+    _finish()
+    return {
+        "base": reference,
+        "fresh": fresh_logprobs,
+        "off": off,
+        "on": on,
+        "as_built_policy_is_base": as_built_policy_is_base,
+    }
+
+
+BASE = {"random_init_seed": 0}
+
+
+def resume(checkpoint_root: str) -> dict:
+    """Losses of 4 LoRA steps straight vs 2, save, a fresh engine, resume, 2 more; what
+    resuming on another base or without LoRA says."""
+    optim = OptimSpec(lr=1e-2, lr_schedule="cosine", lr_warmup_steps=1, total_steps=4)
+    straight = lora_engine(ParallelSpec(), optim, trained_adapters=False)
+    uninterrupted = train_steps(straight, 0, 4)
+    first = lora_engine(ParallelSpec(), optim, trained_adapters=False)
+    first.base_origin = BASE
+    train_steps(first, 0, 2)
+    step_dir = first.save_checkpoint(checkpoint_root, data_position={"next_step": 2})
+    first.finish_checkpoint()
+    policy = first.policy_state_dict()
+    resumed = lora_engine(ParallelSpec(), optim, trained_adapters=False, seed=5)
+    resumed.base_origin = BASE
+    position = resumed.load_checkpoint(checkpoint_root)
+    after = train_steps(resumed, position["next_step"], 4)
+    other_base = lora_engine(ParallelSpec(), optim, trained_adapters=False)
+    other_base.base_origin = {"hf_path": "/elsewhere", "gguf_package": None}
+    full_weights = MegatronEngine(SPEC, ParallelSpec(), optim)
+    refusals = [_refusal(engine, checkpoint_root) for engine in (other_base, full_weights)]
+    _finish()
+    return {
+        "uninterrupted": uninterrupted,
+        "resumed": after,
+        "step_dir": str(step_dir),
+        "policy": policy,
+        "refusals": refusals,
+    }
+
+
+def _refusal(engine: MegatronEngine, root: str) -> str | None:
+    try:
+        engine.load_checkpoint(root)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
+def unmatched_target_refusal() -> str | None:
+    """Building a LoRA engine whose target names no linear of the model (MLA has no fused
+    ``linear_qkv``): the refusal, or None."""
+    from tests.megatron.deepseek_cases import tiny_spec
+
+    spec = tiny_spec()
+    try:
+        MegatronEngine(
+            spec, ParallelSpec(), OPTIM, lora=dataclasses.replace(LORA, targets=("qkv",))
+        )
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        destroy_parallel()
+    return None
+
+
+def on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
+    return {
+        "unmatched": unmatched_target_refusal(),
+        "base": base_weights(),
+        "tp1": one_step(ParallelSpec()),
+        "logprobs": fresh_adapters_and_reference(rank, world),
+        "resume": resume(checkpoint_root),
+    }
+
+
+def on_two_ranks(rank: int, world: int) -> dict:
+    # Megatron's distributed optimizer takes no float64 weights: float32.
+    distributed = dataclasses.replace(OPTIM, distributed_optimizer=True)
+    return {
+        "tp2": one_step(ParallelSpec(tp=2)),
+        "pp2": one_step(ParallelSpec(pp=2)),
+        "tp2_distributed_fp32": one_step(ParallelSpec(tp=2), distributed, spec=DENSE),
+    }
