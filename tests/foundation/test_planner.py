@@ -294,3 +294,21 @@ def test_a_rollout_device_without_room_for_the_next_weights_is_a_fit_problem():
     (problem,) = problems(0.9)
     assert "the next weights as they arrive" in problem and "of its 85.9 GB" in problem
     assert problems(0.7) == []
+
+
+def test_context_parallelism_divides_a_ranks_activations_and_the_plan_shows_cp_and_dp():
+    from mindrl.planner.activations import activation_bytes
+    from tests.foundation.plans import TINY, dry_run
+
+    long = [
+        "model.max_position_embeddings=4096",
+        "rollout.max_prompt_length=512",
+        "rollout.max_response_length=2048",
+        "actor.share_prompts=false",  # a shared prompt's mask is the whole row's on every rank
+    ]
+    one = load_config(CONFIGS / "tiny.yaml", [*long, "actor.parallel.tp=1"])
+    two = load_config(CONFIGS / "tiny.yaml", [*long, "actor.parallel.tp=1", "actor.parallel.cp=2"])
+    assert activation_bytes(two) < 0.6 * activation_bytes(one)
+    plan = dry_run("grpo", TINY, "actor.parallel.tp=1", "actor.parallel.cp=2")
+    layout = plan["training_layouts"]["actor"]
+    assert (layout["tp"], layout["cp"], layout["dp"]) == (1, 2, 1)
