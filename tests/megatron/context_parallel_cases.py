@@ -172,7 +172,7 @@ def on_four_ranks(rank: int, world: int) -> dict:
 
     return {
         "attention": attention_on_cp_ranks(rank, world),
-        "cp4": engine_scenarios(ParallelSpec(cp=4)),
+        "cp4": engine_scenarios(ParallelSpec(cp=4), critic=False),  # cp2 runs the critic
         "tp2_cp2": engine_scenarios(ParallelSpec(tp=2, cp=2), critic=False),
         "pp2_cp2": engine_scenarios(ParallelSpec(pp=2, cp=2), critic=False),
     }
