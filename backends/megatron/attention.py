@@ -269,6 +269,197 @@ def _per_document(
     return torch.cat(rows) if len(rows) > 1 else rows[0]
 
 
+# ---- context parallelism ----------------------------------------------------------------
+#
+# Under context parallelism (CP) a packed row of ``T`` positions is split over the ``cp``
+# ranks of the CP group and each runs the model on its own positions only. Attention is the
+# one place a token needs the others: the mask is the whole row's, built before the split.
+#
+# * Ulysses (the kv heads of a TP rank divide over CP): the row is split contiguously, an
+#   all-to-all turns sequence shards into head shards, each rank attends the whole row for
+#   ``1 / cp`` of the heads with the ordinary packed kernel, and a second all-to-all turns
+#   the output back into sequence shards.
+# * All-gather K / V (the heads do not divide: e.g. 2 kv heads at tp 2, cp 2): every rank
+#   gathers the whole row's keys and values and attends its own queries over them; the
+#   backward reduce-scatters dK / dV to their owners. The row is cut into ``2 * cp`` chunks
+#   and rank ``r`` takes chunks ``r`` and ``2cp - 1 - r``: causal work grows along the row,
+#   so each rank gets one cheap and one expensive chunk.
+
+
+def ulysses_divides(kv_heads_per_rank: int, cp: int) -> bool:
+    """Whether Ulysses splits the heads of a TP rank over ``cp`` ranks (else K / V gather)."""
+    return kv_heads_per_rank % cp == 0
+
+
+def context_parallel_positions(length: int, cp: int, rank: int, balanced: bool) -> torch.Tensor:
+    """The positions of a row of ``length`` that CP rank ``rank`` holds, in row order:
+    the ``rank``-th of ``cp`` contiguous parts, or (``balanced``) chunks ``rank`` and
+    ``2cp - 1 - rank`` of ``2 * cp``."""
+    parts = 2 * cp if balanced else cp
+    if length % parts:
+        raise ValueError(f"a row of {length} positions does not split into {parts} equal parts")
+    size = length // parts
+    chunks = (rank, parts - 1 - rank) if balanced else (rank,)
+    return torch.cat([torch.arange(c * size, (c + 1) * size) for c in chunks])
+
+
+class _AllToAll(torch.autograd.Function):
+    """All-to-all over dim 0 (``cp`` equal blocks, block ``j`` to rank ``j``); its own
+    adjoint, so the backward is the same exchange of the gradient."""
+
+    @staticmethod
+    def forward(ctx, blocks: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        blocks = blocks.contiguous()
+        out = torch.empty_like(blocks)
+        torch.distributed.all_to_all_single(out, blocks, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _AllToAll.apply(grad, ctx.group), None
+
+
+def _sequence_to_heads(shard: torch.Tensor, group, cp: int) -> torch.Tensor:
+    """``[s, b, h, d]`` (this rank's positions, every head) -> ``[cp * s, b, h / cp, d]``
+    (the whole row, this rank's ``h / cp`` heads)."""
+    s, b, h, d = shard.shape
+    blocks = shard.reshape(s, b, cp, h // cp, d).permute(2, 0, 1, 3, 4)  # by owner of heads
+    return _AllToAll.apply(blocks, group).reshape(cp * s, b, h // cp, d)
+
+
+def _heads_to_sequence(row: torch.Tensor, group, cp: int) -> torch.Tensor:
+    """The inverse of :func:`_sequence_to_heads`: ``[cp * s, b, h / cp, d] -> [s, b, h, d]``."""
+    length, b, heads, d = row.shape
+    blocks = _AllToAll.apply(row.reshape(cp, length // cp, b, heads, d), group)
+    return blocks.permute(1, 2, 0, 3, 4).reshape(length // cp, b, cp * heads, d)
+
+
+class _GatherRow(torch.autograd.Function):
+    """``[s, ...]`` shards at ``order`` (every rank's positions, rank by rank) -> the whole
+    row ``[cp * s, ...]`` in row order on every rank; backward: each rank's positions get
+    the sum of every rank's gradient (a reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor, group, order: torch.Tensor) -> torch.Tensor:
+        cp = torch.distributed.get_world_size(group)
+        ctx.group, ctx.order = group, order
+        gathered = shard.new_empty((cp * shard.shape[0], *shard.shape[1:]))
+        torch.distributed.all_gather_single(gathered, shard.contiguous(), group=group)
+        row = torch.empty_like(gathered)
+        row[order] = gathered
+        return row
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        cp = torch.distributed.get_world_size(ctx.group)
+        by_rank = grad[ctx.order].contiguous()
+        shard = grad.new_empty((by_rank.shape[0] // cp, *by_rank.shape[1:]))
+        torch.distributed.reduce_scatter_single(shard, by_rank, group=ctx.group)
+        return shard, None, None
+
+
+def context_parallel_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: PackedMask,
+    scale: float,
+    group,
+) -> torch.Tensor:
+    """Attention of this CP rank's positions of a packed row (Megatron's layout: ``query
+    [s, b, np, hn]``, ``key`` / ``value [s, b, ng, hn | hv]``, ``mask`` the whole row's):
+    ``[s, b, np, hv]``, what one rank computes at those positions with the whole row.
+
+    Ulysses where ``ng`` divides over the group (contiguous shards), else the K / V
+    all-gather (balanced shards, :func:`context_parallel_positions`).
+    """
+    cp = torch.distributed.get_world_size(group)
+    if ulysses_divides(key.shape[2], cp):
+        q, k, v = (_sequence_to_heads(t, group, cp) for t in (query, key, value))
+        out = attend(*(t.permute(1, 2, 0, 3) for t in (q, k, v)), mask, scale)
+        return _heads_to_sequence(out.permute(2, 0, 1, 3), group, cp)
+    length, rank = mask.ids.shape[-1], torch.distributed.get_rank(group)
+    order = torch.cat(
+        [context_parallel_positions(length, cp, r, balanced=True) for r in range(cp)]
+    ).to(query.device)
+    key, value = (_GatherRow.apply(t, group, order) for t in (key, value))
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+    positions = context_parallel_positions(length, cp, rank, balanced=True)
+    out = _local_queries(q, k, v, mask, positions, scale)
+    return out.permute(2, 0, 1, 3)
+
+
+def _local_queries(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: PackedMask,
+    positions: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Queries at row ``positions`` (``[b, np, s, hn]``) over the whole row's keys and
+    values: one SDPA call per run of consecutive positions inside one document, against
+    that document's keys up to the run's end."""
+    gqa = query.shape[1] != key.shape[1]
+    rows = []
+    for row, pieces in enumerate(_query_pieces(mask, positions, query.device)):
+        parts = []
+        for (local_start, local_end), (key_start, key_end), visible in pieces:
+            q = query[row : row + 1, :, local_start:local_end]
+            k, v = (t[row : row + 1, :, key_start:key_end] for t in (key, value))
+            parts.append(
+                F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=visible, scale=scale, enable_gqa=gqa
+                )
+            )
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows)
+
+
+def _query_pieces(mask: PackedMask, positions: torch.Tensor, device: torch.device) -> list:
+    """Per row, ``((local_start, local_end), (key_start, key_end), visible)`` of each run
+    of ``positions`` inside one document (made once per mask, positions and device)."""
+    cache_key = ("queries", tuple(positions.tolist()), str(device))
+    if cache_key in mask._cache:
+        return mask._cache[cache_key]
+    per_row = []
+    for row, spans in enumerate(mask.spans):
+        pieces = []
+        for local, first, end in _runs(positions.tolist()):
+            for doc_start, doc_end, _ in spans:
+                lo, hi = max(first, doc_start), min(end, doc_end)
+                if lo < hi:
+                    visible = _visible_between(mask, row, (lo, hi), (doc_start, hi))
+                    at = local + lo - first
+                    pieces.append(((at, at + hi - lo), (doc_start, hi), visible.to(device)))
+        per_row.append(pieces)
+    mask._cache[cache_key] = per_row
+    return per_row
+
+
+def _runs(held: list[int]) -> list[tuple[int, int, int]]:
+    """``(index in held, first position, end position)`` of each run of consecutive
+    positions in ``held``."""
+    runs, start = [], 0
+    for i in range(1, len(held) + 1):
+        if i == len(held) or held[i] != held[i - 1] + 1:
+            runs.append((start, held[start], held[i - 1] + 1))
+            start = i
+    return runs
+
+
+def _visible_between(
+    mask: PackedMask, row: int, queries: tuple[int, int], keys: tuple[int, int]
+) -> torch.Tensor:
+    """``[q, k]``: the :class:`PackedMask` rule for row positions ``queries`` x ``keys``."""
+    document, member = mask.document[row].cpu(), mask.member[row].cpu()
+    q, k = torch.arange(*queries).unsqueeze(1), torch.arange(*keys).unsqueeze(0)
+    q_member, k_member = member[queries[0] : queries[1]].unsqueeze(1), member[keys[0] : keys[1]]
+    same_document = document[queries[0] : queries[1]].unsqueeze(1) == document[keys[0] : keys[1]]
+    return (k <= q) & same_document & ((k_member == 0) | (k_member == q_member))
+
+
 def torch_core_attention() -> type:
     """:class:`TorchCoreAttention` (built on first use: Megatron is imported lazily)."""
     return _core_attention_class()
@@ -317,6 +508,7 @@ def _core_attention_class() -> type:
             head_width = k_channels or config.kv_channels
             self.softmax_scale = softmax_scale or head_width**-0.5
             self.layer_number = max(1, layer_number)
+            self.cp_group = _context_parallel_group()
 
         def forward(
             self,
@@ -333,10 +525,37 @@ def _core_attention_class() -> type:
                     "the torch core attention takes its packing as a PackedMask "
                     "attention_mask, not attention_bias / packed_seq_params"
                 )
+            sq, b = query.shape[:2]
+            if self.cp_group is not None:
+                mask = _packed_mask_of(attention_mask)
+                out = context_parallel_attention(
+                    query, key, value, mask, self.softmax_scale, self.cp_group
+                )
+                return out.reshape(sq, b, self.heads * value.shape[-1])
             # Megatron's [s, b, heads, width] -> SDPA's [b, heads, s, width] and back.
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
             out = attend(q, k, v, attention_mask, self.softmax_scale)
-            sq, b = query.shape[:2]
             return out.permute(2, 0, 1, 3).reshape(sq, b, self.heads * value.shape[-1])
 
     return TorchCoreAttention
+
+
+def _context_parallel_group() -> Any:
+    """Megatron's CP group where it has more than one rank (the engine initialises
+    ``parallel_state`` with the real cp and keeps the model config at cp 1), else None."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_context_parallel_group(check_initialized=False)
+    if group is None or torch.distributed.get_world_size(group) == 1:
+        return None
+    return group
+
+
+def _packed_mask_of(attention_mask: Any) -> PackedMask:
+    """The packed row's mask: context parallelism runs packed rows only (the split and the
+    whole row's mask are made by the engine before the model runs)."""
+    if isinstance(attention_mask, PackedMask):
+        return attention_mask
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.long:
+        return PackedMask.of_ids(attention_mask)
+    raise ValueError("context parallelism runs packed rows only: the attention needs a PackedMask")

@@ -71,6 +71,23 @@ def use_transformer_engine() -> bool:
     return True
 
 
+def uses_te_attention(parallel: ParallelSpec) -> bool:
+    """TE's layer spec where TE can run it; context parallelism takes the torch core
+    attention (packed rows; the engine's own CP exchange) even where TE is installed."""
+    return use_transformer_engine() and parallel.cp == 1
+
+
+def _rope_for_the_whole_row(model: nn.Module) -> None:
+    """Rotary embeddings that never cut their frequencies by CP rank: Megatron's slice
+    the sequence for its own CP split when the CP group has several ranks, while here each
+    token's frequencies are picked by its position in the whole row (``packing.rope_at``)."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):  # YaRN's included
+            module.cp_group = None
+
+
 def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> TransformerConfig
     """Megatron ``TransformerConfig`` for ``spec`` under ``parallel``."""
     from megatron.core.transformer import TransformerConfig
@@ -116,7 +133,10 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
         sequence_parallel=parallel.sequence_parallel,
         pipeline_model_parallel_size=parallel.pp,
         num_layers_in_first_pipeline_stage=parallel.first_stage_layers,
-        context_parallel_size=parallel.cp,
+        # Megatron's own CP paths need TransformerEngine: the model runs as if cp were 1
+        # and the torch core attention does the CP exchange (attention.py); the CP group
+        # itself exists (initialize_parallel gets the real cp).
+        context_parallel_size=1,
         expert_model_parallel_size=parallel.ep,
         expert_tensor_parallel_size=parallel.etp,
         normalization="RMSNorm",
@@ -317,7 +337,7 @@ def build_gpt(spec: GPTSpec, parallel: ParallelSpec, value_head: bool = False, s
     device = get_device()
     with megatron_compat(device):
         config = transformer_config(spec, parallel)
-        layer_spec = decoder_block_spec(config, use_transformer_engine())
+        layer_spec = decoder_block_spec(config, uses_te_attention(parallel))
         torch.manual_seed(seed)
         model = GPTModel(
             config=config,
@@ -335,6 +355,7 @@ def build_gpt(spec: GPTSpec, parallel: ParallelSpec, value_head: bool = False, s
                 spec.hidden_size, spec.torch_dtype, parallel.sequence_parallel
             )
         tag_expert_params(model)
+        _rope_for_the_whole_row(model)
     if spec.torch_dtype == torch.float64:  # Megatron's torch norms are built in float32
         model = model.double()
     return model.to(device.device())

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from backends.device import get_device
 from backends.layout import ParamLayout
 from backends.megatron import checkpoint, legacy_checkpoint
+from backends.megatron.attention import ulysses_divides
 from backends.megatron.batch import (
     GlobalCounts,
     MicroBatching,
@@ -37,7 +38,7 @@ from backends.megatron.batch import (
     rows_by_tokens,
     split_to_count,
 )
-from backends.megatron.builder import build_gpt, initialize_parallel, use_transformer_engine
+from backends.megatron.builder import build_gpt, initialize_parallel, uses_te_attention
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
@@ -62,7 +63,7 @@ from backends.megatron.optim import (
     optimizer_state_tensors,
     reduce_gradients,
 )
-from backends.megatron.packing import pack_micro_batch, prompt_groups
+from backends.megatron.packing import ContextSplit, pack_micro_batch, prompt_groups
 from backends.megatron.pipeline import (
     MicroBatch,
     megatron_schedule,
@@ -113,10 +114,16 @@ class MegatronEngine:
             document: the prompt runs once (``packing.py``).
         pack: run each micro-batch as one packed row of documents, no padding between
             rows, where the attention takes a ``PackedMask`` (the torch core attention:
-            every device without TransformerEngine); :attr:`packs` says if it does.
-            Otherwise (TE, or ``pack=False``) right-padded rows with the causal mask.
+            every device without TransformerEngine, and every device under context
+            parallelism); :attr:`packs` says if it does. Otherwise (TE, or
+            ``pack=False``) right-padded rows with the causal mask.
         lora: train LoRA adapters on a frozen base (``lora.py``) instead of the weights;
             the optimizer then holds the adapters only. ``None`` (or rank 0): full weights.
+
+    Under context parallelism (``parallel.cp > 1``) each packed row is split over the CP
+    ranks (``ContextSplit``); each rank scores the response tokens whose scoring position
+    it holds and the CP group sums those outputs (:func:`_combined_over_context_parallel`),
+    so every CP rank holds the whole micro-batch's outputs and computes the same loss.
     """
 
     def __init__(
@@ -134,7 +141,9 @@ class MegatronEngine:
         self.value_head = value_head
         self.device = get_device()
         # TE's fused attention is built for the causal mask type: it gets padded rows.
-        self.packs = pack and not use_transformer_engine()
+        self.packs = pack and not uses_te_attention(parallel)
+        if parallel.cp > 1 and not self.packs:
+            raise ValueError("context parallelism (cp > 1) splits packed rows: pass pack=True")
         self.share_prompts = share_prompts and self.packs
         initialize_parallel(parallel, seed)
         self.model = build_gpt(spec, parallel, value_head=value_head, seed=seed)
@@ -161,15 +170,16 @@ class MegatronEngine:
 
     # ---- layout ----------------------------------------------------------------------
     def data_parallel_rank(self) -> int:
-        """This rank's data-parallel index: ranks with the same index hold the same data."""
+        """This rank's data-parallel index: ranks with the same index hold the same data
+        (the CP ranks of a replica too: they split each row, not the batch)."""
         from megatron.core import parallel_state as ps
 
-        return ps.get_data_parallel_rank(with_context_parallel=True)
+        return ps.get_data_parallel_rank()
 
     def data_parallel_size(self) -> int:
         from megatron.core import parallel_state as ps
 
-        return ps.get_data_parallel_world_size(with_context_parallel=True)
+        return ps.get_data_parallel_world_size()
 
     def is_data_leader(self) -> bool:
         """First TP, PP and CP rank of its data-parallel replica (writes results once)."""
@@ -294,11 +304,17 @@ class MegatronEngine:
             per_window = {"logprobs": vocab_parallel_logprobs(output, micro.tokens, vocab)}
             if with_entropy:
                 per_window["entropy"] = vocab_parallel_entropy(output, vocab)
+        held = micro.held()
+        if held is not None:
+            per_window = {
+                k: _combined_over_context_parallel(v, held) for k, v in per_window.items()
+            }
         return {k: micro.batch.spread(v) for k, v in per_window.items()}
 
     def _micro_batches(self, batch: ResponseBatch, rows: list[Rows]) -> list[_Scored]:
-        multiple = sequence_multiple(self.model)
-        layout = (self.packs, self.share_prompts, multiple)
+        split = self._context_split()
+        multiple = sequence_multiple(self.model) * (split.parts if split else 1)
+        layout = (self.packs, self.share_prompts, multiple, split)
         return [
             _Scored.of(batch.rows(index).to(self.device.device()), self.value_head, *layout)
             for index in rows
@@ -335,6 +351,17 @@ class MegatronEngine:
                 f"max_tokens_per_micro_batch under expert parallelism: {error} (another "
                 "data-parallel rank needs that many); raise the budget or the batch"
             ) from error
+
+    def _context_split(self) -> ContextSplit | None:
+        """How this rank's packed rows are split over its CP group (None: cp 1)."""
+        from megatron.core import parallel_state as ps
+
+        cp = self.parallel.cp
+        if cp == 1:
+            return None
+        heads = self.spec.num_attention_heads if self.spec.uses_mla else self.spec.num_query_groups
+        balanced = not ulysses_divides(heads // self.parallel.tp, cp)
+        return ContextSplit(cp, ps.get_context_parallel_rank(), balanced)
 
     def _run(self, micro_batches: list[_Scored], head, train: bool) -> list[Any]:
         on_cpu = self.device.torch_device_type == "cpu"
@@ -386,7 +413,7 @@ class MegatronEngine:
     # ---- training ----------------------------------------------------------------------
     def global_counts(self, batch: ResponseBatch) -> GlobalCounts:
         """Response tokens and rows of this DP rank's ``batch`` summed over all DP ranks
-        (collective; one all-reduce for both)."""
+        (collective; one all-reduce for both). CP ranks hold the same rows: not summed."""
 
         tokens, sequences = self._sum_over_data_parallel(
             [batch.response_mask.double().sum(), len(batch)]
@@ -399,7 +426,7 @@ class MegatronEngine:
 
         sums = torch.tensor([float(v) for v in values], dtype=torch.double)
         sums = sums.to(self.device.device())
-        dist.all_reduce(sums, group=ps.get_data_parallel_group(with_context_parallel=True))
+        dist.all_reduce(sums, group=ps.get_data_parallel_group())
         return sums.tolist()
 
     def _token_use(self, micro_batches: list[_Scored]) -> dict[str, float]:
@@ -407,7 +434,7 @@ class MegatronEngine:
         over the whole global batch: ``train_tokens_per_real_token`` is their ratio."""
         computed, real = self._sum_over_data_parallel(
             [
-                sum(m.input_ids.numel() for m in micro_batches),
+                sum(m.computed_tokens for m in micro_batches),
                 sum(m.real_tokens for m in micro_batches),
             ]
         )
@@ -501,8 +528,8 @@ class MegatronEngine:
         from megatron.core import parallel_state as ps
 
         total = sum(losses, torch.zeros(())).to(self.device.device()).double()
-        if ps.get_tensor_model_parallel_rank() != 0:
-            total.zero_()  # every TP rank holds the same loss
+        if ps.get_tensor_model_parallel_rank() != 0 or ps.get_context_parallel_rank() != 0:
+            total.zero_()  # every TP and CP rank holds the same loss
         dist.all_reduce(total)
         return float(total)
 
@@ -702,26 +729,66 @@ class _Scored(MicroBatch):
     positions: torch.Tensor  # [b, W] (packed: [1, b * W]) the outputs that score the tokens
     tokens: torch.Tensor  # [b, W] those tokens
     real_tokens: int  # the tokens the forward's positions hold (a shared prompt once)
+    computed_tokens: int  # the positions the forward computes over its CP group (pads too)
 
     @classmethod
     def of(
-        cls, batch: ResponseBatch, value_head: bool, pack: bool, share_prompts: bool, multiple: int
+        cls,
+        batch: ResponseBatch,
+        value_head: bool,
+        pack: bool,
+        share_prompts: bool,
+        multiple: int,
+        split: ContextSplit | None = None,
     ) -> _Scored:
-        """``batch`` laid out for the model: packed, or rows right-padded to ``multiple``."""
+        """``batch`` laid out for the model: packed (this CP rank's shard of the row under
+        ``split``), or rows right-padded to ``multiple``."""
         positions, tokens = batch.response_window()
         if pack:
             packed = pack_micro_batch(batch, share_prompts, multiple)
+            computed = packed.input_ids.numel()
+            packed = split.shard(packed) if split is not None else packed
             ids, positions, real = packed.input_ids, packed.logit_positions, packed.real_tokens
         else:
             packed, ids = None, pad_to_multiple(batch.input_ids, multiple)
-            real = int((batch.response_start + batch.response_len).sum())
+            real, computed = int((batch.response_start + batch.response_len).sum()), ids.numel()
         # A critic's value head is one hidden -> 1 product: it runs at every position.
         logit_positions = None if value_head else positions
-        return cls(ids, logit_positions, packed, batch, positions, tokens, real)
+        return cls(ids, logit_positions, packed, batch, positions, tokens, real, computed)
 
     def per_row(self, per_position: torch.Tensor) -> torch.Tensor:
         """Outputs at :attr:`positions` -> ``[b, W, ...]`` in the batch's row order."""
         return per_position if self.packed is None else self.packed.unpack(per_position)
+
+    def held(self) -> torch.Tensor | None:
+        """``[b, W]``: the slots this CP rank scores (None: not context parallel)."""
+        if self.packed is None or self.packed.held is None:
+            return None
+        return self.per_row(self.packed.held)
+
+
+class _SumOverContextParallel(torch.autograd.Function):
+    """All-reduce over the CP group forward, identity backward: every CP rank computes the
+    same loss from the summed outputs, and each rank's backward reaches only the outputs it
+    computed itself (the others are zeros there), so gradients summed over CP are whole."""
+
+    @staticmethod
+    def forward(ctx, per_slot: torch.Tensor) -> torch.Tensor:
+        from megatron.core import parallel_state as ps
+
+        summed = per_slot.clone()
+        dist.all_reduce(summed, group=ps.get_context_parallel_group())
+        return summed
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _combined_over_context_parallel(per_slot: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """``[b, W]`` outputs of the slots this CP rank ``held``, zeros elsewhere, summed over
+    the CP group: each slot is held by exactly one rank."""
+    return _SumOverContextParallel.apply(torch.where(held, per_slot, torch.zeros_like(per_slot)))
 
 
 def in_row_order(

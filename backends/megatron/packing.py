@@ -49,6 +49,10 @@ class PackedRow:
             of ``ResponseBatch.response_window``, moved into the packed row).
         width: ``W``, the longest response of the micro-batch (at least 1).
         real_tokens: ``T`` without the tail pad.
+        held: ``[1, B * W]`` on a context-parallel shard (:meth:`ContextSplit.shard`):
+            True for the slots whose scoring position this rank holds (the other slots'
+            :attr:`logit_positions` point at position 0 and their outputs are zeroed);
+            None for a whole row.
     """
 
     input_ids: torch.Tensor
@@ -57,6 +61,7 @@ class PackedRow:
     logit_positions: torch.Tensor
     width: int
     real_tokens: int
+    held: torch.Tensor | None = None
 
     def unpack(self, per_slot: torch.Tensor) -> torch.Tensor:
         """Outputs ``[1, B * W, ...]`` at :attr:`logit_positions` -> ``[B, W, ...]``."""
@@ -136,6 +141,53 @@ def pack_micro_batch(batch: ResponseBatch, share_prompts: bool, multiple: int = 
     )
 
 
+@dataclass(frozen=True)
+class ContextSplit:
+    """How a packed row is split over the ``size`` ranks of a context-parallel group.
+
+    The row is built whole first (mask, each token's position in its document, the
+    positions that score each response token: labels shift on the whole row, so a token
+    scored by the previous shard's last output is scored there), then each rank keeps its
+    own positions (:func:`~backends.megatron.attention.context_parallel_positions`:
+    contiguous for Ulysses, ``2 * size`` balanced chunks for the K / V gather).
+
+    Attributes:
+        size: ranks of the CP group.
+        rank: this rank's index in it.
+        balanced: the K / V all-gather's chunks (the kv heads do not divide over ``size``).
+    """
+
+    size: int
+    rank: int
+    balanced: bool
+
+    @property
+    def parts(self) -> int:
+        """Equal parts the row is cut into (what its length must be a multiple of)."""
+        return 2 * self.size if self.balanced else self.size
+
+    def shard(self, row: PackedRow) -> PackedRow:
+        """This rank's positions of ``row``: ids, positions and scoring slots; the mask
+        stays the whole row's (the attention needs every token's document)."""
+        from backends.megatron.attention import context_parallel_positions
+
+        length = row.input_ids.shape[1]
+        positions = context_parallel_positions(length, self.size, self.rank, self.balanced)
+        positions = positions.to(row.input_ids.device)
+        local = torch.full((length,), -1, dtype=torch.long, device=positions.device)
+        local[positions] = torch.arange(len(positions), device=positions.device)
+        at = local[row.logit_positions]
+        return PackedRow(
+            row.input_ids[:, positions],
+            row.position_ids[:, positions],
+            row.mask,
+            at.clamp(min=0),
+            row.width,
+            row.real_tokens,
+            held=at >= 0,
+        )
+
+
 @contextlib.contextmanager
 def rope_at(model: nn.Module, position_ids: torch.Tensor | None) -> Iterator[None]:
     """While active, every rotary embedding of ``model`` rotates token ``(b, s)`` by
@@ -153,6 +205,14 @@ def rope_at(model: nn.Module, position_ids: torch.Tensor | None) -> Iterator[Non
         yield
         return
     index = position_ids.t().contiguous()  # [s, b]
+    # A context-parallel shard's positions run past its own length: the frequencies must
+    # reach the largest position, not the shard's length Megatron asks for.
+    needed = int(position_ids.max()) + 1
+
+    def long_enough(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (max(args[0], needed), *args[1:]), kwargs
+        return args, {**kwargs, "max_seq_len": max(kwargs["max_seq_len"], needed)}
 
     def per_token(module: nn.Module, args: tuple, output):
         freqs, *rest = output if isinstance(output, tuple) else (output,)
@@ -160,6 +220,9 @@ def rope_at(model: nn.Module, position_ids: torch.Tensor | None) -> Iterator[Non
         return (freqs, *rest) if isinstance(output, tuple) else freqs
 
     handles = [rotary.register_forward_hook(per_token) for rotary in rotaries]
+    handles += [
+        rotary.register_forward_pre_hook(long_enough, with_kwargs=True) for rotary in rotaries
+    ]
     try:
         yield
     finally:

@@ -152,7 +152,8 @@ class ParallelSpec:
     Attributes:
         tp: tensor parallel size.
         pp: pipeline parallel size.
-        cp: context parallel size; must be 1 (see :func:`validate`).
+        cp: context parallel size: each packed row is split over ``cp`` ranks, whose
+            attention exchanges what it needs (``attention.py``).
         ep: expert parallel size.
         etp: expert tensor parallel size.
         first_stage_layers: layers of the first pipeline stage when they differ from the
@@ -195,13 +196,3 @@ def validate(spec: GPTSpec, parallel: ParallelSpec) -> None:
     """
     if spec.dtype not in DTYPES:
         raise ValueError(f"GPTSpec.dtype '{spec.dtype}' is unknown; choose one of {list(DTYPES)}")
-    if parallel.cp > 1:
-        # Megatron-core 0.16's local DotProductAttention asserts cp == 1; only TE's
-        # attention implements CP, and the engine neither splits sequences over CP ranks
-        # (Megatron's load-balanced 2*cp chunks) nor gathers their log-probs.
-        raise ValueError(
-            f"cp={parallel.cp}: context parallelism is not supported by this engine (it needs "
-            "TransformerEngine attention, which has no CPU kernels, and CP sequence "
-            "splitting the engine does not do); set cp=1 and use tp (sequence parallel "
-            "is on with tp > 1), pp or dp instead"
-        )

@@ -50,6 +50,7 @@ def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = No
     problems += check_lengths(config)
     problems += check_ignored_role_settings(config)
     problems += check_lora(config)
+    problems += check_context_parallel(config)
     problems += check_validation(config, algorithm)
     placement = placement_problems(config)
     problems += placement
@@ -326,6 +327,30 @@ def check_ignored_role_settings(config: MindRLConfig) -> list[str]:
         for key, why in settings.items():
             if getattr(section, key) != getattr(defaults, key):
                 problems.append(f"{role}.{key}: {why}, so this setting has no effect; remove it")
+    return problems
+
+
+#: What context parallelism (``parallel.cp > 1``) does not run with yet: (applies to the
+#: config, what to name). Multi-latent attention: its per-layer YaRN rotary and its
+#: q / k wider than v are untested with the CP attention.
+CONTEXT_PARALLEL_LIMITS = (
+    (lambda config, role: config.model.uses_mla, "a multi-latent-attention model"),
+)
+
+
+def check_context_parallel(config: MindRLConfig) -> list[str]:
+    """A role's ``parallel.cp > 1`` with what CP does not support yet, one line each."""
+    problems = []
+    for role in ("actor", "reference", "critic"):
+        cp = getattr(config, role).parallel.cp
+        if cp == 1:
+            continue
+        for applies, what in CONTEXT_PARALLEL_LIMITS:
+            if applies(config, role):
+                problems.append(
+                    f"{role}.parallel.cp={cp} with {what} is not supported yet; "
+                    f"set {role}.parallel.cp=1"
+                )
     return problems
 
 

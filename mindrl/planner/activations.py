@@ -22,9 +22,12 @@ lists them. In elements of the model's dtype unless said:
   a mask).
 
 Under tensor parallelism (with sequence parallelism) every per-token term is split over
-TP. With ``activation_checkpointing`` only each layer's input is kept, and backward
-recomputes one layer at a time. On a pipeline of accelerators Megatron's 1F1B schedule
-keeps up to ``pp`` micro-batches in flight on the first stage; the CPU runs one.
+TP; under context parallelism each CP rank runs ``1 / cp`` of a micro-batch's packed row
+and scores the response tokens there, so tokens and logits divide by ``cp`` (the shared-
+prompt mask stays the whole row's). With ``activation_checkpointing`` only each layer's
+input is kept, and backward recomputes one layer at a time. On a pipeline of accelerators
+Megatron's 1F1B schedule keeps up to ``pp`` micro-batches in flight on the first stage;
+the CPU runs one.
 """
 
 from __future__ import annotations
@@ -112,6 +115,12 @@ def packed_tokens(config: MindRLConfig, role: RoleConfig, rows: int) -> int:
     return -(-rows // per_prompt) * prompt + rows * response
 
 
+def per_context_parallel_rank(shape: MicroBatchShape, cp: int) -> MicroBatchShape:
+    """What one of ``cp`` ranks runs of ``shape``: its share of the (packed) row and of
+    the positions that score response tokens."""
+    return MicroBatchShape(shape.rows, -(-shape.seq // cp), -(-shape.logit_positions // cp))
+
+
 def micro_batches_per_step(config: MindRLConfig, role: RoleConfig) -> int:
     samples = samples_per_step(config, role)
     if role.max_tokens_per_micro_batch is None:
@@ -195,7 +204,8 @@ def activation_bytes(config: MindRLConfig, role_name: str = "actor") -> int:
     in flight there."""
     model, role = config.model, getattr(config, role_name)
     parallel = role.parallel
-    shape = micro_batch_shape(config, role)
+    whole = micro_batch_shape(config, role)
+    shape = per_context_parallel_rank(whole, parallel.cp)
     packed = shares_prompts(config, role) and config.data.n_samples_per_prompt > 1
     dtype = DTYPE_BYTES[model.dtype]
     stages = stage_layer_counts(parallel, model.num_layers)
@@ -207,7 +217,7 @@ def activation_bytes(config: MindRLConfig, role_name: str = "actor") -> int:
             layer_bytes_per_token(model, layer, shape.seq, parallel.tp, packed)
             for layer in range(first_layer[index], first_layer[index] + layers)
         ]
-        mask = mask_bytes_per_layer(config, shape, packed)
+        mask = mask_bytes_per_layer(config, whole, packed)
         if role.activation_checkpointing:  # layer inputs kept, one layer recomputed
             kept = layers * model.hidden_size * dtype / parallel.tp + max(per_token, default=0)
             masks = mask

@@ -355,3 +355,24 @@ def test_the_token_budget_is_inherited_as_the_rest_of_the_actors_micro_batching(
     assert config.reference.max_tokens_per_micro_batch == 4096
     assert config.critic.max_tokens_per_micro_batch == 4096
     assert load_config(None).actor.max_tokens_per_micro_batch is None
+
+
+def test_context_parallelism_is_accepted_for_every_role_and_counts_in_the_world():
+    overrides = ["resources.devices_per_node=4"] + [
+        f"{role}.parallel.{key}={value}"
+        for role in ("actor", "reference", "critic")
+        for key, value in (("tp", 1), ("cp", 2))
+    ]
+    config = load_config(CONFIGS / "tiny.yaml", overrides, algorithm=get_algorithm("ppo"))
+    assert config.actor.parallel.cp == config.critic.parallel.cp == 2
+
+
+def test_context_parallelism_with_multi_latent_attention_is_refused_in_one_line():
+    problems = problems_of(CONFIGS / "tiny_deepseek.yaml", ["actor.parallel.cp=2"])
+    assert any(
+        p.endswith(
+            "actor.parallel.cp=2 with a multi-latent-attention model is not supported "
+            "yet; set actor.parallel.cp=1"
+        )
+        for p in problems
+    ), problems

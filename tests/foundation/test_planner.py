@@ -324,3 +324,21 @@ def test_the_dry_run_names_the_micro_batch_s_tokens_and_its_budget():
     report = build_plan(config, build_run_plan(grpo, config), "cpu", 16 * GIB, 64 * GIB)
     assert report["memory"]["training"]["micro_batch_tokens"] == 256
     assert "train: activations (one micro-batch of 256 tokens, budget 256)" in printed(report)
+
+
+def test_context_parallelism_divides_a_ranks_activations_and_the_plan_shows_cp_and_dp():
+    from mindrl.planner.activations import activation_bytes
+    from tests.foundation.plans import TINY, dry_run
+
+    long = [
+        "model.max_position_embeddings=4096",
+        "rollout.max_prompt_length=512",
+        "rollout.max_response_length=2048",
+        "actor.share_prompts=false",  # a shared prompt's mask is the whole row's on every rank
+    ]
+    one = load_config(CONFIGS / "tiny.yaml", [*long, "actor.parallel.tp=1"])
+    two = load_config(CONFIGS / "tiny.yaml", [*long, "actor.parallel.tp=1", "actor.parallel.cp=2"])
+    assert activation_bytes(two) < 0.6 * activation_bytes(one)
+    plan = dry_run("grpo", TINY, "actor.parallel.tp=1", "actor.parallel.cp=2")
+    layout = plan["training_layouts"]["actor"]
+    assert (layout["tp"], layout["cp"], layout["dp"]) == (1, 2, 1)

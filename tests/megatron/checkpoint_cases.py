@@ -81,6 +81,7 @@ ON_TWO_RANKS = {
     "same_dp2": Move("dense", {}, "distributed", {}, "distributed"),
     "same_tp2": Move("dense", {"tp": 2}, "adamw", {"tp": 2}, "adamw"),
     "bf16_dp2_to_tp2": Move("bf16", {}, "distributed", {"tp": 2}, "distributed"),
+    "cp2_to_cp1": Move("dense", {"cp": 2}, "adamw", {}, "adamw"),
 }
 #: Written on one rank (``ONE_RANK_SAVES``), resumed on two.
 BACK_ON_TWO_RANKS = {
@@ -88,6 +89,7 @@ BACK_ON_TWO_RANKS = {
     "pp1_to_pp2": Move("dense", {}, "adamw", {"pp": 2}, "distributed"),
     "ep1_to_ep2": Move("moe", {}, "adamw", {"ep": 2}, "adamw"),
     "dp1_to_dp2": Move("dense", {}, "adamw", {}, "distributed"),
+    "cp1_to_cp2": Move("dense", {}, "adamw", {"cp": 2}, "distributed"),
 }
 ONE_RANK_SAVES = ("dense", "moe")
 

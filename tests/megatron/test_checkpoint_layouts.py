@@ -1,8 +1,8 @@
 """Checkpoints are sharded and layout-free: each rank writes its part of the canonical
-full tensors once over replicas, and a run saved at one TP / PP / EP / DP layout, with
-either optimizer, resumes at another holding exactly the same tensors and training on as
-the uninterrupted run; format-2 checkpoints still resume; loading runs no code, and a
-corrupt checkpoint is named with the step before it."""
+full tensors once over replicas (CP ranks are replicas too), and a run saved at one TP /
+PP / EP / DP / CP layout, with either optimizer, resumes at another holding exactly the
+same tensors and training on as the uninterrupted run; format-2 checkpoints still resume;
+loading runs no code, and a corrupt checkpoint is named with the step before it."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_a_resumed_run_trains_on_as_the_uninterrupted_run(moves, move):
     )
 
 
-@pytest.mark.parametrize("move", ["same_dp2", "tp2_to_tp1", "ep2_to_ep1"])
+@pytest.mark.parametrize("move", ["same_dp2", "tp2_to_tp1", "ep2_to_ep1", "cp2_to_cp1"])
 def test_every_rank_writes_its_part_once_and_no_replica_writes_it_again(moves, move):
     root, _, _ = moves
     shards = _saved_dir(root, move) / checkpoint.SHARDS

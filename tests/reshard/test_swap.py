@@ -138,3 +138,19 @@ def test_whole_vocab_generation_ranks_get_full_embedding_and_output_layer_and_sp
                 assert torch.equal(shard, expected), (rank, name)
         resharder.swap_in()
     assert vocab_seen >= 4  # every rank held at least one whole vocabulary tensor
+
+
+def test_cp_ranks_hold_the_same_weights_and_gather_exactly_what_dp_replicas_gather():
+    gen = GenLayout(4, tp=2)
+    at_cp2, at_dp2 = TrainLayout(4, tp=2, cp=2), TrainLayout(4, tp=2)
+    for rank in range(gen.world):
+        full, cp = _simulated(AllgatherSwapResharder, DENSE, at_cp2, gen, rank)
+        _, dp = _simulated(AllgatherSwapResharder, DENSE, at_dp2, gen, rank)
+        # Each rank gathers over its own TP group only: a CP replica's copy never moves.
+        assert [len(b.rows) for b in cp.buckets] == [at_cp2.tp] * len(cp.buckets)
+        assert [b.row_numel for b in cp.buckets] == [b.row_numel for b in dp.buckets]
+        out = cp.reshard()
+        for name, shard in out.items():
+            expected = expected_generation_shard(full[name], cp.layouts[name], gen, rank)
+            assert torch.equal(shard, expected), (rank, name)
+        cp.swap_in()

@@ -485,7 +485,8 @@ def _announce(run: RunState, device_name: str) -> None:
     nodes = len({w.node_id for w in run.dock_handle.warehouses})
     lines = [
         f"mindrl-train {run.trainer}: {config.world_size} {device_name} ranks; actor TP{actor.tp} "
-        f"PP{actor.pp} DP{len(set(run.dp_ranks['actor']))} -> "
+        f"PP{actor.pp} {f'CP{actor.cp} ' if actor.cp > 1 else ''}"
+        f"DP{len(set(run.dp_ranks['actor']))} -> "
         + (
             # Which pairs and how many: a file that is not the one meant shows here.
             f"no generation ({len(run.dataset.records)} stored pairs from {config.data.source})"
