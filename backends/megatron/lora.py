@@ -48,13 +48,18 @@ from backends.megatron.layouts import (
 )
 
 #: Target name (``actor.lora.targets``) -> the Megatron linear it wraps in every layer.
-TARGETS = {
+LAYER_TARGETS = {
     "qkv": "linear_qkv",
     "proj": "linear_proj",
     "fc1": "linear_fc1",
     "fc2": "linear_fc2",
 }
-DEFAULT_TARGETS = tuple(TARGETS)
+#: The output layer (logits) is an opt-in target: a pretrained base's head already
+#: speaks the language, but a base whose head was never trained (a random-init model)
+#: bounds every token's probability with it frozen (docs/architecture.md §13).
+OUTPUT_TARGET, OUTPUT_LAYER = "output", "output_layer"
+TARGETS = {**LAYER_TARGETS, OUTPUT_TARGET: OUTPUT_LAYER}
+DEFAULT_TARGETS = tuple(LAYER_TARGETS)
 ADAPTER = "lora"  # the child module's name inside a wrapped linear
 ROUTED_EXPERTS = ".experts."
 
@@ -126,18 +131,22 @@ class LoRAAdapter(nn.Module):
         # module doc); Megatron's tag for "sum over TP" is the sequence-parallel one.
         replicated.sequence_parallel = sequence_parallel
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The adapter's part of the wrapped layer's output for the layer's input ``x``."""
+    def forward(self, x: torch.Tensor, sequence_parallel: bool | None = None) -> torch.Tensor:
+        """The adapter's part of the wrapped layer's output for the layer's input ``x``
+        (``sequence_parallel``: whether ``x`` is split over the sequence right now, which
+        the logit window turns off on the output layer; ``None``: the model's setting)."""
         from megatron.core import tensor_parallel as tp
 
+        if sequence_parallel is None:
+            sequence_parallel = self.sequence_parallel
         if self.column:
-            if self.sequence_parallel:
+            if sequence_parallel:
                 x = tp.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True)
             else:
                 x = tp.copy_to_tensor_model_parallel_region(x)
             return self.scale * (self.dropout(x) @ self.A.t()) @ self.B.t()
         inner = self.dropout(x) @ self.A.t()
-        if self.sequence_parallel:
+        if sequence_parallel:
             inner = tp.reduce_scatter_to_sequence_parallel_region(inner)
         else:
             inner = tp.reduce_from_tensor_model_parallel_region(inner)
@@ -157,7 +166,8 @@ def _add_adapter_output(module: nn.Module, args: tuple, output: tuple) -> tuple:
     if not adapter.enabled:
         return output
     out, bias = output
-    return out + adapter(args[0]).to(out.dtype), bias
+    now = getattr(module, "sequence_parallel", None)
+    return out + adapter(args[0], now).to(out.dtype), bias
 
 
 def add_adapters(model: nn.Module, spec: LoRASpec, seed: int) -> list[str]:
@@ -173,6 +183,13 @@ def add_adapters(model: nn.Module, spec: LoRASpec, seed: int) -> list[str]:
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
     validate_targets(spec.targets)
+    tied = getattr(model, "share_embeddings_and_output_weights", False)
+    if OUTPUT_TARGET in spec.targets and tied:
+        raise ValueError(
+            "lora target 'output': this model's output layer is its input embedding "
+            "(tied), so an adapter merged into it would change the embedding too; "
+            "remove 'output' from actor.lora.targets"
+        )
     sequence_parallel = bool(model.config.sequence_parallel)
     for param in model.parameters():
         param.requires_grad_(False)
@@ -191,9 +208,8 @@ def add_adapters(model: nn.Module, spec: LoRASpec, seed: int) -> list[str]:
         module.register_forward_hook(_add_adapter_output)
         wrapped.append(name)
         found[target] += 1
-    stage_has_layers = any(".layers." in n for n, _ in model.named_modules())
-    missing = [t for t, n in found.items() if n == 0]
-    if missing and stage_has_layers:
+    missing = [t for t, n in found.items() if n == 0 and _stage_should_hold(model, t)]
+    if missing:
         raise ValueError(
             f"lora targets {missing} match no linear of this model "
             f"(its layers have {sorted(_linear_kinds(model))}); remove them from actor.lora.targets"
@@ -203,10 +219,21 @@ def add_adapters(model: nn.Module, spec: LoRASpec, seed: int) -> list[str]:
 
 
 def _target_of(module_name: str, targets: tuple[str, ...]) -> str | None:
+    leaf = module_name.rsplit(".", 1)[-1]
+    if leaf == OUTPUT_LAYER:
+        return OUTPUT_TARGET if OUTPUT_TARGET in targets else None
     if ROUTED_EXPERTS in module_name or ".layers." not in f".{module_name}":
         return None
-    leaf = module_name.rsplit(".", 1)[-1]
     return next((t for t in targets if TARGETS[t] == leaf), None)
+
+
+def _stage_should_hold(model: nn.Module, target: str) -> bool:
+    """Whether this pipeline stage has the linear ``target`` names (the output layer is
+    on the last stage only; a stage may hold no layers at all)."""
+    names = [n for n, _ in model.named_modules()]
+    if target == OUTPUT_TARGET:
+        return any(n.rsplit(".", 1)[-1] == OUTPUT_LAYER for n in names)
+    return any(".layers." in f".{n}" for n in names)
 
 
 def _linear_kinds(model: nn.Module) -> set[str]:

@@ -24,6 +24,7 @@ from mindrl.config.layout import (
     resolve_layout,
 )
 from mindrl.config.schema import (
+    LORA_OUTPUT_TARGET,
     LORA_TARGETS,
     AlgorithmConfig,
     DataConfig,
@@ -294,7 +295,7 @@ def check_lora(config: MindRLConfig) -> list[str]:
     lora, parallel = config.actor.lora, config.actor.parallel
     if not lora.enabled:
         return []
-    choices = ", ".join(LORA_TARGETS)
+    choices = ", ".join((*LORA_TARGETS, LORA_OUTPUT_TARGET))
     problems = []
     for target in lora.targets:
         if "expert" in target:
@@ -302,8 +303,13 @@ def check_lora(config: MindRLConfig) -> list[str]:
                 f"actor.lora.targets: '{target}': MoE experts take no adapters; "
                 f"choose from {choices}"
             )
-        elif target not in LORA_TARGETS:
+        elif target not in (*LORA_TARGETS, LORA_OUTPUT_TARGET):
             problems.append(f"actor.lora.targets: unknown '{target}'; choose from {choices}")
+    if LORA_OUTPUT_TARGET in lora.targets and config.model.tie_word_embeddings:
+        problems.append(
+            "actor.lora.targets: 'output' on a model whose output layer is its input "
+            "embedding (model.tie_word_embeddings) would change the embedding too; remove it"
+        )
     if not lora.targets:
         problems.append("actor.lora.targets is empty: name at least one of qkv, proj, fc1, fc2")
     if parallel.cp > 1:

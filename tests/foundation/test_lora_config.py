@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mindrl.config import ConfigError, load_config
+from mindrl.config.schema import LoRAConfig
 from mindrl.config.specs import engine_specs
 from mindrl.run_plan import build_run_plan
 from trainers.registry import get_algorithm
 
+TINY = Path(__file__).parents[2] / "configs" / "tiny.yaml"
 
-def config_for(*overrides: str, trainer: str = "grpo"):
-    return load_config(None, list(overrides), algorithm=get_algorithm(trainer))
+
+def config_for(*overrides: str, trainer: str = "grpo", path: Path | None = None):
+    return load_config(path, list(overrides), algorithm=get_algorithm(trainer))
 
 
 def problems_of(*overrides: str) -> list[str]:
@@ -20,13 +25,18 @@ def problems_of(*overrides: str) -> list[str]:
     return err.value.problems
 
 
-def test_rank_alone_gives_the_four_linears_alpha_twice_the_rank_and_the_adapter_rate():
-    config = config_for("actor.lora.rank=8")
+def test_the_default_targets_are_the_four_linears_of_every_layer():
+    assert LoRAConfig().targets == ["qkv", "proj", "fc1", "fc2"]
+
+
+def test_rank_alone_on_tiny_adds_its_output_layer_alpha_twice_the_rank_and_the_adapter_rate():
+    config = config_for("actor.lora.rank=8", path=TINY)
     layout = build_run_plan(get_algorithm("grpo"), config).layout.training["actor"]
     specs = engine_specs(config.actor, layout, total_steps=10)
-    assert specs.lora.targets == ("qkv", "proj", "fc1", "fc2")
+    # The tiny recipe's random-init head must learn too: it names the output layer.
+    assert specs.lora.targets == ("qkv", "proj", "fc1", "fc2", "output")
     assert (specs.lora.rank, specs.lora.alpha, specs.lora.dropout) == (8, 16.0, 0.0)
-    assert specs.optim.lr == 5e-3  # not optim.lr: the optimizer holds the adapters only
+    assert specs.optim.lr == 2e-3  # not optim.lr: the optimizer holds the adapters only
     assert engine_specs(config.actor, layout, total_steps=None).lora is None  # scoring only
 
 
@@ -57,6 +67,10 @@ def test_a_lora_actor_with_a_kl_term_places_no_reference_and_scores_it_itself():
         (["actor.lora.targets=[qkv,experts]"], "MoE experts take no adapters"),
         (["actor.lora.targets=[qkv,gate]"], "actor.lora.targets: unknown 'gate'"),
         (["reference.lora.rank=4"], "reference.lora: only the actor trains adapters"),
+        (
+            ["actor.lora.targets=[qkv,output]", "model.tie_word_embeddings=true"],
+            "actor.lora.targets: 'output' on a model whose output layer is its input embedding",
+        ),
     ],
 )
 def test_what_lora_cannot_do_is_refused_in_one_line_at_load(overrides, problem):

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec
 from backends.megatron.builder import destroy_parallel
 from backends.megatron.checkpoint import CheckpointError
-from backends.megatron.lora import LoRASpec
+from backends.megatron.lora import DEFAULT_TARGETS, OUTPUT_TARGET, LoRASpec
 from backends.megatron.sharding import gather_full_state_dict
 from tests.megatron.cases import (
     DENSE,
@@ -22,8 +22,9 @@ from tests.megatron.cases import (
     train_steps,
 )
 
-SPEC = dataclasses.replace(DENSE, dtype="float64")
-LORA = LoRASpec(rank=4, alpha=8.0)
+#: Untied, so the output layer takes an adapter too (on the last pipeline stage only).
+SPEC = dataclasses.replace(DENSE, dtype="float64", tie_word_embeddings=False)
+LORA = LoRASpec(rank=4, alpha=8.0, targets=(*DEFAULT_TARGETS, OUTPUT_TARGET))
 OPTIM = OptimSpec(lr=1e-2, clip_grad=0.0)
 
 
@@ -174,9 +175,21 @@ def unmatched_target_refusal() -> str | None:
     return None
 
 
+def tied_output_refusal() -> str | None:
+    """Building a LoRA engine with the ``output`` target on a tied model: the refusal."""
+    try:
+        MegatronEngine(DENSE, ParallelSpec(), OPTIM, lora=LORA)
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        destroy_parallel()
+    return None
+
+
 def on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
     return {
         "unmatched": unmatched_target_refusal(),
+        "tied_output": tied_output_refusal(),
         "base": base_weights(),
         "tp1": one_step(ParallelSpec()),
         "logprobs": fresh_adapters_and_reference(rank, world),
@@ -190,5 +203,7 @@ def on_two_ranks(rank: int, world: int) -> dict:
     return {
         "tp2": one_step(ParallelSpec(tp=2)),
         "pp2": one_step(ParallelSpec(pp=2)),
-        "tp2_distributed_fp32": one_step(ParallelSpec(tp=2), distributed, spec=DENSE),
+        "tp2_distributed_fp32": one_step(
+            ParallelSpec(tp=2), distributed, spec=dataclasses.replace(SPEC, dtype="float32")
+        ),
     }

@@ -194,6 +194,54 @@ class LlamaLikeFamily:
                 full, src + "shared_experts.", f"{dst}{self.hf_shared_experts}."
             )
 
+    # ---- LoRA adapters -> HF (PEFT) -------------------------------------------------
+    def lora_to_hf(
+        self, adapters: Mapping[str, torch.Tensor], spec: GPTSpec
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Full canonical adapters (``<linear>.lora.A`` ``[r, in]``, ``<linear>.lora.B``
+        ``[out, r]``) -> HF linear module name -> ``(A, B)``, as PEFT names them.
+
+        A fused Megatron linear is several HF linears stacked by rows (q/k/v in
+        ``linear_qkv``, gate/up in ``linear_fc1``), and ``B @ A`` split by rows is ``B``
+        split by rows times the same ``A``: each HF linear gets its rows of ``B``, split
+        exactly as the weight is (:func:`split_qkv`, :func:`_swiglu_to_hf`), and a shared
+        ``A``. The generation engines' hand-over and the PEFT export both read this.
+        """
+        prefixes = sorted({name.rsplit(".lora.", 1)[0] for name in adapters})
+        out = {}
+        for prefix in prefixes:
+            a, b = adapters[f"{prefix}.lora.A"], adapters[f"{prefix}.lora.B"]
+            for hf_name, rows in self._hf_linears_of(prefix, b, spec):
+                out[hf_name] = (a, rows)
+        return out
+
+    def _hf_linears_of(
+        self, prefix: str, rows: torch.Tensor, spec: GPTSpec
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The HF linears of the canonical linear ``prefix`` with their rows of ``rows``."""
+        if prefix == "output_layer":
+            yield "lm_head", rows[: spec.vocab_size]
+            return
+        layer, _, inner = prefix.removeprefix("decoder.layers.").partition(".")
+        hf_layer = f"model.layers.{layer}."
+        if inner == "self_attention.linear_qkv":
+            for p, piece in zip("qkv", split_qkv(rows, spec), strict=True):
+                yield f"{hf_layer}self_attn.{p}_proj", piece
+            return
+        if inner == "self_attention.linear_proj":
+            yield f"{hf_layer}self_attn.o_proj", rows
+            return
+        block, _, leaf = inner.rpartition(".")
+        hf_block = {"mlp": "mlp", "mlp.shared_experts": self.hf_shared_experts}.get(block)
+        if hf_block is None or leaf not in ("linear_fc1", "linear_fc2"):
+            raise ValueError(f"no HF linear is known for the adapted Megatron linear '{prefix}'")
+        if leaf == "linear_fc2":
+            yield f"{hf_layer}{hf_block}.down_proj", rows
+            return
+        gate, up = torch.chunk(rows, 2)
+        yield f"{hf_layer}{hf_block}.gate_proj", gate
+        yield f"{hf_layer}{hf_block}.up_proj", up
+
     # ---- HF config -> spec ---------------------------------------------------------
     def spec_from_hf_config(self, hf_config: dict, dtype: str = "float32") -> GPTSpec:
         """A :class:`GPTSpec` from an HF ``config.json`` dictionary of this family."""
