@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from mindrl.config import MindRLConfig
 from mindrl.config.layout import TrainingLayout
-from mindrl.planner.params import DTYPE_BYTES, model_params, stage_params
+from mindrl.planner.params import DTYPE_BYTES, lora_stage_params, model_params, stage_params
 from mindrl.run_plan import RunPlan
 
 #: The disk bandwidth the write time is quoted at, per node: one NVMe drive, or a node's
@@ -48,9 +48,14 @@ def role_checkpoint(config: MindRLConfig, role: str, layout: TrainingLayout) -> 
     moment = FP32 if optim.distributed_optimizer else dtype
     main = FP32 if optim.distributed_optimizer and dtype < FP32 else 0
     per_param = dtype + 2 * moment + main
-    stages = stage_params(model, list(layout.stage_layers))
+    lora = getattr(config, role).lora
+    if role == "actor" and lora.enabled:  # the adapters alone: the base is the run's model
+        stages = lora_stage_params(model, lora, list(layout.stage_layers))
+        params = sum(s.total for s in stages)
+    else:
+        stages = stage_params(model, list(layout.stage_layers))
+        params = model_params(model).total
     ranks_per_stage = layout.world // layout.pp
-    params = model_params(model).total
     return RoleCheckpoint(
         role=role,
         weights=params * dtype,

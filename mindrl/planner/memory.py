@@ -62,7 +62,13 @@ from mindrl.planner.activations import (
     micro_batches_per_step,
 )
 from mindrl.planner.generation import generation_working_bytes, planned_engine
-from mindrl.planner.params import DTYPE_BYTES, ParamCounts, model_params, stage_params
+from mindrl.planner.params import (
+    DTYPE_BYTES,
+    ParamCounts,
+    lora_stage_params,
+    model_params,
+    stage_params,
+)
 
 MIB = 2**20
 
@@ -190,31 +196,53 @@ def shard_counts(counts: ParamCounts, tp: int, ep: int, etp: int = 1) -> float:
 
 
 def busiest_stage(model: ModelConfig, parallel: ParallelConfig) -> ParamCounts:
-    stages = stage_params(model, stage_layer_counts(parallel, model.num_layers))
-    return max(stages, key=lambda c: shard_counts(c, parallel.tp, parallel.ep, parallel.etp))
+    return stage_params(model, _layers(model, parallel))[_busiest(model, parallel)]
+
+
+def _layers(model: ModelConfig, parallel: ParallelConfig) -> list[int]:
+    return stage_layer_counts(parallel, model.num_layers)
+
+
+def _busiest(model: ModelConfig, parallel: ParallelConfig) -> int:
+    stages = stage_params(model, _layers(model, parallel))
+    local = [shard_counts(c, parallel.tp, parallel.ep, parallel.etp) for c in stages]
+    return local.index(max(local))
+
+
+def trained_counts(config: MindRLConfig, role_name: str) -> ParamCounts:
+    """What the role's optimizer trains on its busiest stage: every weight, or with LoRA
+    the adapters alone (the base is frozen: no gradients, no optimizer state)."""
+    model, role = config.model, getattr(config, role_name)
+    if role_name == "actor" and role.lora.enabled:
+        stages = lora_stage_params(model, role.lora, _layers(model, role.parallel))
+        return stages[_busiest(model, role.parallel)]
+    return busiest_stage(model, role.parallel)
 
 
 def training_memory(config: MindRLConfig, role_name: str = "actor") -> TrainingMemory:
     model, role = config.model, getattr(config, role_name)
     parallel = role.parallel
     dtype_bytes = DTYPE_BYTES[model.dtype]
-    stage = busiest_stage(model, parallel)
-    local = shard_counts(stage, parallel.tp, parallel.ep, parallel.etp)
+    local = shard_counts(busiest_stage(model, parallel), parallel.tp, parallel.ep, parallel.etp)
+    trained = trained_counts(config, role_name)
+    trainable = shard_counts(trained, parallel.tp, parallel.ep, parallel.etp)
+    adapters = trainable if role_name == "actor" and role.lora.enabled else 0
     trains = role_name != "reference"
     if role.optim.distributed_optimizer:
         layout = training_layout(role, model, training_devices(config))
-        dense = (stage.tp / parallel.tp + stage.replicated) / max(layout.dp, 1)
-        experts = stage.expert / (parallel.ep * parallel.etp) / max(layout.edp, 1)
+        dense = (trained.tp / parallel.tp + trained.replicated) / max(layout.dp, 1)
+        experts = trained.expert / (parallel.ep * parallel.etp) / max(layout.edp, 1)
         shard = dense + experts
-        grads = local * F32  # Megatron DDP's float32 gradient buffer
+        grads = trainable * F32  # Megatron DDP's float32 gradient buffer
         optimizer = shard * (12 if dtype_bytes < F32 else 8)  # main weights + moments
         step = shard * F32
     else:  # torch AdamW: moments and grads in the weights' dtype
-        grads, optimizer, step = local * dtype_bytes, 2 * local * dtype_bytes, local * dtype_bytes
+        grads = trainable * dtype_bytes
+        optimizer, step = 2 * trainable * dtype_bytes, trainable * dtype_bytes
     if not trains:
         grads = optimizer = step = 0
     return TrainingMemory(
-        weights=int(local * dtype_bytes),
+        weights=int((local + adapters) * dtype_bytes),
         grads=int(grads),
         optimizer=int(optimizer),
         activations=activation_bytes(config, role_name) if trains else 0,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mindrl.config import ModelConfig
+from mindrl.config.schema import LoRAConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -99,6 +100,48 @@ def activated_params(m: ModelConfig) -> int:
         return counts.total
     unused_share = 1 - m.moe_router_topk / m.num_experts
     return counts.total - round(counts.expert * unused_share)
+
+
+def _adapter(rank: int, inputs: int, outputs: int, column: bool) -> ParamCounts:
+    """``A [rank, in]`` and ``B [out, rank]`` of one linear, split as the linear is: a
+    column-parallel one splits ``B`` over TP, a row-parallel one ``A``."""
+    split, whole = (outputs * rank, rank * inputs) if column else (rank * inputs, outputs * rank)
+    return ParamCounts(tp=split, replicated=whole)
+
+
+def layer_lora_params(m: ModelConfig, lora: LoRAConfig, layer: int) -> ParamCounts:
+    """One layer's adapters (``backends/megatron/lora.py``): routed experts get none, shared
+    experts the MLP's; MLA has no fused qkv (only its output projection takes one)."""
+    h, r, targets = m.hidden_size, lora.rank, set(lora.targets)
+    counts = ParamCounts()
+    if "qkv" in targets and not m.uses_mla:
+        counts += _adapter(r, h, m.head_dim * (m.num_attention_heads + 2 * m.num_kv_heads), True)
+    if "proj" in targets:
+        width = m.v_head_dim if m.uses_mla else m.head_dim
+        counts += _adapter(r, m.num_attention_heads * width, h, False)
+    dense = not m.is_moe or layer < m.first_k_dense_layers
+    ffn = m.ffn_hidden_size if dense else m.num_shared_experts * (m.moe_ffn_hidden_size or 0)
+    if ffn and "fc1" in targets:
+        counts += _adapter(r, h, 2 * ffn, True)
+    if ffn and "fc2" in targets:
+        counts += _adapter(r, ffn, h, False)
+    return counts
+
+
+def lora_stage_params(
+    m: ModelConfig, lora: LoRAConfig, stage_layers: list[int]
+) -> list[ParamCounts]:
+    """Adapter counts per pipeline stage (the output layer's on the last)."""
+    stages, first_layer = [], 0
+    for s, n_layers in enumerate(stage_layers):
+        counts = ParamCounts()
+        for layer in range(first_layer, first_layer + n_layers):
+            counts += layer_lora_params(m, lora, layer)
+        first_layer += n_layers
+        if s == len(stage_layers) - 1 and "output" in lora.targets:
+            counts += _adapter(lora.rank, m.hidden_size, m.vocab_size, True)
+        stages.append(counts)
+    return stages
 
 
 def stage_params(m: ModelConfig, stage_layers: list[int]) -> list[ParamCounts]:
