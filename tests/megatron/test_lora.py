@@ -243,6 +243,16 @@ def test_mindrl_export_writes_a_peft_adapter_folder_naming_the_base_it_wrote(run
     assert len(keys) == 2 * (7 * lora_cases.SPEC.num_layers + 1)
 
 
+def test_the_peft_adapter_of_a_base_loaded_from_an_hf_folder_names_that_folder(runs, tmp_path):
+    one, _ = runs
+    step_dir = Path(one["resume"]["hf_origin_step_dir"])
+    out = export_adapter(step_dir, tmp_path / "hf_adapter")
+    config = json.loads((out / "adapter_config.json").read_text())
+    hf_folder = step_dir.parent.parent / lora_cases.HF_BASE
+    assert config["base_model_name_or_path"] == str(hf_folder.resolve())
+    assert not (tmp_path / "hf_base").exists()  # it has one: none is written
+
+
 def test_a_peft_adapter_on_its_base_scores_as_the_merged_hf_export(runs, tmp_path):
     peft = pytest.importorskip("peft", reason="the test extra installs peft")
     from transformers import AutoModelForCausalLM
