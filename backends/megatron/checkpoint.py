@@ -360,10 +360,14 @@ def _seal(tmp: Path, final: Path, record: dict[str, Any]) -> None:
     os.replace(tmp, final)
 
 
-def save_base(root: str | Path, tensors: dict[str, Pieces], meta: dict[str, Any]) -> Path:
+def save_base(
+    root: str | Path, tensors: dict[str, Pieces], meta: dict[str, Any], ours: bool
+) -> Path:
     """Write a LoRA run's frozen base once, as ``root/base`` (collective; ``tensors``: this
-    rank's boxes of the base weights, ``meta``: plain data for its ``meta.json``); a
-    complete one already there is kept: the base never changes during a run. Returns it.
+    rank's boxes of the base weights, ``meta``: plain data for its ``meta.json``). A
+    complete one there is kept when it is ``ours`` (this run wrote it, or resumed from
+    it: the base never changes during a run); another run's is replaced, as a fresh run
+    into the same folder replaces its steps. Returns it.
 
     Raises:
         CheckpointWriteError: it could not be written (on every rank alike).
@@ -371,7 +375,7 @@ def save_base(root: str | Path, tensors: dict[str, Pieces], meta: dict[str, Any]
     root = Path(root)
     final, tmp = root / BASE, root / f"{BASE}.tmp"
     group = _checkpoint_group()
-    present = [final.is_dir() and problem_of(final) is None]
+    present = [ours and final.is_dir() and problem_of(final) is None]
     dist.broadcast_object_list(present, src=0, group=group)  # rank 0's disk decides
     if present[0]:
         return final

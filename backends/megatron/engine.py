@@ -156,6 +156,8 @@ class MegatronEngine:
         #: Where the base came from (set by the caller: model source, seed); a LoRA
         #: checkpoint records it and refuses to resume on another base.
         self.base_origin: dict[str, Any] | None = None
+        # The ``base/`` folder this LoRA base was read from or written as (``_save_base``).
+        self._base_folder: Path | None = None
         self._trainable_params: int | None = None
         self.optimizer, self.scheduler = None, None
         self.distributed: DistributedOptimizer | None = None
@@ -678,7 +680,10 @@ class MegatronEngine:
         if self._base_has_a_source():
             return None
         record = {key: meta[key] for key in ("spec", "step", "layout", "base")}
-        checkpoint.save_base(root, self._base_pieces(saving=True), record)
+        folder = Path(root).resolve() / checkpoint.BASE
+        ours = folder == self._base_folder
+        checkpoint.save_base(root, self._base_pieces(saving=True), record, ours)
+        self._base_folder = folder
         return checkpoint.BASE
 
     def _load_base(self, saved: checkpoint.Checkpoint) -> None:
@@ -693,6 +698,7 @@ class MegatronEngine:
                 f"checkpoint base {base} has no '{missing[0]}' ({len(missing)} weights "
                 "missing): it was written for another model"
             )
+        self._base_folder = base.resolve()
 
     def _distributed_states(self) -> list:
         """The distributed optimizer's per-weight state on this rank (none before its first

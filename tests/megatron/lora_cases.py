@@ -122,7 +122,7 @@ def fresh_adapters_and_reference(rank: int, world: int) -> dict:
 BASE = {"random_init_seed": 0}
 RESUME_OPTIM = OptimSpec(lr=1e-2, lr_schedule="cosine", lr_warmup_steps=1, total_steps=4)
 #: Under the checkpoint root: a LoRA run's steps whose base is an HF folder (``HF_BASE``).
-HF_ORIGIN, HF_BASE = "hf_origin", "hf_of_the_base"
+HF_ORIGIN, HF_BASE, RERUN = "hf_origin", "hf_of_the_base", "rerun"
 
 
 def resume(checkpoint_root: str) -> dict:
@@ -146,6 +146,12 @@ def resume(checkpoint_root: str) -> dict:
     resumed.base_origin = BASE
     position = resumed.load_checkpoint(checkpoint_root)
     after = train_steps(resumed, position["next_step"], 4)
+    rerun = Path(checkpoint_root) / RERUN  # a fresh run into a folder another run used
+    first.save_checkpoint(rerun, {"next_step": 2})
+    fresh_run = MegatronEngine(SPEC, ParallelSpec(), optim, lora=LORA)  # its own init
+    fresh_run.base_origin = BASE
+    fresh_run.save_checkpoint(rerun, {"next_step": 0})
+    fresh_base = fresh_run.full_state_dict()
     other_base = lora_engine(ParallelSpec(), optim, trained_adapters=False)
     other_base.base_origin = {"hf_path": "/elsewhere", "gguf_package": None}
     full_weights = MegatronEngine(SPEC, ParallelSpec(), optim)
@@ -156,6 +162,7 @@ def resume(checkpoint_root: str) -> dict:
         "resumed": after,
         "step_dir": str(step_dir),
         "hf_origin_step_dir": str(hf_origin_step),
+        "fresh_base": fresh_base,
         "policy": policy,
         "refusals": refusals,
     }

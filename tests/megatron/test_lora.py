@@ -180,6 +180,17 @@ def test_a_lora_step_holds_the_adapters_and_their_moments_and_the_base_lies_once
     assert not (hf_origin.parent / checkpoint.BASE).exists()
 
 
+def test_a_fresh_lora_run_into_a_folder_another_run_used_replaces_its_base(runs):
+    one, _ = runs
+    rerun = Path(one["resume"]["step_dir"]).parent / lora_cases.RERUN
+    base = FullTensors(rerun / checkpoint.BASE / checkpoint.SHARDS, "model/")
+    fresh = one["resume"]["fresh_base"]
+    fc2 = "decoder.layers.0.mlp.linear_fc2.weight"
+    assert not torch.equal(fresh[fc2], one["base"][fc2])  # the two runs' bases differ
+    for name in base:
+        torch.testing.assert_close(base[name], fresh[name][: base[name].shape[0]], rtol=0, atol=0)
+
+
 def _bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*.safetensors"))
 
