@@ -10,6 +10,13 @@ Layout under ``root`` (one role's folder)::
         rng/rank_00000.*            each rank's RNG streams
         in_flight.*                 (actor) the dock's samples a later iteration trains
     latest                          text file naming the newest complete step folder
+    base/                           (a LoRA run whose base has no file of its own: a random
+                                    init) the frozen base, written once (:func:`save_base`)
+
+A LoRA run's step folders hold its adapters and their optimizer state only, and name
+their base: its origin (an HF folder or GGUF package, which a resume loads anyway) or
+``base/``. A random init is drawn per layout, so a resume at another one could not draw
+it again: it is written once, beside the steps, and never rewritten.
 
 The tensors are canonical full tensors (``model/<name>``, ``optim/...``) that each rank
 writes a part of, in parallel: what it holds and no replica writes too
@@ -68,6 +75,7 @@ from backends.megatron.sharded_store import (
 
 LATEST = "latest"
 META = "meta.json"
+BASE = "base"
 SHARDS = "shards"
 FORMAT = 3  # 1: per-rank pickled .pt files; 2: full weights (legacy_checkpoint.py)
 LEGACY_FORMAT = 2
@@ -338,13 +346,61 @@ def _failure(exc: BaseException, rank: int) -> tuple[int, str]:
 
 def _publish(root: Path, tmp: Path, final: Path, record: dict[str, Any]) -> None:
     """Rank 0, once every rank's files are written: the manifest, the rename, ``latest``."""
+    _seal(tmp, final, record)
+    _write_latest(root, final.name)
+
+
+def _seal(tmp: Path, final: Path, record: dict[str, Any]) -> None:
+    """Rank 0: ``meta.json`` with the size of every file, then ``tmp`` renamed ``final``."""
     files = {
         str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()
     }
     (tmp / META).write_text(json.dumps(encode({**record, "files": files}, {}), indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    _write_latest(root, final.name)
+
+
+def save_base(
+    root: str | Path, tensors: dict[str, Pieces], meta: dict[str, Any], ours: bool
+) -> Path:
+    """Write a LoRA run's frozen base once, as ``root/base`` (collective; ``tensors``: this
+    rank's boxes of the base weights, ``meta``: plain data for its ``meta.json``). A
+    complete one there is kept when it is ``ours`` (this run wrote it, or resumed from
+    it: the base never changes during a run); another run's is replaced, as a fresh run
+    into the same folder replaces its steps. Returns it.
+
+    Raises:
+        CheckpointWriteError: it could not be written (on every rank alike).
+    """
+    root = Path(root)
+    final, tmp = root / BASE, root / f"{BASE}.tmp"
+    group = _checkpoint_group()
+    present = [ours and final.is_dir() and problem_of(final) is None]
+    dist.broadcast_object_list(present, src=0, group=group)  # rank 0's disk decides
+    if present[0]:
+        return final
+    together = _Together(root, tmp, final, group)
+
+    def make_folder() -> None:
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+
+    def seal() -> None:
+        if dist.get_rank() == 0:
+            _seal(tmp, final, {"format": FORMAT, **meta})
+
+    together(make_folder)
+    together(
+        lambda: dcp.save(
+            tensors,
+            storage_writer=PiecesWriter(tmp / SHARDS),
+            planner=SavePiecesPlanner(),
+            process_group=group,
+        )
+    )
+    together(seal)
+    return final
 
 
 _GROUPS: dict[int, Any] = {}
@@ -582,6 +638,37 @@ class Checkpoint:
         if self.format == LEGACY_FORMAT:
             return FileTensors(self.dir / "model.safetensors", meta)
         return FullTensors(self.dir / SHARDS, MODEL, meta)
+
+    @property
+    def base_dir(self) -> Path | None:
+        """Where a LoRA step's frozen base lies: the run's ``base/`` (:func:`save_base`),
+        the step folder itself (LoRA steps written before they left the base out), or
+        ``None``: a full-weight step, or a base loaded from its origin (``meta["base"]``).
+
+        Raises:
+            CheckpointError: the ``base/`` it names is missing or incomplete.
+        """
+        if self.meta.get("lora") is None:
+            return None
+        if "base_weights" not in self.meta:
+            return self.dir
+        name = self.meta["base_weights"]
+        if name is None:
+            return None
+        base = self.dir.parent / name
+        problem = problem_of(base)
+        if problem is not None:
+            raise CheckpointError(
+                f"checkpoint {self.dir} keeps its frozen base in {base}, which cannot be "
+                f"read ({problem}); copy that folder beside the step folder"
+            )
+        return base
+
+    def base_weights(self, meta: bool = False) -> Mapping[str, torch.Tensor] | None:
+        """The frozen base's full weights by canonical name, read when asked (see
+        :attr:`base_dir`); ``None`` where the base is its origin's."""
+        base = self.base_dir
+        return None if base is None else FullTensors(base / SHARDS, MODEL, meta)
 
     def load(self, name: str) -> Any:
         return load_tree(self.dir / name)

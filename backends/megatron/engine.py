@@ -156,6 +156,8 @@ class MegatronEngine:
         #: Where the base came from (set by the caller: model source, seed); a LoRA
         #: checkpoint records it and refuses to resume on another base.
         self.base_origin: dict[str, Any] | None = None
+        # The ``base/`` folder this LoRA base was read from or written as (``_save_base``).
+        self._base_folder: Path | None = None
         self._trainable_params: int | None = None
         self.optimizer, self.scheduler = None, None
         self.distributed: DistributedOptimizer | None = None
@@ -543,7 +545,9 @@ class MegatronEngine:
     ) -> Path:
         """Write model, optimizer, RNG and ``data_position`` atomically under ``root``;
         returns the step folder. Collective. (Older steps stay: the caller decides what to
-        keep over all of a run's roles, ``checkpoint.prune_run``.)
+        keep over all of a run's roles, ``checkpoint.prune_run``.) With LoRA the model is
+        the adapters: the frozen base is its origin's (:attr:`base_origin`), or written
+        once into ``root/base`` where it has none a resume could load (a random init).
 
         Each rank writes its part of the canonical full tensors, in parallel and once over
         replicas (see ``checkpoint.py``), so any layout resumes it. ``extra``: more trees
@@ -565,6 +569,8 @@ class MegatronEngine:
             "base": self.base_origin if self.lora is not None else None,
         }
         with megatron_compat(self.device):
+            if self.lora is not None:
+                meta["base_weights"] = self._save_base(root, meta)
             tensors = self._checkpoint_tensors(saving=True)
         per_rank = {"rng": checkpoint.capture_rng()}
         self._pending_save = checkpoint.save(
@@ -599,6 +605,7 @@ class MegatronEngine:
             return legacy_checkpoint.load(self, saved)
         self._check_adapters_match(saved)
         with megatron_compat(self.device):
+            self._load_base(saved)
             self._fresh_optimizer_state()
             states = self._distributed_states()
             missing = checkpoint.load_tensors(saved.dir, self._checkpoint_tensors(False, states))
@@ -646,12 +653,52 @@ class MegatronEngine:
         views of everything it reads into."""
         vocab = self.spec.vocab_size
         tensors = weight_pieces(self.model, vocab, saving)
+        if self.lora is not None:  # the frozen base is not the step's (``_save_base``)
+            tensors = {key: pieces for key, pieces in tensors.items() if is_adapter_name(key)}
         if self.distributed is not None:
             states = self._distributed_states() if states is None else states
             tensors |= distributed_pieces(self.model, states, vocab, saving)
         elif self.optimizer is not None:
             tensors |= adam_pieces(self.model, self.optimizer, vocab, saving)
         return tensors
+
+    def _base_pieces(self, saving: bool) -> dict[str, Pieces]:
+        """This rank's boxes of the frozen base's weights (LoRA): what it writes or reads."""
+        tensors = weight_pieces(self.model, self.spec.vocab_size, saving)
+        return {key: pieces for key, pieces in tensors.items() if not is_adapter_name(key)}
+
+    def _base_has_a_source(self) -> bool:
+        """Whether the caller named where the base came from (:attr:`base_origin`) and a
+        resume loads it from there (an HF folder, a GGUF package); a random init is drawn
+        per layout, so a resume at another layout could not draw it again."""
+        origin = self.base_origin or {}
+        return bool(origin.get("hf_path") or origin.get("gguf_package"))
+
+    def _save_base(self, root: str | Path, meta: dict[str, Any]) -> str | None:
+        """The base a LoRA step names: ``None`` (its origin's) or the run's ``base/``
+        folder, written by the first save (``checkpoint.save_base``)."""
+        if self._base_has_a_source():
+            return None
+        record = {key: meta[key] for key in ("spec", "step", "layout", "base")}
+        folder = Path(root).resolve() / checkpoint.BASE
+        ours = folder == self._base_folder
+        checkpoint.save_base(root, self._base_pieces(saving=True), record, ours)
+        self._base_folder = folder
+        return checkpoint.BASE
+
+    def _load_base(self, saved: checkpoint.Checkpoint) -> None:
+        """Read a LoRA step's frozen base from the folder it names (``Checkpoint.base_dir``);
+        a base named by its origin is the one this engine already loaded from there."""
+        base = saved.base_dir if self.lora is not None else None
+        if base is None:
+            return
+        missing = checkpoint.load_tensors(base, self._base_pieces(saving=False))
+        if missing:
+            raise checkpoint.CheckpointError(
+                f"checkpoint base {base} has no '{missing[0]}' ({len(missing)} weights "
+                "missing): it was written for another model"
+            )
+        self._base_folder = base.resolve()
 
     def _distributed_states(self) -> list:
         """The distributed optimizer's per-weight state on this rank (none before its first

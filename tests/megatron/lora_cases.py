@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ from tests.megatron.cases import (
     policy_loss,
     train_steps,
 )
+from trainers.export import write_weights
 
 #: Untied, so the output layer takes an adapter too (on the last pipeline stage only).
 SPEC = dataclasses.replace(DENSE, dtype="float64", tie_word_embeddings=False)
@@ -118,12 +120,16 @@ def fresh_adapters_and_reference(rank: int, world: int) -> dict:
 
 
 BASE = {"random_init_seed": 0}
+RESUME_OPTIM = OptimSpec(lr=1e-2, lr_schedule="cosine", lr_warmup_steps=1, total_steps=4)
+#: Under the checkpoint root: a LoRA run's steps whose base is an HF folder (``HF_BASE``).
+HF_ORIGIN, HF_BASE, RERUN = "hf_origin", "hf_of_the_base", "rerun"
 
 
 def resume(checkpoint_root: str) -> dict:
     """Losses of 4 LoRA steps straight vs 2, save, a fresh engine, resume, 2 more; what
-    resuming on another base or without LoRA says."""
-    optim = OptimSpec(lr=1e-2, lr_schedule="cosine", lr_warmup_steps=1, total_steps=4)
+    resuming on another base or without LoRA says. The same step saved again as a run
+    whose base is an HF folder (written here) saves no base of its own."""
+    optim = RESUME_OPTIM
     straight = lora_engine(ParallelSpec(), optim, trained_adapters=False)
     uninterrupted = train_steps(straight, 0, 4)
     first = lora_engine(ParallelSpec(), optim, trained_adapters=False)
@@ -132,10 +138,20 @@ def resume(checkpoint_root: str) -> dict:
     step_dir = first.save_checkpoint(checkpoint_root, data_position={"next_step": 2})
     first.finish_checkpoint()
     policy = first.policy_state_dict()
+    hf_base = str(Path(checkpoint_root) / HF_BASE)
+    write_weights(base_weights(), base_weights(), SPEC, hf_base)
+    first.base_origin = {"hf_path": hf_base, "gguf_package": None}
+    hf_origin_step = first.save_checkpoint(Path(checkpoint_root) / HF_ORIGIN, {"next_step": 2})
     resumed = lora_engine(ParallelSpec(), optim, trained_adapters=False, seed=5)
     resumed.base_origin = BASE
     position = resumed.load_checkpoint(checkpoint_root)
     after = train_steps(resumed, position["next_step"], 4)
+    rerun = Path(checkpoint_root) / RERUN  # a fresh run into a folder another run used
+    first.save_checkpoint(rerun, {"next_step": 2})
+    fresh_run = MegatronEngine(SPEC, ParallelSpec(), optim, lora=LORA)  # its own init
+    fresh_run.base_origin = BASE
+    fresh_run.save_checkpoint(rerun, {"next_step": 0})
+    fresh_base = fresh_run.full_state_dict()
     other_base = lora_engine(ParallelSpec(), optim, trained_adapters=False)
     other_base.base_origin = {"hf_path": "/elsewhere", "gguf_package": None}
     full_weights = MegatronEngine(SPEC, ParallelSpec(), optim)
@@ -145,6 +161,8 @@ def resume(checkpoint_root: str) -> dict:
         "uninterrupted": uninterrupted,
         "resumed": after,
         "step_dir": str(step_dir),
+        "hf_origin_step_dir": str(hf_origin_step),
+        "fresh_base": fresh_base,
         "policy": policy,
         "refusals": refusals,
     }
@@ -197,10 +215,23 @@ def on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
     }
 
 
-def on_two_ranks(rank: int, world: int) -> dict:
+def resume_at_tp2(checkpoint_root: str) -> list[float]:
+    """Losses of the 2 steps after resuming :func:`resume`'s checkpoint (one rank) at TP=2,
+    on an engine as built (its own random base, drawn for this layout), as a run whose
+    base is a random init resumes: the checkpoint's ``base/`` replaces it."""
+    engine = MegatronEngine(SPEC, ParallelSpec(tp=2), RESUME_OPTIM, lora=LORA)
+    engine.base_origin = BASE
+    position = engine.load_checkpoint(checkpoint_root)
+    losses = train_steps(engine, position["next_step"], 4)
+    _finish()
+    return losses
+
+
+def on_two_ranks(rank: int, world: int, checkpoint_root: str) -> dict:
     # Megatron's distributed optimizer takes no float64 weights: float32.
     distributed = dataclasses.replace(OPTIM, distributed_optimizer=True)
     return {
+        "resumed_at_tp2": resume_at_tp2(checkpoint_root),
         "tp2": one_step(ParallelSpec(tp=2)),
         "pp2": one_step(ParallelSpec(pp=2)),
         "tp2_distributed_fp32": one_step(

@@ -4,6 +4,7 @@ reference, and a checkpoint resumes them exactly (float64, spawned gloo ranks)."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ from mindrl.config.schema import LoRAConfig
 from mindrl.planner.params import lora_stage_params
 from tests.megatron import cases, lora_cases
 from tests.support.spawn import run_ranks
-from trainers.export import export_checkpoint
+from trainers.export import export_adapter, export_checkpoint
+from trainers.export import main as export_main
 
 EXACT = {"rtol": 1e-10, "atol": 1e-12}
 #: Another layout in float64: only summation order should differ, yet TP2 log-probs
@@ -36,7 +38,7 @@ FLOAT32_ADAM = {"rtol": 1e-4, "atol": 1e-4}
 def runs(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("lora_ckpt"))
     (one,) = run_ranks(lora_cases.on_one_rank, 1, root)
-    two = run_ranks(lora_cases.on_two_ranks, 2)
+    two = run_ranks(lora_cases.on_two_ranks, 2, root)
     return one, two
 
 
@@ -169,6 +171,52 @@ def test_a_resumed_lora_run_trains_on_exactly_as_the_uninterrupted_run(runs):
     assert resume["resumed"] == pytest.approx(resume["uninterrupted"][2:], rel=1e-12)
 
 
+def test_a_lora_checkpoint_resumed_at_tp2_on_a_base_drawn_there_trains_on_as_at_tp1(runs):
+    one, two = runs
+    uninterrupted = one["resume"]["uninterrupted"][2:]
+    for rank in range(2):
+        assert two[rank]["resumed_at_tp2"] == pytest.approx(uninterrupted, rel=1e-6)
+
+
+def test_a_lora_step_holds_the_adapters_and_their_moments_and_the_base_lies_once_beside_it(
+    runs,
+):
+    one, _ = runs
+    step_dir = Path(one["resume"]["step_dir"])
+    adapters = set(one["tp1"]["trainable"])
+    saved = FullTensors(step_dir / checkpoint.SHARDS, "")
+    assert {n.removeprefix("model/") for n in saved if n.startswith("model/")} == adapters
+    assert {n.split("/", 2)[2] for n in saved if n.startswith("optim/")} == adapters
+    base_dir = step_dir.parent / checkpoint.BASE
+    assert checkpoint.open_checkpoint(step_dir).meta["base_weights"] == checkpoint.BASE
+    base = FullTensors(base_dir / checkpoint.SHARDS, "model/")
+    assert set(base) == set(one["base"])
+    for name, weight in one["base"].items():  # the base as loaded, unpadded vocabulary rows
+        torch.testing.assert_close(base[name], weight[: base[name].shape[0]], rtol=0, atol=0)
+    step_bytes = _bytes(step_dir / checkpoint.SHARDS)
+    # Adapters (7296 elements) and two moments, float64, against the 86k-element base.
+    assert step_bytes < 0.3 * _bytes(base_dir / checkpoint.SHARDS)
+    # A base with a source of its own (an HF folder) is not written at all.
+    hf_origin = Path(one["resume"]["hf_origin_step_dir"])
+    assert checkpoint.open_checkpoint(hf_origin).meta["base_weights"] is None
+    assert not (hf_origin.parent / checkpoint.BASE).exists()
+
+
+def test_a_fresh_lora_run_into_a_folder_another_run_used_replaces_its_base(runs):
+    one, _ = runs
+    rerun = Path(one["resume"]["step_dir"]).parent / lora_cases.RERUN
+    base = FullTensors(rerun / checkpoint.BASE / checkpoint.SHARDS, "model/")
+    fresh = one["resume"]["fresh_base"]
+    fc2 = "decoder.layers.0.mlp.linear_fc2.weight"
+    assert not torch.equal(fresh[fc2], one["base"][fc2])  # the two runs' bases differ
+    for name in base:
+        torch.testing.assert_close(base[name], fresh[name][: base[name].shape[0]], rtol=0, atol=0)
+
+
+def _bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*.safetensors"))
+
+
 def test_a_lora_checkpoint_names_its_adapters_and_base_and_resumes_on_that_base_only(runs):
     one, _ = runs
     resume = one["resume"]
@@ -196,3 +244,67 @@ def test_the_hf_export_of_a_lora_checkpoint_is_the_merged_policy(runs, tmp_path)
     assert exported.keys() == expected.keys()
     for name, weight in expected.items():
         torch.testing.assert_close(exported[name], weight, **EXACT, msg=name)
+
+
+def test_the_hf_export_of_a_lora_checkpoint_reads_a_base_named_by_its_hf_folder(runs, tmp_path):
+    one, _ = runs
+    resume = one["resume"]
+    out = export_checkpoint(resume["hf_origin_step_dir"], tmp_path / "hf")
+    exported = load_file(out / "model.safetensors")
+    family = get_family(lora_cases.SPEC.family)
+    expected = family.megatron_to_hf(resume["policy"], lora_cases.SPEC)
+    for name, weight in expected.items():
+        torch.testing.assert_close(exported[name], weight, **EXACT, msg=name)
+
+
+def test_mindrl_export_writes_a_peft_adapter_folder_naming_the_base_it_wrote(runs, tmp_path):
+    one, _ = runs
+    out = tmp_path / "hf_adapter"
+    assert export_main([one["resume"]["step_dir"], str(out), "--adapter"]) == 0
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["task_type"] == "CAUSAL_LM"
+    assert (config["r"], config["lora_alpha"], config["lora_dropout"]) == (4, 8.0, 0.0)
+    assert config["target_modules"] == [
+        "down_proj", "gate_proj", "k_proj", "lm_head", "o_proj", "q_proj", "up_proj", "v_proj",
+    ]  # fmt: skip
+    assert (config["bias"], config["fan_in_fan_out"]) == ("none", False)
+    # A random-init base has no HF folder of its own: written beside the adapter folder.
+    assert config["base_model_name_or_path"] == str((tmp_path / "hf_base").resolve())
+    assert (tmp_path / "hf_base" / "config.json").is_file()
+    keys = load_file(out / "adapter_model.safetensors").keys()
+    assert "base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight" in keys
+    assert len(keys) == 2 * (7 * lora_cases.SPEC.num_layers + 1)
+
+
+def test_the_peft_adapter_of_a_base_loaded_from_an_hf_folder_names_that_folder(runs, tmp_path):
+    one, _ = runs
+    step_dir = Path(one["resume"]["hf_origin_step_dir"])
+    out = export_adapter(step_dir, tmp_path / "hf_adapter")
+    config = json.loads((out / "adapter_config.json").read_text())
+    hf_folder = step_dir.parent.parent / lora_cases.HF_BASE
+    assert config["base_model_name_or_path"] == str(hf_folder.resolve())
+    assert not (tmp_path / "hf_base").exists()  # it has one: none is written
+
+
+def test_a_peft_adapter_on_its_base_scores_as_the_merged_hf_export(runs, tmp_path):
+    peft = pytest.importorskip("peft", reason="the test extra installs peft")
+    from transformers import AutoModelForCausalLM
+
+    one, _ = runs
+    step_dir = one["resume"]["step_dir"]
+    adapter = export_adapter(step_dir, tmp_path / "hf_adapter", tmp_path / "base")
+    merged = export_checkpoint(step_dir, tmp_path / "hf")
+    base_dir = json.loads((adapter / "adapter_config.json").read_text())
+    base = AutoModelForCausalLM.from_pretrained(
+        base_dir["base_model_name_or_path"], dtype=torch.float32
+    )
+    with_adapter = peft.PeftModel.from_pretrained(base, adapter).eval()
+    merged_model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+    ids = torch.randint(0, lora_cases.SPEC.vocab_size, (2, 10), generator=torch.Generator())
+    with torch.no_grad():
+        expected = merged_model(ids).logits
+        logits = with_adapter(ids).logits
+        with with_adapter.disable_adapter():
+            base_logits = with_adapter(ids).logits
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(base_logits, expected, rtol=1e-3, atol=1e-3)  # adapters act

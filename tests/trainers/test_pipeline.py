@@ -8,6 +8,7 @@ These are the slowest tests of the suite (a few seconds of start-up per run, the
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -121,6 +122,24 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
 
     hf = AutoModelForCausalLM.from_pretrained(resumed / "run" / "hf")
     assert hf.config.num_hidden_layers == config.model.num_layers
+
+
+@pytest.mark.slow
+def test_a_resumed_lora_run_continues_exactly_and_ends_with_its_peft_adapter(tmp_path):
+    lora = ("actor.lora.rank=4", "iterations=4", "checkpoint.every=2")
+    whole = tmp_path / "whole"
+    expected = trained_records(whole, "grpo", *lora)[2:]
+    checkpoints = whole / "run" / "checkpoints" / "actor"
+    # The steps hold the adapters; the random-init base, drawn per layout, lies once beside.
+    assert (checkpoints / "base" / "meta.json").is_file()
+    got = resumed_records(whole, tmp_path / "resumed", "grpo", *lora)
+    assert [r["iteration"] for r in got] == [2, 3]
+    for key in ("reward_mean", "pg_loss", "grad_norm", "entropy"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], abs=1e-6)
+    run = tmp_path / "resumed" / "run"
+    adapter = json.loads((run / "hf_adapter" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str((run / "hf_base").resolve())
+    assert (run / "hf_adapter" / "adapter_model.safetensors").is_file()
 
 
 def test_resume_without_a_checkpoint_is_a_one_line_user_error(tmp_path, capsys):

@@ -47,7 +47,7 @@ from trainers.driver.runners import make_runner
 from trainers.driver.setup import RunSetupError, launch_run, prepare_run, stop_run
 from trainers.driver.state import RunState
 from trainers.driver.validation import Validator
-from trainers.export import export_checkpoint, write_tokenizer
+from trainers.export import BASE_OUT, export_adapter, export_checkpoint, write_tokenizer
 
 USER_MISTAKES = (
     RunSetupError,
@@ -67,6 +67,7 @@ class CheckpointWriteFailed(RuntimeError):
 #: How long a Ctrl-C checkpoint may take before the run gives up on it.
 INTERRUPT_SAVE_TIMEOUT_S = 120.0
 HF_DIR = "hf"  # RUN_DIR/hf: the trained policy, loadable by transformers and vLLM
+ADAPTER_DIR = "hf_adapter"  # RUN_DIR/hf_adapter: a LoRA run's adapters as PEFT loads them
 
 
 def train(
@@ -195,10 +196,19 @@ def _print_memory_check(run: RunState, runner: IterationRunner, device_name: str
 
 def _write_hf(run: RunState) -> None:
     """The trained policy as an HF folder, ``RUN_DIR/hf``, from the final checkpoint, with
-    the tokenizer's files when the tokenizer came from an HF folder or a GGUF file."""
+    the tokenizer's files when the tokenizer came from an HF folder or a GGUF file. A LoRA
+    run also writes its adapters as a PEFT folder, ``RUN_DIR/hf_adapter``, on the base's
+    HF folder (``RUN_DIR/hf_base`` where the base has none of its own)."""
     out = export_checkpoint(run.checkpoint_dir, run.run_dir / HF_DIR)
     write_tokenizer(run.config.model.tokenizer, out)
     print(f"mindrl-train: trained model (HF) in {out}", file=sys.stderr)
+    if not run.config.actor.lora.enabled:
+        return
+    base = run.run_dir / BASE_OUT
+    adapter = export_adapter(run.checkpoint_dir, run.run_dir / ADAPTER_DIR, base)
+    if base.is_dir():
+        write_tokenizer(run.config.model.tokenizer, base)
+    print(f"mindrl-train: trained LoRA adapter (PEFT) in {adapter}", file=sys.stderr)
 
 
 def save_checkpoint(
