@@ -57,6 +57,7 @@ def test_too_few_iterations_after_warm_up_is_an_error():
         soak.memory_trends(records([1.0, 2.0, 3.0]), warmup=2)
 
 
+@pytest.mark.long
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_30_iteration_tiny_run_keeps_every_roles_memory_flat(tmp_path, capsys):

