@@ -166,6 +166,19 @@ def test_an_uneven_pipeline_generates_with_exactly_its_weights_and_reports_loss_
     assert all(r["entropy"] > 0 for r in records)
 
 
+def test_a_lora_run_hands_its_base_over_once_then_its_adapters_only(tmp_path):
+    """Training TP2 -> generation TP1 (DP2): each rank's engine gets the whole base on the
+    first iteration, then the whole float32 adapters only, and samples with the policy."""
+    config = tiny_config(tmp_path, "grpo", "iterations=2", "actor.lora.rank=8")
+    assert train(config, "grpo", device="cpu") == 0
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    first, later = [r["handover_bytes"] for r in records]
+    adapters = 2 * 4 * records[0]["trainable_params"]  # two ranks, float32
+    assert later == adapters
+    assert first > 10 * adapters
+    assert max(r["rollout_logprob_diff"] for r in records) < 1e-4
+
+
 def test_an_unknown_verifier_is_a_one_line_user_error_before_any_worker_starts(tmp_path, capsys):
     config = tiny_config(tmp_path, "grpo", "iterations=2", "reward.verifiers=[synthetic,bogus]")
     assert train(config, "grpo", device="cpu") == 2
