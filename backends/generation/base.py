@@ -2,8 +2,9 @@
 
 Rollout workers hand token ids in and get token ids, log-probs and finish reasons out;
 they never see a tokenizer or a model class. Weights arrive from the resharder as
-HF-named full tensors through :meth:`GenerationEngine.load_weights`, and the engine
-gives its device memory back around the update stage with :meth:`sleep` /
+HF-named full tensors through :meth:`GenerationEngine.load_weights` (a LoRA policy: its
+base once, then its adapters each time through :meth:`GenerationEngine.apply_adapters`),
+and the engine gives its device memory back around the update stage with :meth:`sleep` /
 :meth:`wake_up`.
 
 Conventions shared by every engine:
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -161,6 +162,9 @@ class EngineConfig:
         share_prompt_prefill: HF engine: run the prompt of identical rows (GRPO's N
             copies, ``SamplingParams.n``) through the model once and copy its KV cache;
             off only to measure what it saves. vLLM shares through its prefix cache.
+        takes_adapters: the policy arrives as a base (:meth:`GenerationEngine.load_weights`)
+            and LoRA adapters (:meth:`GenerationEngine.apply_adapters`); an engine that
+            cannot read its weights back (vLLM) then keeps a host copy of the base as loaded.
     """
 
     model: str | PretrainedConfig
@@ -175,6 +179,7 @@ class EngineConfig:
     seed: int = 0
     device: str | None = None
     share_prompt_prefill: bool = True
+    takes_adapters: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.memory_fraction <= 1:
@@ -330,6 +335,28 @@ class GenerationEngine(ABC):
         Raises:
             KeyError: a name the model does not have.
             ValueError: a tensor whose shape does not match the parameter.
+        """
+
+    @abstractmethod
+    def apply_adapters(
+        self, adapters: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scale: float
+    ) -> None:
+        """Make each named linear's weight its base plus a LoRA adapter.
+
+        ``adapters`` maps HF linear module names (``model.layers.0.self_attn.q_proj``) to
+        full ``(A [rank, in], B [out, rank])``; each weight becomes
+        ``backends.lora_merge.merged_weight(base, A, B, scale)``, where ``base`` is a
+        pristine copy of the weight as :meth:`load_weights` last loaded it, kept by the
+        engine in its own dtype on the host (it holds exactly what was loaded; promoted
+        to float32 for each merge). Never merged into the live weight and taken out
+        again: in 16 bits each round trip rounds and the weights drift from the base.
+        A later :meth:`load_weights` of a name replaces its pristine copy. An engine
+        holding a TP shard of a weight merges its own part of the adapter.
+
+        Raises:
+            KeyError: a module the model does not have.
+            EngineStateError: a base to merge into is missing (never loaded, or
+                discarded by ``sleep(level=2)`` and not loaded again).
         """
 
     @abstractmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +28,7 @@ from backends.generation.base import (
 from backends.generation.hf_experts import fused_expert_view
 from backends.generation.padding import PAD_ID, left_padded
 from backends.generation_memory import kv_bytes_per_token, prompts_per_call, sequence_bytes
+from backends.lora_merge import merged_weight
 
 if TYPE_CHECKING:  # transformers' model classes load when an engine starts, not with its
     # capabilities (the config check and the planner read them)
@@ -81,6 +82,9 @@ class HFGenerationEngine(GenerationEngine):
             if name not in self._params
         }
         self._storage_bytes: dict[str, int] = {}  # params discarded by sleep(level=2)
+        #: Adapted weights as loaded with the base (host, their dtype): what every
+        #: :meth:`apply_adapters` merges into, never the live weight.
+        self._pristine: dict[str, torch.Tensor] = {}
         self._asleep = False
         self._seeds = random.Random(config.seed)
 
@@ -101,6 +105,25 @@ class HFGenerationEngine(GenerationEngine):
             # The view shares the parameter's storage, so it is valid once restored.
             self._restore_storage(target, self._params[target])
             param_view.copy_(tensor)
+            self._pristine.pop(target, None)  # a new base: copied again at the next merge
+
+    @torch.no_grad()
+    def apply_adapters(
+        self, adapters: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scale: float
+    ) -> None:
+        for module, (a, b) in adapters.items():
+            name = f"{module}.weight"
+            if name not in self._params:
+                raise KeyError(f"apply_adapters: the model has no linear '{module}'")
+            weight = self._params[name]
+            if name not in self._pristine:
+                if name in self._storage_bytes:
+                    raise EngineStateError(
+                        f"apply_adapters: '{name}' was discarded by sleep(level=2): "
+                        "load the base with load_weights() before its adapters"
+                    )
+                self._pristine[name] = weight.detach().to("cpu", copy=True)
+            weight.copy_(merged_weight(self._pristine[name], a, b, scale))
 
     def _target(self, name: str) -> tuple[str, torch.Tensor]:
         """The parameter ``name`` lands in and the view of it that ``name`` fills.

@@ -44,7 +44,7 @@ import logging
 import os
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,6 +64,7 @@ from backends.generation.base import (
     stop_end,
 )
 from backends.generation.hf_experts import is_expert_name, unfuse_experts
+from backends.lora_merge import merged_weight
 
 if TYPE_CHECKING:
     import vllm
@@ -368,6 +369,14 @@ class VLLMGenerationEngine(GenerationEngine):
             logprobs_mode="raw_logprobs",
         )
         self._vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        #: This rank's TP rank inside its engine (the shards it loads are that rank's).
+        self._tp_rank = launch.env_rank % tp if self.in_process_group else 0
+        #: The base as loaded (host copies, their dtype), kept with ``takes_adapters``:
+        #: vLLM's parameters are fused and repacked, so the merges start from these.
+        #: Every loaded tensor until the first :meth:`apply_adapters` names the adapted
+        #: modules; then the tensors of those modules only.
+        self._pristine: dict[str, torch.Tensor] = {}
+        self._adapted: set[str] | None = None  # HF module names
         self._asleep = False
         self._weights_awake = False  # wake_weights ran since the last sleep
 
@@ -394,6 +403,70 @@ class VLLMGenerationEngine(GenerationEngine):
         and are read where they lie (the generation shards on the device); only an
         engine core in another process gets host copies.
         """
+        if self.config.takes_adapters:
+            named_tensors = self._keeping_pristine(named_tensors)
+        self._load(named_tensors)
+
+    def _keeping_pristine(self, named_tensors: Weights) -> Iterator[tuple[str, torch.Tensor]]:
+        """``named_tensors`` as they stream by, a host copy of each kept as its base."""
+        for name, tensor in named_tensors:
+            if self._adapted is None or _module_of(name) in self._adapted:
+                self._pristine[name] = tensor.detach().to("cpu", copy=True)
+            yield name, tensor
+
+    def apply_adapters(
+        self, adapters: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scale: float
+    ) -> None:
+        """Load each adapted weight merged from its kept base (the simplest path that is
+        exact on every platform: vLLM's own LoRA serving adds ``B @ A`` at every forward
+        through its punica kernels, with their own dtype and rank limits). A module's
+        other tensors (a bias) go along as loaded: vLLM's layer-by-layer reload rebuilds
+        a layer from what it is given."""
+        if not self.config.takes_adapters:
+            raise EngineStateError(
+                "apply_adapters: this engine was built without EngineConfig.takes_adapters, "
+                "so it kept no base to merge into"
+            )
+        missing = sorted(m for m in adapters if f"{m}.weight" not in self._pristine)
+        if missing:
+            raise EngineStateError(
+                f"apply_adapters: no base of '{missing[0]}' was loaded ({len(missing)} "
+                "missing): load the base with load_weights() before its adapters"
+            )
+        if self._adapted is None:  # the base of what no adapter touches is not needed
+            self._adapted = set(adapters)
+            self._pristine = {
+                n: t for n, t in self._pristine.items() if _module_of(n) in self._adapted
+            }
+        self._load(self._merged(adapters, scale))
+
+    def _merged(
+        self, adapters: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scale: float
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, base in self._pristine.items():
+            pair = adapters.get(_module_of(name)) if name.endswith(".weight") else None
+            if pair is None:
+                yield name, base
+            else:
+                yield name, merged_weight(base, *self._own_part(name, *pair), scale)
+
+    def _own_part(
+        self, name: str, a: torch.Tensor, b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The part of a full adapter whose ``B @ A`` is this rank's shard of ``name``:
+        ``B``'s rows of a row-split weight, ``A``'s columns of a column-split one."""
+        if not self.in_process_group:
+            return a, b
+        shard = tuple(self._pristine[name].shape)
+        dim = _split_dim(name, shard, self._full_shapes, self.config.tensor_parallel_size)
+        if dim == 0:
+            return a, b.narrow(0, self._tp_rank * shard[0], shard[0])
+        if dim == 1:
+            return a.narrow(1, self._tp_rank * shard[1], shard[1]), b
+        return a, b
+
+    def _load(self, named_tensors: Weights) -> None:
+        """Hand tensors to the worker(s) as they are (see :meth:`load_weights`)."""
         if self.llm.llm_engine.model_config.hf_config.tie_word_embeddings:
             named_tensors = _with_tied_output(named_tensors)
         if self.in_process_group:
@@ -623,6 +696,11 @@ def _with_tied_output(
         yield name, tensor
         if name == EMBEDDING:
             yield OUTPUT, tensor
+
+
+def _module_of(name: str) -> str:
+    """The HF module a tensor name belongs to (``...q_proj.weight`` -> ``...q_proj``)."""
+    return name.rsplit(".", 1)[0]
 
 
 def _executor(in_process_group: bool, tp: int) -> str | None:

@@ -50,10 +50,10 @@ from backends.megatron.logprobs import (
 )
 from backends.megatron.lora import (
     LoRASpec,
+    MergedWeights,
     adapters_disabled,
     add_adapters,
     is_adapter_name,
-    merged_weights,
 )
 from backends.megatron.optim import (
     OptimSpec,
@@ -151,8 +151,10 @@ class MegatronEngine:
         if self.lora is not None:
             with megatron_compat(self.device):
                 add_adapters(self.model, self.lora, seed)
-        self._policy = self._policy_weights()
-        self._refresh_policy()
+        #: Counts loads of the base weights (a checkpoint, base weights given to
+        #: :meth:`load_full_state_dict`): with LoRA the generation engine keeps the base it
+        #: was handed and gets the adapters only, until this count moves.
+        self.base_version = 0
         #: Where the base came from (set by the caller: model source, seed); a LoRA
         #: checkpoint records it and refuses to resume on another base.
         self.base_origin: dict[str, Any] | None = None
@@ -203,33 +205,29 @@ class MegatronEngine:
         return param_layouts(self.model)
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's weights on this rank under the base's canonical names: what the
-        generation engine gets (the resharder keeps this dict and reads it at every
-        hand-over). Without LoRA the parameters themselves; with LoRA each wrapped weight
-        is a kept tensor holding ``weight + scale * B @ A``, refreshed after every step
-        and load, and the adapters are not listed."""
-        return self._policy
+        """This rank's parameters but the adapters, under canonical names: the weights
+        the generation engine gets (the resharder keeps this dict and reads it at every
+        hand-over). Without LoRA the whole policy; with LoRA the frozen base, which the
+        engine is handed once per :attr:`base_version` and merges
+        :meth:`adapter_weights` into itself (docs/architecture.md §13)."""
+        return {n: p for n, p in self.named_parameters().items() if not is_adapter_name(n)}
+
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """This rank's LoRA adapter matrices under canonical names (``<linear>.lora.A`` /
+        ``.B``; none without LoRA): what each hand-over moves besides a changed base."""
+        return {n: p for n, p in self.named_parameters().items() if is_adapter_name(n)}
 
     def policy_layouts(self) -> dict[str, ParamLayout]:
         """Canonical name -> layout of each of :meth:`policy_weights`."""
+        return self._layouts_of(self.policy_weights())
+
+    def adapter_layouts(self) -> dict[str, ParamLayout]:
+        """Canonical name -> layout of each of :meth:`adapter_weights`."""
+        return self._layouts_of(self.adapter_weights())
+
+    def _layouts_of(self, weights: dict[str, torch.Tensor]) -> dict[str, ParamLayout]:
         layouts = self.param_layouts()
-        return {name: layouts[name] for name in self._policy}
-
-    def _policy_weights(self) -> dict[str, torch.Tensor]:
-        params = self.named_parameters()
-        if self.lora is None:
-            return params
-        wrapped = {id(module.weight) for module in self.model.modules() if hasattr(module, "lora")}
-        return {
-            name: torch.empty_like(param.detach()) if id(param) in wrapped else param
-            for name, param in params.items()
-            if not is_adapter_name(name)
-        }
-
-    def _refresh_policy(self) -> None:
-        """Merge the current adapters into :meth:`policy_weights` (LoRA only)."""
-        if self.lora is not None:
-            merged_weights(self.model, self._policy)
+        return {name: layouts[name] for name in weights}
 
     def trainable_params(self) -> int:
         """Elements of the whole model the optimizer trains, every shard counted once
@@ -257,13 +255,14 @@ class MegatronEngine:
 
     def load_full_state_dict(self, full: dict[str, torch.Tensor]) -> None:
         """Load full canonical Megatron tensors (non-strict for a critic's missing head)."""
+        if not all(is_adapter_name(name) for name in full):
+            self.base_version += 1
         with megatron_compat(self.device):
             if self.lora is not None:  # HF weights hold the base: adapters stay as they are
                 full = {**self._adapter_state(), **full}
             load_full_state_dict(self.model, full, strict=not self.value_head)
             if self.distributed is not None:
                 self.distributed.reload_model_params()
-        self._refresh_policy()
 
     def _adapter_state(self) -> dict[str, torch.Tensor]:
         """The adapters as full canonical tensors (collective over TP)."""
@@ -283,12 +282,7 @@ class MegatronEngine:
         or with LoRA the base with the adapters merged in."""
         if self.lora is None:
             return self.full_state_dict()
-        params = self.named_parameters()
-        local = {
-            name: gather_like(name, params[name], weight).cpu()
-            for name, weight in self._policy.items()
-        }
-        return merge_over_world(local)
+        return dict(MergedWeights(self.full_state_dict(), self.lora.scale))
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy as an HF state dict (what generation engines load)."""
@@ -489,7 +483,6 @@ class MegatronEngine:
 
         losses = self._run(micro_batches, head, train=True)
         grad_norm, lr = self._optimizer_step()
-        self._refresh_policy()
         self.step += 1
         loss = self._global_loss(losses)
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, **self._token_use(micro_batches)}
@@ -625,7 +618,7 @@ class MegatronEngine:
             self._schedule_at(self.step)
         if self.distributed is not None:
             self._group_steps_at(self.step)
-        self._refresh_policy()
+        self.base_version += 1  # the checkpoint's base (the same one, checked, with LoRA)
         return saved.meta["data_position"]
 
     def _check_adapters_match(self, saved: checkpoint.Checkpoint) -> None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from backends.lora_merge import merged_weight
 from backends.megatron.layouts import (
     canonical_parameters,
     layout_of,
@@ -151,13 +152,6 @@ class LoRAAdapter(nn.Module):
         else:
             inner = tp.reduce_from_tensor_model_parallel_region(inner)
         return self.scale * inner @ self.B.t()
-
-    def merged(self, weight: torch.Tensor) -> torch.Tensor:
-        """This rank's shard of ``weight + scale * B @ A`` (no communication: the split
-        matrix is split as the weight is, the other is whole)."""
-        wide = torch.promote_types(weight.dtype, torch.float32)
-        delta = (self.B.detach().to(wide) @ self.A.detach().to(wide)) * self.scale
-        return (weight.detach().to(wide) + delta).to(weight.dtype)
 
 
 def _add_adapter_output(module: nn.Module, args: tuple, output: tuple) -> tuple:
@@ -283,21 +277,11 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
             adapter.enabled = True
 
 
-def merged_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Write each wrapped linear's merged weight shard into ``weights`` (canonical name ->
-    a tensor shaped as that shard, kept by the caller)."""
-    layer_names = canonical_parameters(model)
-    by_id = {id(p): n for n, p in layer_names.items()}
-    for module in model.modules():
-        adapter = getattr(module, ADAPTER, None)
-        if isinstance(adapter, LoRAAdapter):
-            weights[by_id[id(module.weight)]].copy_(adapter.merged(module.weight))
-
-
 class MergedWeights(Mapping):
     """Full canonical tensors (a checkpoint's ``model/`` tensors, read on access) as the
-    policy: each wrapped weight with its adapters merged in (float32 at least), the
-    adapters themselves not listed. What an HF export of a LoRA checkpoint writes."""
+    policy: each wrapped weight with its adapters merged in (``merged_weight``), the
+    adapters themselves not listed. What an HF export of a LoRA checkpoint writes, and
+    the engine's :meth:`~backends.megatron.engine.MegatronEngine.policy_state_dict`."""
 
     def __init__(self, full: Mapping[str, torch.Tensor], scale: float) -> None:
         self.full, self.scale = full, scale
@@ -312,9 +296,8 @@ class MergedWeights(Mapping):
         weight, prefix = self.full[name], self._adapter(name)
         if prefix is None or not name.endswith(".weight"):
             return weight
-        wide = torch.promote_types(weight.dtype, torch.float32)
-        a, b = (self.full[f"{prefix}.{ADAPTER}.{m}"].to(wide) for m in ("A", "B"))
-        return (weight.to(wide) + self.scale * b @ a).to(weight.dtype)
+        a, b = (self.full[f"{prefix}.{ADAPTER}.{m}"] for m in ("A", "B"))
+        return merged_weight(weight, a, b, self.scale)
 
     def __iter__(self) -> Iterator[str]:
         return (name for name in self.full if not is_adapter_name(name))

@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: Keys whose values are, or are derived from, wall-clock time or measured memory.
+#: Keys whose values are, or are derived from, wall-clock time or measured memory; and
+#: ``handover_bytes``, which follows where the weight hand-overs fall, not the samples (a
+#: resumed run hands its whole base over again, a disaggregated one at start-up).
 MEASURED_KEYS = frozenset(
-    {"time", "busy", "overlap", "overhead", "memory", "tps", "weight_transfer"}
+    {"time", "busy", "overlap", "overhead", "memory", "tps", "weight_transfer", "handover_bytes"}
 )
 #: Key endings of a duration, a rate or a memory figure (``iteration_time_s``,
 #: ``val/time_s``, ``samples_per_s``, ``reward_fn/math/latency_p99_s``, ``host_peak_mib``).

@@ -205,6 +205,8 @@ class ModelWorker(WeightSource):
             **report,
             "reshard_s": self.rollout.seconds["reshard"],
             "swap_in_s": self.rollout.seconds.get("swap_in", 0.0),
+            # Validation's hand-overs since the last rollout included.
+            "handover_bytes": float(self.rollout.take_handover_bytes()),
             **self._timing(start),
         }
 

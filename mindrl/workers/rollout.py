@@ -10,12 +10,19 @@ With generation TP > 1 each rank hands the engine only its own shard of every TP
 tensor, named as HF names the slices of the full tensors (the family's conversion runs
 on a shard as on a model with 1/tp of the heads); vocabulary tensors stay whole
 (``GenLayout.whole_vocab``), as the engines' ``load_weights`` expects.
+
+A LoRA actor hands its frozen base over once (again only when the base itself was
+loaded anew: ``MegatronEngine.base_version``) and, at every hand-over, its adapters: a
+second resharder gathers them whole (they are tiny) and the engine merges them into the
+base it keeps (``GenerationEngine.apply_adapters``; docs/architecture.md §13).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+
+import torch
 
 from backends.generation import (
     EngineConfig,
@@ -60,7 +67,8 @@ def _mib_to_bytes(mib: float | None) -> int | None:
 
 
 def make_generation_engine(config: MindRLConfig, initial: InitialModel) -> GenerationEngine:
-    """The configured generation engine for the model, with no weights yet."""
+    """The configured generation engine for the model, with no weights yet (with
+    ``actor.lora``: one that takes the policy as a base and adapters)."""
     return get_engine_class(engine_name(config.rollout.engine))(
         EngineConfig(
             model=pretrained_config(initial.hf_config),
@@ -73,6 +81,7 @@ def make_generation_engine(config: MindRLConfig, initial: InitialModel) -> Gener
             expert_parallel_size=config.rollout.ep,
             enforce_eager=True,
             seed=config.seed,
+            takes_adapters=config.actor.lora.enabled,
         )
     )
 
@@ -88,15 +97,8 @@ def make_resharder(
     """Training layout of ``world`` ranks -> generation layout (``rollout.tp``, or whole
     tensors with ``whole``) over the same ranks; with ``swap`` the training state goes to
     the host while generating."""
-    parallel = config.actor.parallel
-    train = TrainLayout(world, parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp)
-    tp, ep = (1, 1) if whole else (config.rollout.tp, config.rollout.ep)
-    gen = GenLayout(world, tp, ep, whole_vocab=True)
-    kwargs = {
-        "model": ModelShape(spec.num_attention_heads, spec.num_query_groups, spec.num_experts),
-        "bucket_bytes": int(config.rollout.reshard_bucket_mib * 2**20),
-    }
-    params = trainer.policy_weights()  # with LoRA: the adapters merged into the base
+    train, gen, kwargs = _reshard_layouts(spec, config, world, whole)
+    params = trainer.policy_weights()  # with LoRA: the frozen base (adapters on their own)
     layouts = trainer.policy_layouts()
     if not swap:
         return NaiveResharder(params, layouts, train, gen, **kwargs)
@@ -110,6 +112,38 @@ def make_resharder(
             return grad_tensors(params.values()) + trainer.optimizer_state_tensors()
 
     return AllgatherSwapResharder(params, layouts, train, gen, swap_extra=extra, **kwargs)
+
+
+def make_adapter_resharder(
+    trainer: MegatronEngine, spec: GPTSpec, config: MindRLConfig, world: int
+) -> NaiveResharder:
+    """The LoRA adapters' resharder: gathered whole on every rank (a few MiB; an engine
+    holding a TP shard of a weight merges its own part), never swapped (they stay on the
+    device beside generation)."""
+    train, gen, kwargs = _reshard_layouts(spec, config, world, whole=True)
+    return NaiveResharder(
+        trainer.adapter_weights(), trainer.adapter_layouts(), train, gen, **kwargs
+    )
+
+
+def _reshard_layouts(
+    spec: GPTSpec, config: MindRLConfig, world: int, whole: bool
+) -> tuple[TrainLayout, GenLayout, dict]:
+    """The training and generation layouts of a resharder, and its other arguments."""
+    parallel = config.actor.parallel
+    train = TrainLayout(world, parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp)
+    tp, ep = (1, 1) if whole else (config.rollout.tp, config.rollout.ep)
+    gen = GenLayout(world, tp, ep, whole_vocab=True)
+    kwargs = {
+        "model": ModelShape(spec.num_attention_heads, spec.num_query_groups, spec.num_experts),
+        "bucket_bytes": int(config.rollout.reshard_bucket_mib * 2**20),
+    }
+    return train, gen, kwargs
+
+
+def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:
+    """Bytes of ``tensors`` (what a hand-over gives the generation engine)."""
+    return sum(t.nbytes for t in tensors.values())
 
 
 class Rollout:
@@ -129,6 +163,15 @@ class Rollout:
         self.family = get_family(initial.spec.family)
         self.swap = config.rollout.swap
         self.resharder = make_resharder(trainer, initial.spec, config, world, self.swap)
+        self.adapter_resharder = (
+            make_adapter_resharder(trainer, initial.spec, config, world)
+            if trainer.lora is not None
+            else None
+        )
+        #: The trainer's ``base_version`` the engine holds (None: no base handed yet).
+        self.handed_base: int | None = None
+        #: Bytes handed to the engine since :meth:`take_handover_bytes` last read them.
+        self.handover_bytes = 0
         self.shard_spec = generation_shard_spec(initial.spec, config.rollout.tp)
         self.generator = make_generation_engine(config, initial)
         self.seconds: dict[str, float] = {}
@@ -148,19 +191,45 @@ class Rollout:
         """
         start = time.perf_counter()
         if reshard:
-            buffers = self.resharder.reshard()
-            self.generator.wake_weights()
-            self.generator.load_weights(self.family.iter_hf(buffers, self.shard_spec))
-            # The engine copied every tensor into its own weights. Kept, the generation
-            # buffers would be one more copy of the model held through generation and
-            # training (docs/memory.md); re-made next time, they cost one allocation.
-            del buffers
+            self._hand_over_base()
+            if self.adapter_resharder is not None:
+                self._hand_over_adapters()
             self.generator.wake_up()
         else:
             if self.swap:
                 self.resharder.swap_out()
             self.generator.wake_up()
         self.seconds = {"reshard": time.perf_counter() - start}
+
+    def _hand_over_base(self) -> None:
+        """The trainer's weights but its adapters to the engine, unless it holds them (a
+        LoRA base it was handed already: then only the training state leaves)."""
+        if self.adapter_resharder is not None and self.handed_base == self.trainer.base_version:
+            if self.swap:
+                self.resharder.swap_out()
+            return
+        buffers = self.resharder.reshard()
+        self.generator.wake_weights()
+        self.generator.load_weights(self.family.iter_hf(buffers, self.shard_spec))
+        self.handover_bytes += tensor_bytes(buffers)
+        self.handed_base = self.trainer.base_version
+        # The engine copied every tensor into its own weights. Kept, the generation
+        # buffers would be one more copy of the model held through generation and
+        # training (docs/memory.md); re-made next time, they cost one allocation.
+        del buffers
+
+    def _hand_over_adapters(self) -> None:
+        """The adapters, whole, under HF linear names, merged by the engine into its base."""
+        adapters = self.adapter_resharder.reshard()
+        self.generator.wake_weights()
+        hf = self.family.lora_to_hf(adapters, self.spec)
+        self.generator.apply_adapters(hf, self.trainer.lora.scale)
+        self.handover_bytes += tensor_bytes(adapters)
+
+    def take_handover_bytes(self) -> int:
+        """Bytes handed to the engine since the last call (a record's ``handover_bytes``)."""
+        taken, self.handover_bytes = self.handover_bytes, 0
+        return taken
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         return self.generator.generate(prompts, params)

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from backends.megatron.families import get_family
+from backends.megatron.lora import MergedWeights
 from mindrl.workers.rendezvous import host_store
-from mindrl.workers.rollout import make_resharder
+from mindrl.workers.rollout import make_adapter_resharder, make_resharder
 
 #: What a receiver needs to allocate one tensor: HF name, shape, dtype name.
 Manifest = list[tuple[str, tuple[int, ...], str]]
@@ -43,6 +44,11 @@ class WeightSource:
         self.resharder = make_resharder(
             self.engine, self.spec, self.config, self.size, swap=False, whole=True
         )
+        self.adapter_resharder = (
+            make_adapter_resharder(self.engine, self.spec, self.config, self.size)
+            if self.engine.lora is not None
+            else None
+        )
         self.family = get_family(self.spec.family)
         self._transfer_store: Any = None
         self._transfer: Any = None
@@ -61,6 +67,9 @@ class WeightSource:
     def _generation_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Whole HF-named tensors of the current weights (a collective over the actor)."""
         buffers = self.resharder.reshard()
+        if self.adapter_resharder is not None:  # a rollout worker loads a whole policy
+            adapters = self.adapter_resharder.reshard()
+            buffers = MergedWeights({**buffers, **adapters}, self.engine.lora.scale)
         return [(name, t.contiguous()) for name, t in self.family.iter_hf(buffers, self.spec)]
 
     def weight_manifest(self) -> Manifest:
@@ -76,4 +85,5 @@ class WeightSource:
             on_device = self.device.transfer_on_device
             for _, tensor in named:
                 self.device.broadcast(self._transfer, tensor if on_device else tensor.cpu(), 0)
-        return {"busy_s": time.perf_counter() - start, "bytes": sum(t.nbytes for _, t in named)}
+        bytes_sent = sum(t.nbytes for _, t in named)
+        return {"busy_s": time.perf_counter() - start, "handover_bytes": float(bytes_sent)}

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from backends.megatron import GPTSpec, MegatronEngine, OptimSpec, ParallelSpec
 from backends.megatron.builder import destroy_parallel
 from backends.megatron.checkpoint import CheckpointError
+from backends.megatron.families import get_family
 from backends.megatron.lora import DEFAULT_TARGETS, OUTPUT_TARGET, LoRASpec
 from backends.megatron.sharding import gather_full_state_dict
 from tests.megatron.cases import (
@@ -204,6 +205,58 @@ def tied_output_refusal() -> str | None:
     return None
 
 
+TINY = Path(__file__).parents[2] / "configs" / "tiny.yaml"
+
+
+def handover(rank: int, world: int) -> dict:
+    """The tiny recipe's actor with LoRA (training TP2 -> generation TP1, swap on): what
+    each hand-over moved and whether the engine then holds exactly the policy, first,
+    after LoRA steps, and after a new base is loaded."""
+    from mindrl.config.layout import training_layout
+    from mindrl.config.loader import load_config
+    from mindrl.config.specs import engine_specs
+    from mindrl.workers.model_setup import initial_model
+    from mindrl.workers.rollout import Rollout
+
+    config = load_config(TINY, ["rollout.swap=true", "actor.lora.rank=8"])
+    initial = initial_model(config.model)
+    specs = engine_specs(config.actor, training_layout(config.actor, config.model, world), 10)
+    trainer = MegatronEngine(initial.spec, specs.parallel, specs.optim, lora=specs.lora)
+    rollout = Rollout(trainer, config, initial, world)
+    family = get_family(initial.spec.family)
+    engine_weights = dict(rollout.generator.model.named_parameters())
+
+    def hand_over() -> dict:
+        rollout.refresh_weights()
+        rollout.restore_training_state()  # the trainer's weights are on the host until then
+        policy = family.megatron_to_hf(trainer.policy_state_dict(), initial.spec)
+        same = all(torch.equal(engine_weights[n], w) for n, w in policy.items())
+        return {"bytes": rollout.take_handover_bytes(), "engine_is_policy": same}
+
+    def train(steps: int) -> None:
+        for step in range(steps):
+            batch = batches(initial.spec, seed=step)
+            trainer.train_step(batch, policy_loss, MICRO, with_entropy=True)
+
+    full = trainer.full_state_dict()
+    sizes = {
+        "base": sum(t.nbytes for n, t in full.items() if ".lora." not in n),
+        "adapters": sum(t.nbytes for n, t in full.items() if ".lora." in n),
+    }
+    first = hand_over()
+    as_handed = trainer.policy_state_dict()
+    train(3)
+    trained = trainer.policy_state_dict()
+    moved = [n for n, w in as_handed.items() if not torch.equal(trained[n], w)]
+    later = [hand_over()]
+    train(1)
+    later.append(hand_over())
+    trainer.load_full_state_dict({n: t * 0.5 for n, t in full.items() if ".lora." not in n})
+    reloaded = hand_over()
+    _finish()
+    return {"sizes": sizes, "first": first, "later": later, "reloaded": reloaded, "moved": moved}
+
+
 def on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
     return {
         "unmatched": unmatched_target_refusal(),
@@ -237,4 +290,5 @@ def on_two_ranks(rank: int, world: int, checkpoint_root: str) -> dict:
         "tp2_distributed_fp32": one_step(
             ParallelSpec(tp=2), distributed, spec=dataclasses.replace(SPEC, dtype="float32")
         ),
+        "handover": handover(rank, world),
     }

@@ -1,6 +1,7 @@
 """LoRA adapters on the Megatron engine: sharded with TP and PP they train exactly as on one
 rank, only they train, fresh ones leave the base's outputs alone, the base is the
-reference, and a checkpoint resumes them exactly (float64, spawned gloo ranks)."""
+reference, a checkpoint resumes them exactly (float64, spawned gloo ranks), and the
+generation engine gets the base once, then the adapters only, and holds the policy."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def test_the_planner_counts_exactly_the_adapters_the_engine_trains(runs):
         assert sum(s.total for s in stages) == one["tp1"]["trainable_params"]
 
 
-def test_the_generation_engine_gets_the_base_with_the_adapters_merged_in(runs):
+def test_the_merged_policy_is_the_base_with_the_adapters_merged_in(runs):
     one, _ = runs
     reference = one["tp1"]
     weights, scale = reference["weights"], lora_cases.LORA.scale
@@ -117,6 +118,25 @@ def test_the_generation_engine_gets_the_base_with_the_adapters_merged_in(runs):
     merged = weights[f"{qkv}.weight"] + scale * weights[f"{qkv}.lora.B"] @ weights[f"{qkv}.lora.A"]
     torch.testing.assert_close(reference["policy"][f"{qkv}.weight"], merged, **EXACT)
     assert not any(".lora." in name for name in reference["policy"])
+
+
+def test_the_base_is_handed_over_once_then_only_the_adapters_and_the_engine_is_the_policy(runs):
+    _, two = runs
+    for rank in two:
+        handover = rank["handover"]
+        sizes = handover["sizes"]
+        # The first hand-over: the whole base (this rank's engine is whole) and the adapters.
+        whole = {"bytes": sizes["base"] + sizes["adapters"], "engine_is_policy": True}
+        assert handover["first"] == whole
+        # After LoRA steps (they moved every adapted weight, the output layer's too): the
+        # adapters only, and the engine's weights are exactly the trained policy's (bit
+        # for bit in float32).
+        assert "output_layer.weight" in handover["moved"] and len(handover["moved"]) == 2 * 4 + 1
+        for later in handover["later"]:
+            assert later == {"bytes": sizes["adapters"], "engine_is_policy": True}
+        assert sizes["adapters"] < sizes["base"] / 10
+        # A new base (a checkpoint load, HF weights) is handed over again.
+        assert handover["reloaded"] == whole
 
 
 def test_each_hf_linear_gets_its_rows_of_the_fused_adapter(runs):

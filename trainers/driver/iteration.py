@@ -72,6 +72,8 @@ class Ledger:
     dock_beside_s: float = 0.0
     reshard_s: float = 0.0
     scheduling_s: float = 0.0
+    #: Bytes handed to the generation side, summed over the ranks that hand over.
+    handover_bytes: float = 0.0
 
     def add_stage(self, name: str, wall: float, results: list[dict]) -> None:
         """Stage ``name`` took ``wall`` s on the driver; ``results`` are the workers' reports."""
@@ -80,6 +82,7 @@ class Ledger:
         self.busy[name] = self.busy.get(name, 0.0) + busy
         self.dock_s += max((r.get("dock_s", 0.0) for r in results), default=0.0)
         self.reshard_s += max((r.get("reshard_s", 0.0) for r in results), default=0.0)
+        self.handover_bytes += sum(r.get("handover_bytes", 0.0) for r in results)
         self.scheduling_s += max(wall - busy, 0.0)
         book_peaks(self.memory, name, results)
 
@@ -133,7 +136,9 @@ class Sampled:
 EPISODE_WALL_TIMES = frozenset({"env_wait_s", "env_engine_s"})
 
 #: Report keys that are timing or memory, booked by the ledger, not metrics of the iteration.
-TIMING_KEYS = frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s"}) | MEMORY_KEYS
+TIMING_KEYS = (
+    frozenset({"busy_s", "dock_s", "reshard_s", "swap_in_s", "handover_bytes"}) | MEMORY_KEYS
+)
 
 #: The stage whose controller a checkpoint asks for the versions of responses it keeps.
 VERSION_STAGE = "update"
@@ -588,6 +593,7 @@ class IterationRunner:
             "busy": ledger.busy,
             "overlap": {**ledger.overlap, "total": sum(ledger.overlap.values(), 0.0)},
             "overhead": ledger.overhead(seconds),
+            "handover_bytes": ledger.handover_bytes,
             MEMORY_RECORD_KEY: self.memory_record(ledger),
         }
         if self.run.options.dynamic_sampling:

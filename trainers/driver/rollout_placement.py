@@ -68,7 +68,8 @@ class WeightPush:
     def wait(self, timeout_s: float) -> dict[str, float]:
         """Its report once every side finished: the slowest side's seconds and the bytes."""
         results = wait_all(self.refs, self.names, "weight transfer", timeout_s)
-        return {"busy_s": max(r["busy_s"] for r in results), "bytes": results[0]["bytes"]}
+        report = {"busy_s": max(r["busy_s"] for r in results)}
+        return report | {"handover_bytes": results[0]["handover_bytes"]}  # actor rank 0's
 
 
 def start_push(run: RunState, version: int) -> WeightPush:
