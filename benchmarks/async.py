@@ -170,8 +170,6 @@ import argparse
 import heapq
 import itertools
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -184,6 +182,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness.report import machine  # noqa: E402  (after the path)
 from mindrl.planner.sample_flow import dispatch_seconds, sample_flow  # noqa: E402
 
 #: What a disaggregated run adds: generation on ``rollout.devices`` of the world's devices,
@@ -986,14 +985,6 @@ def by_scale(m: ClusterModel) -> dict[int, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- report
-
-
-def machine() -> str:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"{platform.machine()} CPU, {os.cpu_count()} cores, load average {load:.1f} at start, "
-        f"Python {platform.python_version()}"
-    )
 
 
 def print_measured(report: dict[str, Any]) -> None:

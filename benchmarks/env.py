@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -42,6 +41,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.harness.report import machine  # noqa: E402  (after the path)
 
 MODES = {
     "async": "AsyncSlowRecallEnv",
@@ -164,14 +165,6 @@ def ratios(rows: list[dict]) -> dict[str, float]:
         if delay != first_delay:
             out[f"{mode} {delay:g} ms / {first_delay:g} ms"] = rate / by_cell[mode, first_delay]
     return out
-
-
-def machine() -> str:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"{platform.machine()} CPU, {os.cpu_count()} cores, load average {load:.1f} at start, "
-        f"Python {platform.python_version()}"
-    )
 
 
 def print_report(report: dict[str, Any]) -> None:

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -35,6 +33,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.harness.report import machine  # noqa: E402  (after the path)
 
 RECIPES = {
     "smollm2": {"full": ("smollm2_135m.yaml", []), "lora": ("smollm2_135m_lora.yaml", [])},
@@ -148,14 +148,6 @@ def measure_tiny(iterations: int, work: Path, device: str) -> dict[str, Any]:
     return runs
 
 
-def machine(device: str) -> str:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"{platform.machine()} CPU, {os.cpu_count()} cores, load average {load:.1f} at start, "
-        f"Python {platform.python_version()}, device {device}"
-    )
-
-
 def print_report(report: dict[str, Any]) -> None:
     print(f"\nmeasured on {report['machine']}")
     if "smollm2" in report:
@@ -203,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainers.driver.setup import _connect_ray
     from trainers.registry import get_algorithm
 
-    report: dict[str, Any] = {"machine": machine(args.device)}
+    report: dict[str, Any] = {"machine": machine(f"device {args.device}")}
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="mindrl-lora-"))
     grpo = get_algorithm("grpo")
     config = load_config(ROOT / "configs" / "smollm2_135m.yaml", [], grpo)

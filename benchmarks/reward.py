@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -40,6 +39,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.harness.report import machine  # noqa: E402  (after the path)
 
 TARGET = "benchmarks.harness.slow_reward:slow_digits"
 CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -151,14 +152,6 @@ def summarize(records: list[dict]) -> dict[str, float]:
         "reward_overlap_s": statistics.median(r["overlap"].get("reward", 0.0) for r in records),
         "reward_mean": statistics.fmean(r["reward_mean"] for r in records),
     }
-
-
-def machine() -> str:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"{platform.machine()} CPU, {os.cpu_count()} cores, load average {load:.1f} at start, "
-        f"Python {platform.python_version()}"
-    )
 
 
 def print_report(report: dict[str, Any]) -> None:
