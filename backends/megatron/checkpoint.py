@@ -270,14 +270,7 @@ def save(
 
     def write() -> None:
         try:
-            together(
-                lambda: dcp.save(
-                    tensors,
-                    storage_writer=PiecesWriter(tmp / SHARDS),
-                    planner=SavePiecesPlanner(),
-                    process_group=group,
-                )
-            )
+            together(lambda: _write_pieces(tensors, tmp, group))
             together(publish)
         except CheckpointWriteError as exc:
             pending.error = exc
@@ -350,6 +343,16 @@ def _publish(root: Path, tmp: Path, final: Path, record: dict[str, Any]) -> None
     _write_latest(root, final.name)
 
 
+def _write_pieces(tensors: Mapping[str, Any], folder: Path, group: Any) -> None:
+    """Every rank's pieces of ``tensors`` into ``folder``'s shards (collective)."""
+    dcp.save(
+        tensors,
+        storage_writer=PiecesWriter(folder / SHARDS),
+        planner=SavePiecesPlanner(),
+        process_group=group,
+    )
+
+
 def _seal(tmp: Path, final: Path, record: dict[str, Any]) -> None:
     """Rank 0: ``meta.json`` with the size of every file, then ``tmp`` renamed ``final``."""
     files = {
@@ -391,14 +394,7 @@ def save_base(
             _seal(tmp, final, {"format": FORMAT, **meta})
 
     together(make_folder)
-    together(
-        lambda: dcp.save(
-            tensors,
-            storage_writer=PiecesWriter(tmp / SHARDS),
-            planner=SavePiecesPlanner(),
-            process_group=group,
-        )
-    )
+    together(lambda: _write_pieces(tensors, tmp, group))
     together(seal)
     return final
 
