@@ -254,13 +254,17 @@ def test_a_lora_checkpoint_names_its_adapters_and_base_and_resumes_on_that_base_
     assert "holds lora" in full_weights and "set actor.lora" in full_weights
 
 
+def exported_and_merged_policy(resume: dict, step_dir: str, out_dir: Path) -> tuple[dict, dict]:
+    """The HF export of ``step_dir`` and the merged policy it should be, both HF-named."""
+    exported = load_file(export_checkpoint(step_dir, out_dir) / "model.safetensors")
+    family = get_family(lora_cases.SPEC.family)
+    return exported, family.megatron_to_hf(resume["policy"], lora_cases.SPEC)
+
+
 def test_the_hf_export_of_a_lora_checkpoint_is_the_merged_policy(runs, tmp_path):
     one, _ = runs
     resume = one["resume"]
-    out = export_checkpoint(resume["step_dir"], tmp_path / "hf")
-    exported = load_file(out / "model.safetensors")
-    family = get_family(lora_cases.SPEC.family)
-    expected = family.megatron_to_hf(resume["policy"], lora_cases.SPEC)
+    exported, expected = exported_and_merged_policy(resume, resume["step_dir"], tmp_path / "hf")
     assert exported.keys() == expected.keys()
     for name, weight in expected.items():
         torch.testing.assert_close(exported[name], weight, **EXACT, msg=name)
@@ -269,10 +273,8 @@ def test_the_hf_export_of_a_lora_checkpoint_is_the_merged_policy(runs, tmp_path)
 def test_the_hf_export_of_a_lora_checkpoint_reads_a_base_named_by_its_hf_folder(runs, tmp_path):
     one, _ = runs
     resume = one["resume"]
-    out = export_checkpoint(resume["hf_origin_step_dir"], tmp_path / "hf")
-    exported = load_file(out / "model.safetensors")
-    family = get_family(lora_cases.SPEC.family)
-    expected = family.megatron_to_hf(resume["policy"], lora_cases.SPEC)
+    step_dir = resume["hf_origin_step_dir"]
+    exported, expected = exported_and_merged_policy(resume, step_dir, tmp_path / "hf")
     for name, weight in expected.items():
         torch.testing.assert_close(exported[name], weight, **EXACT, msg=name)
 
