@@ -17,6 +17,7 @@ from backends.megatron.families import get_family
 from backends.megatron.sharded_store import FullTensors
 from mindrl.config import ModelConfig
 from mindrl.config.schema import LoRAConfig
+from mindrl.config.specs import model_section_for
 from mindrl.planner.params import lora_stage_params
 from tests.megatron import cases, lora_cases
 from tests.support.spawn import run_ranks
@@ -94,16 +95,7 @@ def test_only_the_adapters_get_gradients_and_optimizer_state(runs):
 def test_the_planner_counts_exactly_the_adapters_the_engine_trains(runs):
     one, _ = runs
     spec, lora = lora_cases.SPEC, lora_cases.LORA
-    model = ModelConfig(
-        family=spec.family,
-        num_layers=spec.num_layers,
-        hidden_size=spec.hidden_size,
-        num_attention_heads=spec.num_attention_heads,
-        num_kv_heads=spec.num_query_groups,
-        ffn_hidden_size=spec.ffn_hidden_size,
-        vocab_size=spec.vocab_size,
-        qkv_bias=spec.add_qkv_bias,
-    )
+    model = model_section_for(spec, ModelConfig())
     config = LoRAConfig(rank=lora.rank, targets=list(lora.targets))
     for stage_layers in ([2], [1, 1]):
         stages = lora_stage_params(model, config, stage_layers)
