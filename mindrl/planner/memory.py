@@ -196,15 +196,16 @@ def shard_counts(counts: ParamCounts, tp: int, ep: int, etp: int = 1) -> float:
 
 
 def busiest_stage(model: ModelConfig, parallel: ParallelConfig) -> ParamCounts:
-    return stage_params(model, _layers(model, parallel))[_busiest(model, parallel)]
+    stages = stage_params(model, _layers(model, parallel))
+    return stages[_busiest(stages, parallel)]
 
 
 def _layers(model: ModelConfig, parallel: ParallelConfig) -> list[int]:
     return stage_layer_counts(parallel, model.num_layers)
 
 
-def _busiest(model: ModelConfig, parallel: ParallelConfig) -> int:
-    stages = stage_params(model, _layers(model, parallel))
+def _busiest(stages: list[ParamCounts], parallel: ParallelConfig) -> int:
+    """The pipeline stage whose device holds the most parameters."""
     local = [shard_counts(c, parallel.tp, parallel.ep, parallel.etp) for c in stages]
     return local.index(max(local))
 
@@ -213,10 +214,12 @@ def trained_counts(config: MindRLConfig, role_name: str) -> ParamCounts:
     """What the role's optimizer trains on its busiest stage: every weight, or with LoRA
     the adapters alone (the base is frozen: no gradients, no optimizer state)."""
     model, role = config.model, getattr(config, role_name)
+    layers = _layers(model, role.parallel)
+    stages = stage_params(model, layers)
+    busiest = _busiest(stages, role.parallel)
     if role_name == "actor" and role.lora.enabled:
-        stages = lora_stage_params(model, role.lora, _layers(model, role.parallel))
-        return stages[_busiest(model, role.parallel)]
-    return busiest_stage(model, role.parallel)
+        return lora_stage_params(model, role.lora, layers)[busiest]
+    return stages[busiest]
 
 
 def training_memory(config: MindRLConfig, role_name: str = "actor") -> TrainingMemory:
