@@ -1,4 +1,5 @@
-"""Creating a dock: one TD controller per stage, one TD warehouse per node."""
+"""Creating a dock: one TD controller per stage, one TD warehouse per node that puts and
+claims (by default every alive node)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def create_dock(
     timeout_s: float = 120.0,
     controller_nodes: dict[str, str] | None = None,
     group_ids: np.ndarray | None = None,
+    nodes: list[str] | None = None,
 ) -> DockHandle:
     """Start the dock's actors, wait until they are up, and return the handle.
 
@@ -62,14 +64,17 @@ def create_dock(
             warehouses only broadcast a put to the controllers that track its fields.
         n_samples: sample indexes per iteration (G * N).
         group_size: N; index // N is the group, and whole groups stay in one warehouse.
-        warehouses: how many; default one per alive node. More than the nodes are
-            placed round-robin (for single-node benchmarks).
+        warehouses: how many; default one per node of ``nodes``. More than the nodes
+            are placed round-robin (for single-node benchmarks).
         kind: ``"distributed"`` or ``"central"`` (the baseline).
         timeout_s: default deadline of waits and actor calls made through clients.
         controller_nodes: stage -> node id to place that stage's controller with its
             workers; default the driver's node.
         group_ids: optional explicit group id per index (``[n_samples]``) for
             whole-group claims, instead of index // group_size.
+        nodes: the nodes whose workers put and claim, in the order their warehouses take
+            the index ranges; default every alive node, the driver's first. A warehouse
+            on a node without such a worker would only ever be reached over the network.
 
     Raises:
         DockError: bad shape of the dock, unknown kind, or an actor that did not start.
@@ -96,6 +101,7 @@ def create_dock(
             timeout_s,
             controller_nodes or {},
             group_ids,
+            nodes or alive_node_ids(),
         )
     else:
         raise DockError(f"unknown dock kind '{kind}': use 'distributed' or 'central'")
@@ -122,8 +128,8 @@ def _start_distributed(
     timeout_s: float,
     controller_nodes: dict[str, str],
     group_ids: np.ndarray | None,
+    nodes: list[str],
 ) -> DockHandle:
-    nodes = alive_node_ids()
     controllers = {
         stage: TDController.options(
             scheduling_strategy=on_node(controller_nodes.get(stage, nodes[0]))

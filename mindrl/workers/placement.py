@@ -19,7 +19,11 @@ from typing import Any
 
 import ray
 from ray.actor import ActorClass
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import (
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 
 from backends.device import Device
 from mindrl.config.layout import RunLayout
@@ -104,6 +108,12 @@ class DevicePlacement:
     def bundles_of(self, role: str) -> list[int]:
         """The bundle of each rank of ``role``, in rank order."""
         return [index for index, bundle in enumerate(self.bundles) if role in bundle.processes]
+
+    def nodes_of(self, role: str) -> list[str]:
+        """The node of each rank of ``role`` (its bundle's), known as soon as the group is
+        granted: before the ranks' processes have started."""
+        nodes = placement_group_table(self.group)["bundles_to_node_id"]
+        return [nodes[index] for index in self.bundles_of(role)]
 
     def actor_options(self, role: str) -> list[dict]:
         """Ray actor options for each rank of ``role``: its bundle and its share of the

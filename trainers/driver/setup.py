@@ -295,8 +295,17 @@ def _start_dock(run: RunState, controller_nodes: dict[str, str]) -> None:
         kind=run.config.dock.kind,
         timeout_s=run.config.dock.timeout_s,
         controller_nodes=controller_nodes,
+        nodes=_dock_nodes(run),
     )
     run.dock = DockClient(run.dock_handle)
+
+
+def _dock_nodes(run: RunState) -> list[str]:
+    """The nodes whose workers put to the dock or claim from it, each once, in rank order:
+    a warehouse anywhere else would hold samples every worker reaches over the network
+    (and, on a shared test cluster, cost a process per run for nothing)."""
+    ranks = [node for nodes in run.rank_nodes.values() for node in nodes]
+    return list(dict.fromkeys([*ranks, *run.worker_nodes.values()]))
 
 
 def _place_workers(run: RunState, device_name: str) -> None:
@@ -318,6 +327,7 @@ def _place_workers(run: RunState, device_name: str) -> None:
         context = model_context(plan, role, config, run.algorithm, specs)
         group = run.placement.start(role, ray.remote(ModelWorker), (context, device_name))
         run.groups[role] = group
+        run.rank_nodes[role] = run.placement.nodes_of(role)
         started[role] = {group.names()[0]: group.workers[0].rendezvous.remote()}
     if plan.mode == DISAGGREGATED:
         group = start_rollout_workers(run, device_name, run.placement)
