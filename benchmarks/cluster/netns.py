@@ -431,7 +431,7 @@ def report_line(stdout: str) -> dict | None:
 
 
 #: The dock's actor classes, whose worker ports :meth:`ShapedCluster.classify_dock` takes.
-DOCK_ACTORS = ("TDWarehouse", "TDController", "CentralBuffer")
+DOCK_ACTORS = ("TDWarehouse", "TDControllers", "CentralBuffer")
 
 
 def dock_endpoints() -> list[tuple[str, int]]:

@@ -5,7 +5,7 @@ Sample flow between RL stages without a central bottleneck:
 * a **TD controller** per stage (``rollout``, ``reward``, ``ref_logp``, ``old_logp``,
   ``values``, ``advantage``, ``update``...) holds only metadata: per sample index, which
   fields are ready, in which warehouse, the sample's length, whether the stage consumed
-  it;
+  it (the controllers of the stages on one node share one process);
 * a **TD warehouse** per node owns a contiguous, group-aligned share of the indexes and
   stores the payloads unpadded; after each put it broadcasts the new metadata to the
   controllers that track the put's fields;

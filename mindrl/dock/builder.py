@@ -1,5 +1,5 @@
-"""Creating a dock: one TD controller per stage, one TD warehouse per node that puts and
-claims (by default every alive node)."""
+"""Creating a dock: one TD controller per stage (a node's in one process), one TD
+warehouse per node that puts and claims (by default every alive node)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from mindrl.dock.central import CentralBuffer
-from mindrl.dock.controller import TDController
+from mindrl.dock.controller import StageController, TDControllers
 from mindrl.dock.errors import DockError
 from mindrl.dock.handle import DockHandle, WarehouseInfo
 from mindrl.dock.schema import FieldSpec
@@ -130,12 +130,9 @@ def _start_distributed(
     group_ids: np.ndarray | None,
     nodes: list[str],
 ) -> DockHandle:
-    controllers = {
-        stage: TDController.options(
-            scheduling_strategy=on_node(controller_nodes.get(stage, nodes[0]))
-        ).remote(stage, n_samples, group_size, fields, group_ids)
-        for stage, fields in reads.items()
-    }
+    controllers = _start_controllers(
+        reads, n_samples, group_size, group_ids, controller_nodes, nodes[0]
+    )
     listeners = {s: (controllers[s], reads[s]) for s in reads}
     infos = []
     for w, (first, last) in enumerate(
@@ -147,6 +144,28 @@ def _start_distributed(
         )
         infos.append(WarehouseInfo(actor, node, first, last))
     return DockHandle(schema, n_samples, group_size, infos, controllers, timeout_s=timeout_s)
+
+
+def _start_controllers(
+    reads: dict[str, list[str]],
+    n_samples: int,
+    group_size: int,
+    group_ids: np.ndarray | None,
+    controller_nodes: dict[str, str],
+    default_node: str,
+) -> dict[str, StageController]:
+    """Stage -> its controller: one :class:`TDControllers` actor per node, holding the
+    controllers of the stages placed there (mindrl/dock/controller.py says why)."""
+    by_node: dict[str, dict[str, list[str]]] = {}
+    for stage, fields in reads.items():
+        by_node.setdefault(controller_nodes.get(stage, default_node), {})[stage] = fields
+    controllers = {}
+    for node, stages in by_node.items():
+        actor = TDControllers.options(scheduling_strategy=on_node(node)).remote(
+            stages, n_samples, group_size, group_ids
+        )
+        controllers.update({stage: StageController(actor, stage) for stage in stages})
+    return controllers
 
 
 def _wait_started(handle: DockHandle) -> None:

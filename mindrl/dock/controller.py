@@ -2,8 +2,18 @@
 
 :class:`ControllerState` is the plain logic (testable without Ray): per sample index it
 knows which fields are ready, in which warehouse the sample lives, its length, and
-whether this stage has consumed it. :class:`TDController` is the thin async Ray actor
-around it that lets a stage wait, with a deadline, until enough samples are ready.
+whether this stage has consumed it. :class:`TDControllers` is the thin async Ray actor
+around the states of the stages whose controllers sit on one node: it lets each stage
+wait, with a deadline, until enough of its samples are ready. :class:`StageController`
+is one stage's controller as the clients and warehouses call it.
+
+Why one process per node and not per stage: each stage keeps its own state and its own
+wait condition (a put wakes only the stages that track its fields; a claim waits only on
+its own stage), so what the stages share is a process and its event loop. A process per
+stage cost a Ray worker's start-up each (about a CPU-second: five processes on one node
+for a GRPO run with a reference) and bought no parallelism the metadata needs: a call
+is a few array operations. Controllers of stages on other nodes stay on those nodes
+(the paper places each beside its stage's workers).
 """
 
 from __future__ import annotations
@@ -304,34 +314,45 @@ async def wait_and_claim(
 
 
 @ray.remote(num_cpus=0)
-class TDController:
-    """Ray actor around :class:`ControllerState`; ``claim`` waits with a deadline."""
+class TDControllers:
+    """Ray actor around the :class:`ControllerState` of each of its stages; a ``claim``
+    waits with a deadline. Every call names its stage first, as the centralized buffer's
+    do; ``clear`` forgets every stage's samples.
+
+    Args:
+        stages: stage -> the fields it tracks (a put of none of them is not announced).
+        n_samples, group_size, group_ids: as :class:`ControllerState`'s.
+    """
 
     def __init__(
         self,
-        stage: str,
+        stages: dict[str, list[str]],
         n_samples: int,
         group_size: int,
-        fields: list[str],
         group_ids: np.ndarray | None = None,
     ) -> None:
-        self.state = ControllerState(stage, n_samples, group_size, fields, group_ids)
-        self.changed = asyncio.Condition()
+        self.states = {
+            stage: ControllerState(stage, n_samples, group_size, fields, group_ids)
+            for stage, fields in stages.items()
+        }
+        self.changed = {stage: asyncio.Condition() for stage in stages}
 
     async def on_put(
         self,
+        stage: str,
         indexes: np.ndarray,
         fields: list[str],
         warehouse: int,
         lengths: np.ndarray,
         version: int | None = None,
     ) -> None:
-        self.state.on_put(indexes, fields, warehouse, lengths, version)
-        async with self.changed:
-            self.changed.notify_all()
+        self.states[stage].on_put(indexes, fields, warehouse, lengths, version)
+        async with self.changed[stage]:
+            self.changed[stage].notify_all()
 
     async def claim(
         self,
+        stage: str,
         fields: list[str],
         batch_size: int,
         whole_groups: bool,
@@ -345,37 +366,60 @@ class TDController:
         with ``step``, a chunk: whatever multiple of ``step`` is ready (see wait_and_claim)."""
         request = (fields, batch_size, whole_groups, prefer_warehouse)
         return await wait_and_claim(
-            self.state, self.changed, request, timeout_s, dp_parts, step, part_warehouses
-        )
+            self.states[stage], self.changed[stage], request, timeout_s, dp_parts, step,
+            part_warehouses,
+        )  # fmt: skip
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def locations(self, indexes: np.ndarray) -> np.ndarray:
-        return self.state.warehouse[indexes]
+    def stages(self) -> list[str]:
+        return list(self.states)
 
-    def versions(self, indexes: np.ndarray) -> np.ndarray:
-        return self.state.version[indexes]
+    def locations(self, stage: str, indexes: np.ndarray) -> np.ndarray:
+        return self.states[stage].warehouse[indexes]
+
+    def versions(self, stage: str, indexes: np.ndarray) -> np.ndarray:
+        return self.states[stage].version[indexes]
 
     def clear(self) -> None:
-        self.state.clear()
+        for state in self.states.values():
+            state.clear()
 
-    def recycle(self, indexes: np.ndarray) -> None:
-        self.state.recycle(indexes)
+    def recycle(self, stage: str, indexes: np.ndarray) -> None:
+        self.states[stage].recycle(indexes)
 
-    async def hold(self, indexes: np.ndarray, held: bool) -> None:
-        self.state.hold(indexes, held)
-        async with self.changed:  # a released sample may complete a waiting claim
-            self.changed.notify_all()
+    async def hold(self, stage: str, indexes: np.ndarray, held: bool) -> None:
+        self.states[stage].hold(indexes, held)
+        async with self.changed[stage]:  # a released sample may complete a waiting claim
+            self.changed[stage].notify_all()
 
-    def load(self, indexes: np.ndarray) -> np.ndarray:
-        """What each of ``indexes`` weighs on the rank that trains it: its tokens (prompt
-        + response) where a token field was put, else its longest field."""
-        tokens = sum(counts[indexes] for counts in self.tokens.values())
-        return np.where(tokens > 0, tokens, self.length[indexes])
+    def ready_count(self, stage: str, fields: list[str]) -> int:
+        return self.states[stage].ready_count(fields)
 
-    def ready_count(self, fields: list[str]) -> int:
-        return self.state.ready_count(fields)
+    def metadata_bytes(self, stage: str) -> int:
+        return self.states[stage].metadata_bytes
 
-    def metadata_bytes(self) -> int:
-        return self.state.metadata_bytes
+
+class StageController:
+    """One stage's TD controller: its node's :class:`TDControllers` actor with the stage
+    filled in, called as an actor handle is (``controller.claim.remote(fields, ...)``).
+    Pickles with the actor handle, so clients and warehouses anywhere can call it."""
+
+    def __init__(self, actor: ray.actor.ActorHandle, stage: str) -> None:
+        self.actor, self.stage = actor, stage
+
+    def __getattr__(self, method: str) -> _StageCall:
+        if method.startswith("_"):  # pickle's and copy's probes are not actor methods
+            raise AttributeError(method)
+        return _StageCall(getattr(self.actor, method), self.stage)
+
+
+class _StageCall:
+    """``actor.method`` with the stage as its first argument."""
+
+    def __init__(self, method: ray.actor.ActorMethod, stage: str) -> None:
+        self.method, self.stage = method, stage
+
+    def remote(self, *args: object, **kwargs: object) -> ray.ObjectRef:
+        return self.method.remote(self.stage, *args, **kwargs)

@@ -31,7 +31,8 @@ class DockHandle:
             consecutive indexes of one slot (:func:`group_slots`).
         warehouses: the TD warehouses in index order (the central buffer is the only
             "warehouse" of a centralized dock).
-        controllers: stage -> TD controller actor (empty for a centralized dock).
+        controllers: stage -> its :class:`~mindrl.dock.controller.StageController` (empty
+            for a centralized dock).
         central: the centralized buffer actor, or None for a distributed dock.
         timeout_s: default deadline of a wait for samples and of any actor call.
     """
@@ -52,11 +53,22 @@ class DockHandle:
     def stages(self) -> list[str]:
         return list(self.controllers)
 
+    def controller_actors(self) -> dict[Any, list[str]]:
+        """Each controller process (a :class:`TDControllers` actor) -> its stages."""
+        actors: dict[Any, list[str]] = {}
+        for stage, controller in self.controllers.items():
+            actors.setdefault(controller.actor, []).append(stage)
+        return actors
+
     def actors(self) -> dict[str, Any]:
         """Every actor of the dock by the name errors use for it."""
         if self.central is not None:
             return {"centralized buffer": self.central}
-        named = {f"TD controller of stage '{s}'": c for s, c in self.controllers.items()}
+        named = {}
+        for actor, stages in self.controller_actors().items():
+            quoted = ", ".join(f"'{stage}'" for stage in stages)
+            plural = "s" if len(stages) > 1 else ""
+            named[f"TD controller{plural} of stage{plural} {quoted}"] = actor
         for w, info in enumerate(self.warehouses):
             named[warehouse_name(w, info.node_id)] = info.actor
         return named

@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import ray
 
+from mindrl.dock.controller import StageController
 from mindrl.dock.errors import DockError
 from mindrl.dock.schema import TOKEN_FIELDS, FieldSpec, check_column
 from mindrl.dock.wire import Columns, Padded, pad_columns
@@ -114,7 +115,7 @@ class TDWarehouse:
         warehouse_id: position in the dock's warehouse list.
         first, last: the index share ``[first, last)`` it owns.
         schema: the fields that may be put.
-        controllers: stage -> (TD controller actor, fields it tracks); a put is
+        controllers: stage -> (its StageController, fields it tracks); a put is
             announced to every controller tracking one of its fields.
         timeout_s: deadline of the metadata broadcast.
     """
@@ -125,7 +126,7 @@ class TDWarehouse:
         first: int,
         last: int,
         schema: dict[str, FieldSpec],
-        controllers: dict[str, tuple[ray.actor.ActorHandle, list[str]]],
+        controllers: dict[str, tuple[StageController, list[str]]],
         timeout_s: float = 60.0,
     ) -> None:
         self.store = WarehouseStore(warehouse_id, first, last, schema)

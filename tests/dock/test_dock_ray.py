@@ -25,7 +25,7 @@ from mindrl.dock import (
     shutdown_dock,
     snapshot_samples,
 )
-from mindrl.dock.controller import TDController
+from mindrl.dock.controller import StageController, TDControllers
 from mindrl.dock.handle import DockHandle, WarehouseInfo
 from mindrl.dock.warehouse import TDWarehouse
 
@@ -314,8 +314,8 @@ def test_clear_right_after_a_put_leaves_no_stale_metadata(dock):
 
 
 @ray.remote(num_cpus=0)
-class LateListeningController(TDController.__ray_actor_class__):
-    """A real TD controller that hears of each put half a second late, as over a slow
+class LateListeningController(TDControllers.__ray_actor_class__):
+    """Real TD controllers that hear of each put half a second late, as over a slow
     link between nodes: calls from the driver overtake the warehouse's announcements."""
 
     async def on_put(self, *args, **kwargs) -> None:
@@ -325,7 +325,7 @@ class LateListeningController(TDController.__ray_actor_class__):
 
 def test_recycle_right_after_a_put_is_not_undone_by_the_puts_late_announcement(ray_cluster):
     fields = ["response_ids"]
-    controller = LateListeningController.remote("reward", N, N, fields)
+    controller = StageController(LateListeningController.remote({"reward": fields}, N, N), "reward")
     node = ray.get_runtime_context().get_node_id()
     warehouse = TDWarehouse.remote(0, 0, N, RL_FIELDS, {"reward": (controller, fields)})
     client = DockClient(DockHandle(RL_FIELDS, N, N, [WarehouseInfo(warehouse, node, 0, N)],
@@ -337,7 +337,7 @@ def test_recycle_right_after_a_put_is_not_undone_by_the_puts_late_announcement(r
     client.put(np.arange(1), {"response_ids": [response(7)]})
     assert client.ready_count("reward", fields) == 1  # its own late announcement waited for
     assert client.claim("reward", fields, 1, timeout_s=5)[0].tolist() == [0]
-    for actor in (warehouse, controller):
+    for actor in (warehouse, controller.actor):
         ray.kill(actor, no_restart=True)
 
 
@@ -398,7 +398,7 @@ def test_a_stage_starved_by_a_dead_warehouse_names_the_warehouse(small_dock):
 def test_a_killed_controller_fails_clearly_instead_of_hanging(small_dock):
 
     client = DockClient(small_dock)
-    kill_and_wait_for_death(small_dock.controllers["reward"])
+    kill_and_wait_for_death(small_dock.controllers["reward"].actor)
     start = time.monotonic()
     with pytest.raises(DockError, match="TD controller of stage 'reward' is dead"):
         client.claim("reward", ["response_ids"], 1, timeout_s=5)
@@ -407,6 +407,24 @@ def test_a_killed_controller_fails_clearly_instead_of_hanging(small_dock):
     with pytest.raises(DockError, match="TD controller of stage 'reward' is dead"):
         client.clear()
     assert time.monotonic() - start < 10
+
+
+def test_the_controllers_of_a_nodes_stages_share_its_one_process(ray_cluster):
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])[:2]
+    placed = {"rollout": nodes[0], "reward": nodes[0], "update": nodes[1]}
+    stages = {stage: GRPO_STAGES[stage] for stage in placed}
+    handle = create_dock(RL_FIELDS, stages, G * N, N, controller_nodes=placed, timeout_s=20)
+    try:
+        processes = handle.controller_actors()
+        homes = {ray.get(actor.node_id.remote()): sorted(s) for actor, s in processes.items()}
+        assert homes == {nodes[0]: ["reward", "rollout"], nodes[1]: ["update"]}
+        client = DockClient(handle)  # each stage still claims only its own samples
+        client.put(np.arange(N), {"prompt_ids": [prompt(i) for i in range(N)]})
+        assert client.claim("rollout", ["prompt_ids"], N, timeout_s=5)[0].tolist() == list(range(N))
+        with pytest.raises(DockError, match="stage 'reward' waited 1 s"):
+            client.claim("reward", ["prompt_ids", "response_ids"], 1, timeout_s=1)
+    finally:
+        shutdown_dock(handle)
 
 
 def tickets(draw_sizes: list[int], total: int) -> queue.Queue:
