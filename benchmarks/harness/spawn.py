@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
+import time
 import traceback
 from typing import Any
 
@@ -27,6 +29,8 @@ from mindrl.workers.rendezvous import host_store, join_store
 
 #: Seconds a rank waits for its peers at the rendezvous.
 RENDEZVOUS_TIMEOUT_S = 300.0
+#: How often the parent looks for a rank that died without a word while it waits.
+POLL_S = 0.1
 
 #: What the CPU ranks' fork server imports before it forks any rank: what almost every
 #: rank function needs (a module missing here is imported by the rank as usual).
@@ -116,6 +120,10 @@ def run_ranks(
     results: dict[int, Any] = {}
     try:
         while len(results) < world:
+            if queue.empty():
+                _raise_for_a_silent_death(context.processes, results, queue)
+                time.sleep(POLL_S)
+                continue
             rank, status, value = queue.get()
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
@@ -126,6 +134,19 @@ def run_ranks(
             if process.is_alive():
                 process.terminate()
     return [results[r] for r in range(world)]
+
+
+def _raise_for_a_silent_death(processes: list[Any], results: dict[int, Any], queue: Any) -> None:
+    """Raise for a rank that exited without putting its result: killed by a signal
+    (segfault, the OOM killer) it never reaches its ``except``, and the parent would wait
+    on the queue forever. A rank puts before it exits, so a dead rank's result, if any, is
+    already in the queue when it is seen dead."""
+    dead = [r for r, p in enumerate(processes) if r not in results and p.exitcode is not None]
+    if not dead or not queue.empty():
+        return
+    code = processes[dead[0]].exitcode
+    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    raise RuntimeError(f"rank {dead[0]} died without a result ({how})")
 
 
 def _start_context(device: str | None) -> Any:
