@@ -1,0 +1,100 @@
+"""The vision-language-action policy (``families/vla.py``) on the training engine, float64.
+
+One 1-rank spawn (TP=1 reference, the one-token chunk, the default size) and one 2-rank
+spawn (TP=2) cover: the update's log-probs equal generation's for both decodes, only
+action ids are drawn, TP=2 scores and trains like TP=1, and the two decodes agree where
+they must (a one-token chunk).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.megatron.families.vla import ACTION_BINS
+from tests.megatron import vla_cases
+from tests.support.spawn import run_ranks
+
+EXACT = {"rtol": 1e-9, "atol": 1e-12}
+DECODES = ("autoregressive", "parallel")
+
+
+@pytest.fixture(scope="module")
+def one():
+    (result,) = run_ranks(vla_cases.on_one_rank, 1)
+    return result
+
+
+@pytest.fixture(scope="module")
+def two():
+    return run_ranks(vla_cases.on_two_ranks, 2)
+
+
+def test_the_default_policy_has_one_to_three_million_parameters(one):
+    assert 1_000_000 <= one["default_size"] <= 3_000_000
+
+
+@pytest.mark.parametrize("decode", DECODES)
+def test_the_update_scores_a_generated_chunk_with_generations_own_log_probs(one, decode):
+    run = one["tp1"][decode]
+    chunk = run["generated"]
+    assert chunk.action_ids.shape == (vla_cases.ROWS, vla_cases.VLA.action_tokens)
+    torch.testing.assert_close(run["scored"]["logprobs"], chunk.logprobs, **EXACT)
+    torch.testing.assert_close(run["scored"]["values"], chunk.values, **EXACT)
+
+
+@pytest.mark.parametrize("decode", DECODES)
+def test_only_action_ids_are_ever_drawn(one, decode):
+    ids = one["tp1"][decode]["generated"].action_ids
+    first = vla_cases.TRUNK.vocab_size - ACTION_BINS
+    assert bool(((ids >= first) & (ids < vla_cases.TRUNK.vocab_size)).all())
+    # top-k 50 of 256: a drawn token is never impossible under the scored distribution
+    assert bool(torch.isfinite(one["tp1"][decode]["generated"].logprobs).all())
+
+
+def test_the_value_head_gives_one_value_per_row(one):
+    assert one["tp1"]["scored"]["values"].shape == (vla_cases.ROWS,)
+    assert one["tp1"]["scored"]["entropy"].shape == (vla_cases.ROWS, vla_cases.VLA.action_tokens)
+
+
+def test_a_one_token_chunk_is_drawn_from_the_same_distribution_by_both_decodes(one):
+    auto, parallel = one["one_token"]["autoregressive"], one["one_token"]["parallel"]
+    torch.testing.assert_close(auto["logits"], parallel["logits"], **EXACT)
+    assert torch.equal(auto["chunk"].action_ids, parallel["chunk"].action_ids)
+    torch.testing.assert_close(auto["chunk"].logprobs, parallel["chunk"].logprobs, **EXACT)
+
+
+def test_the_parallel_decode_reads_its_placeholders_not_the_drawn_ids(one):
+    # Same rows, same seed: past the first token the two decodes see different inputs.
+    auto = one["tp1"]["autoregressive"]["scored"]["logprobs"]
+    parallel = one["tp1"]["parallel"]["scored"]["logprobs"]
+    assert not torch.allclose(auto[:, 1:], parallel[:, 1:])
+
+
+def test_tp2_scores_a_batch_with_images_and_states_exactly_like_tp1(one, two):
+    for rank in range(2):
+        for key in ("logprobs", "entropy", "values"):
+            torch.testing.assert_close(
+                two[rank]["tp2"]["scored"][key], one["tp1"]["scored"][key], **EXACT
+            )
+
+
+@pytest.mark.parametrize("decode", DECODES)
+def test_tp2_generates_the_chunk_tp1_generates(one, two, decode):
+    for rank in range(2):
+        mine, theirs = two[rank]["tp2"][decode]["generated"], one["tp1"][decode]["generated"]
+        assert torch.equal(mine.action_ids, theirs.action_ids)
+        torch.testing.assert_close(mine.logprobs, theirs.logprobs, **EXACT)
+
+
+def test_tp2_gradients_equal_tp1_gradients(one, two):
+    reference = one["tp1"]["grads"]
+    assert any(name.startswith("vla.") for name in reference)
+    for rank in range(2):
+        grads = two[rank]["tp2"]["grads"]
+        assert grads.keys() == reference.keys()
+        for name, grad in reference.items():
+            # TP=2 pads the odd vocabulary by one row, which no loss reaches
+            padded, padding = grads[name][: len(grad)], grads[name][len(grad) :]
+            torch.testing.assert_close(padded, grad, **EXACT, msg=name)
+            assert not bool(padding.any()), name
