@@ -65,10 +65,27 @@ def test_a_one_token_chunk_is_drawn_from_the_same_distribution_by_both_decodes(o
 
 
 def test_the_parallel_decode_reads_its_placeholders_not_the_drawn_ids(one):
-    # Same rows, same seed: past the first token the two decodes see different inputs.
+    # One chunk scored both ways: the first token is read off the prompt alone, the
+    # later ones off the drawn ids (autoregressive) or the placeholders (parallel).
     auto = one["tp1"]["autoregressive"]["scored"]["logprobs"]
-    parallel = one["tp1"]["parallel"]["scored"]["logprobs"]
-    assert not torch.allclose(auto[:, 1:], parallel[:, 1:])
+    parallel = one["tp1"]["parallel_view_of_autoregressive"]
+    torch.testing.assert_close(parallel[:, 0], auto[:, 0], **EXACT)
+    assert not bool(torch.isclose(parallel[:, 1:], auto[:, 1:]).any())
+
+
+@pytest.mark.parametrize("decode", DECODES)
+def test_noise_drawn_per_environment_gives_a_row_its_chunk_whatever_batch_it_is_in(one, decode):
+    run = one["per_environment"][decode]
+    parts = run["parts"]
+    assert torch.equal(run["whole"].action_ids, torch.cat([p.action_ids for p in parts]))
+    joined = torch.cat([p.logprobs for p in parts])
+    torch.testing.assert_close(run["whole"].logprobs, joined, **EXACT)
+
+
+def test_an_observation_of_another_shape_or_dtype_is_refused_naming_what_it_reads(one):
+    assert one["per_environment"]["float_images"] == (
+        "images are torch.float32 (3, 16, 16, 3); this policy reads uint8 [3, 16, 16, 3]"
+    )
 
 
 def test_tp2_scores_a_batch_with_images_and_states_exactly_like_tp1(one, two):

@@ -82,6 +82,9 @@ def scored_and_generated(parallel: ParallelSpec) -> dict:
             },
         }
     ids = out["autoregressive"]["generated"].action_ids
+    out["parallel_view_of_autoregressive"] = policy.score(obs, ids, SAMPLING, "parallel")[
+        "logprobs"
+    ].detach()
     policy.model.train()
     policy.model.zero_grad(set_to_none=True)
     scored = policy.score(obs, ids, SAMPLING)
@@ -108,6 +111,36 @@ def one_token_chunks() -> dict:
     return out
 
 
+def per_environment_noise() -> dict:
+    """A batch drawn with one generator per row, and the same rows drawn in two batches
+    with the same per-row seeds (as pipelined sub-simulators would split it)."""
+    policy = policy_at(ParallelSpec())
+    obs = observation()
+
+    def rows(index: slice) -> VLAObservation:
+        return VLAObservation(obs.images[index], obs.states[index], obs.prompt_ids[index])
+
+    def seeded(index: range) -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(100 + row) for row in index]
+
+    out = {}
+    for decode in ("autoregressive", "parallel"):
+        whole = policy.generate(obs, SAMPLING, seeded(range(ROWS)), decode)
+        parts = [
+            policy.generate(rows(slice(0, 1)), SAMPLING, seeded(range(0, 1)), decode),
+            policy.generate(rows(slice(1, ROWS)), SAMPLING, seeded(range(1, ROWS)), decode),
+        ]
+        out[decode] = {"whole": whole, "parts": parts}
+    try:
+        policy.generate(rows(slice(0, 2)), SAMPLING, None, "parallel")
+        bad = VLAObservation(obs.images.float(), obs.states, obs.prompt_ids)
+        policy.generate(bad, SAMPLING)
+    except ValueError as error:
+        out["float_images"] = str(error)
+    destroy_parallel()
+    return out
+
+
 def default_size() -> int:
     """Parameters of the default policy (``DEFAULT_TRUNK`` + ``VLASpec()``)."""
     initialize_parallel(ParallelSpec())
@@ -121,6 +154,7 @@ def on_one_rank(rank: int, world: int) -> dict:
     return {
         "tp1": scored_and_generated(ParallelSpec()),
         "one_token": one_token_chunks(),
+        "per_environment": per_environment_noise(),
         "default_size": default_size(),
     }
 

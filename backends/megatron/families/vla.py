@@ -33,6 +33,7 @@ the engine's canonical names, gathers and loads cover them as replicated weights
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,9 @@ from backends.megatron.spec import GPTSpec, ParallelSpec
 #: Action ids at the end of the vocabulary: bins of one action dimension over [-1, 1].
 ACTION_BINS = 256
 DECODES = ("autoregressive", "parallel")
+#: Sampling noise: one generator for the batch, or one per row (per environment: a row's
+#: draws then do not depend on which other rows share its batch).
+Generators = torch.Generator | Sequence[torch.Generator] | None
 
 
 class VLAFamily(LlamaLikeFamily):
@@ -243,6 +247,7 @@ class VLAPolicy:
         """The update's view of generated chunks (differentiable): ``logprobs`` and
         ``entropy`` ``[n, C*A]`` of ``action_ids`` under ``sampling``, ``values [n]``."""
         decode = decode or self.vla.decode
+        self._check(observation)
         logits, values = self._action_logits(
             observation, self._action_inputs(action_ids[:, :-1], decode), 0, action_ids.shape[1]
         )
@@ -267,15 +272,17 @@ class VLAPolicy:
         self,
         observation: VLAObservation,
         sampling: ActionSampling,
-        generator: torch.Generator | None = None,
+        generator: Generators = None,
         decode: str | None = None,
     ) -> VLAChunk:
-        """Draw one chunk per row: ``C*A`` action ids, their log-probs and the values.
+        """Draw one chunk per row: ``C*A`` action ids, their log-probs and the values
+        (CPU tensors). ``generator``: one for the batch, or one per row.
 
         ``autoregressive`` recomputes the whole row for each token (Megatron's KV cache
         is not built for this engine's CPU attention); ``parallel`` runs one forward.
         """
         decode = decode or self.vla.decode
+        self._check(observation)
         self.model.eval()
         tokens = self.vla.action_tokens
         if decode == "parallel":
@@ -283,7 +290,7 @@ class VLAPolicy:
                 observation, self._action_inputs(None, decode), 0, tokens
             )
             bins, logprobs = _draw(action_log_probs(logits, sampling), generator)
-            return VLAChunk(bins + self.first_action_id, logprobs, values)
+            return VLAChunk(bins + self.first_action_id, logprobs, values.cpu())
         n = observation.prompt_ids.shape[0]
         ids = torch.empty(n, 0, dtype=torch.long)
         drawn_logprobs, values = [], None
@@ -295,9 +302,30 @@ class VLAPolicy:
             bins, logprobs = _draw(action_log_probs(logits, sampling), generator)
             ids = torch.cat([ids, bins.cpu() + self.first_action_id], dim=1)
             drawn_logprobs.append(logprobs)
-        return VLAChunk(ids, torch.cat(drawn_logprobs, dim=1), values)
+        return VLAChunk(ids, torch.cat(drawn_logprobs, dim=1), values.cpu())
 
     # ---- the forward --------------------------------------------------------------
+    def _check(self, observation: VLAObservation) -> None:
+        """Observations of the shapes this policy was built for, instructions in text ids."""
+        images, states, prompt_ids = observation.images, observation.states, observation.prompt_ids
+        n, size = prompt_ids.shape[0], self.vla.image_size
+        if images.dtype != torch.uint8 or tuple(images.shape) != (n, size, size, 3):
+            raise ValueError(
+                f"images are {images.dtype} {tuple(images.shape)}; this policy reads uint8 "
+                f"[{n}, {size}, {size}, 3]"
+            )
+        if tuple(states.shape) != (n, self.vla.state_dim):
+            raise ValueError(
+                f"states are {tuple(states.shape)}; this policy reads [{n}, {self.vla.state_dim}]"
+            )
+        if prompt_ids.numel() and not 0 <= int(prompt_ids.min()) <= int(prompt_ids.max()) < (
+            self.first_action_id
+        ):
+            raise ValueError(
+                f"instruction ids must lie in [0, {self.first_action_id}): the ids above are "
+                "action bins"
+            )
+
     def _action_inputs(self, known_ids: torch.Tensor | None, decode: str) -> torch.Tensor:
         """``[n or 1, m, h]`` inputs at the action positions: the known ids' embeddings
         (autoregressive) or the chunk's placeholders but the last (parallel; the last
@@ -366,12 +394,19 @@ class VLAPolicy:
         return at_least_float32(logits[..., self.first_action_id : self.spec.vocab_size])
 
 
-def _draw(
-    log_probs: torch.Tensor, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One bin per ``[n, W]`` slot from ``log_probs [n, W, 256]``, and its log-prob."""
-    n, width, bins = log_probs.shape
-    flat = log_probs.reshape(-1, bins)
-    drawn = torch.multinomial(flat.exp().cpu(), 1, generator=generator).to(flat.device)
-    chosen = flat.gather(-1, drawn).reshape(n, width)
-    return drawn.reshape(n, width).cpu(), chosen.cpu()
+def _draw(log_probs: torch.Tensor, generator: Generators) -> tuple[torch.Tensor, torch.Tensor]:
+    """One bin per ``[n, W]`` slot from ``log_probs [n, W, 256]``, and its log-prob (CPU)."""
+    probs = log_probs.detach().exp().cpu()
+    if generator is None or isinstance(generator, torch.Generator):
+        drawn = torch.multinomial(probs.flatten(0, 1), 1, generator=generator)
+    else:
+        if len(generator) != len(probs):
+            raise ValueError(f"{len(generator)} generators for {len(probs)} rows; give one per row")
+        drawn = torch.cat(
+            [
+                torch.multinomial(row, 1, generator=g)
+                for row, g in zip(probs, generator, strict=True)
+            ]
+        )
+    drawn = drawn.reshape(probs.shape[:2])
+    return drawn, log_probs.detach().cpu().gather(-1, drawn.unsqueeze(-1)).squeeze(-1)
