@@ -20,14 +20,29 @@ DECODES = ("autoregressive", "parallel")
 
 
 @pytest.fixture(scope="module")
-def one():
-    (result,) = run_ranks(vla_cases.on_one_rank, 1)
+def checkpoint_root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("vla_ckpt"))
+
+
+@pytest.fixture(scope="module")
+def one(checkpoint_root):
+    (result,) = run_ranks(vla_cases.on_one_rank, 1, checkpoint_root)
     return result
 
 
 @pytest.fixture(scope="module")
-def two():
-    return run_ranks(vla_cases.on_two_ranks, 2)
+def two(one, checkpoint_root):  # resumes the checkpoint the one-rank run wrote
+    return run_ranks(vla_cases.on_two_ranks, 2, checkpoint_root)
+
+
+def assert_same_full_tensors(result: dict, reference: dict, zero_padding: bool = True) -> None:
+    """Equal to rounding; TP=2 pads the odd vocabulary by one row, which stays zero
+    (``zero_padding``) where the weights were loaded with zero padding rows."""
+    assert result.keys() == reference.keys()
+    for name, tensor in reference.items():
+        padded, padding = result[name][: len(tensor)], result[name][len(tensor) :]
+        torch.testing.assert_close(padded, tensor, **EXACT, msg=name)
+        assert not (zero_padding and bool(padding.any())), name
 
 
 def test_the_default_policy_has_one_to_three_million_parameters(one):
@@ -108,10 +123,21 @@ def test_tp2_gradients_equal_tp1_gradients(one, two):
     reference = one["tp1"]["grads"]
     assert any(name.startswith("vla.") for name in reference)
     for rank in range(2):
-        grads = two[rank]["tp2"]["grads"]
-        assert grads.keys() == reference.keys()
-        for name, grad in reference.items():
-            # TP=2 pads the odd vocabulary by one row, which no loss reaches
-            padded, padding = grads[name][: len(grad)], grads[name][len(grad) :]
-            torch.testing.assert_close(padded, grad, **EXACT, msg=name)
-            assert not bool(padding.any()), name
+        assert_same_full_tensors(two[rank]["tp2"]["grads"], reference)
+
+
+def test_an_engine_step_at_tp2_updates_the_policy_exactly_like_tp1(one, two):
+    reference = one["engine"]
+    moved = reference["weights"]["vla.patch_embedding.weight"]
+    assert not torch.allclose(moved, reference["initial"]["vla.patch_embedding.weight"].double())
+    for rank in range(2):
+        step = two[rank]["engine"]
+        for key in ("loss", "grad_norm"):
+            assert step["metrics"][key] == pytest.approx(reference["metrics"][key], rel=1e-9)
+        assert_same_full_tensors(step["weights"], reference["weights"])
+
+
+def test_a_checkpoint_written_at_tp1_resumes_the_same_policy_at_tp2(one, two):
+    for rank in range(2):
+        # A resume leaves the padding rows as the fresh engine drew them: no id reads them.
+        assert_same_full_tensors(two[rank]["resumed"], one["engine"]["weights"], False)

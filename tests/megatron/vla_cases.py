@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from backends.megatron import ParallelSpec
+from backends.megatron import MegatronEngine, ParallelSpec
 from backends.megatron.builder import destroy_parallel, initialize_parallel
 from backends.megatron.families.vla import (
     ACTION_BINS,
@@ -23,7 +23,7 @@ from backends.megatron.families.vla import (
 )
 from backends.megatron.layouts import param_layouts
 from backends.megatron.sharding import gather_full_state_dict, load_full_state_dict
-from tests.megatron.cases import named_weights
+from tests.megatron.cases import NO_CLIP, named_weights
 
 #: Small trunk; an odd vocabulary so TP=2 pads it, 4 heads in 2 groups split over TP.
 TRUNK = replace(
@@ -41,6 +41,15 @@ SAMPLING = ActionSampling(temperature=0.8, top_k=50)
 ROWS, PROMPT = 3, 5
 
 
+def shared_weights(layouts: dict) -> dict[str, torch.Tensor]:
+    """``cases.named_weights`` with the vocabulary padding rows zero, as every loader
+    pads them: the same policy at every TP size."""
+    full = named_weights(layouts)
+    for name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        full[name][TRUNK.vocab_size :] = 0.0
+    return full
+
+
 def observation(vla: VLASpec = VLA, rows: int = ROWS, seed: int = 3) -> VLAObservation:
     gen = torch.Generator().manual_seed(seed)
     size = vla.image_size
@@ -55,7 +64,7 @@ def policy_at(parallel: ParallelSpec, vla: VLASpec = VLA) -> VLAPolicy:
     """The VLA at ``parallel`` holding the shared full weights (drawn at TP=1 shapes)."""
     initialize_parallel(parallel)
     model = build_vla(TRUNK, vla, parallel)
-    load_full_state_dict(model, named_weights(param_layouts(model)))
+    load_full_state_dict(model, shared_weights(param_layouts(model)))
     return VLAPolicy(model, TRUNK, vla)
 
 
@@ -141,6 +150,37 @@ def per_environment_noise() -> dict:
     return out
 
 
+def engine_step(parallel: ParallelSpec, checkpoint_root: str | None = None) -> dict:
+    """The engine's VLA: one AdamW step on an autoregressive chunk's loss, then its
+    weights (saved under ``checkpoint_root`` when given)."""
+    engine = MegatronEngine(TRUNK, parallel, NO_CLIP, vla=VLA)
+    initial = shared_weights(engine.param_layouts())
+    engine.load_full_state_dict(initial)
+    obs = observation()
+    chunk = engine.vla_policy().generate(obs, SAMPLING, torch.Generator().manual_seed(11))
+
+    def loss_fn(policy: VLAPolicy, rows: slice) -> torch.Tensor:
+        part = VLAObservation(obs.images[rows], obs.states[rows], obs.prompt_ids[rows])
+        ids = chunk.action_ids[rows]
+        return loss_of(policy.score(part, ids, SAMPLING), ids)
+
+    metrics = engine.train_vla_step([slice(0, 1), slice(1, ROWS)], loss_fn)
+    out = {"metrics": metrics, "initial": initial, "weights": engine.full_state_dict()}
+    if checkpoint_root is not None:
+        engine.save_checkpoint(checkpoint_root)
+    destroy_parallel()
+    return out
+
+
+def resumed_weights(parallel: ParallelSpec, checkpoint_root: str) -> dict:
+    """A fresh engine's weights after loading the checkpoint under ``checkpoint_root``."""
+    engine = MegatronEngine(TRUNK, parallel, NO_CLIP, vla=VLA, seed=1)
+    engine.load_checkpoint(checkpoint_root)
+    weights = engine.full_state_dict()
+    destroy_parallel()
+    return weights
+
+
 def default_size() -> int:
     """Parameters of the default policy (``DEFAULT_TRUNK`` + ``VLASpec()``)."""
     initialize_parallel(ParallelSpec())
@@ -150,8 +190,9 @@ def default_size() -> int:
     return count
 
 
-def on_one_rank(rank: int, world: int) -> dict:
+def on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
     return {
+        "engine": engine_step(ParallelSpec(), checkpoint_root),
         "tp1": scored_and_generated(ParallelSpec()),
         "one_token": one_token_chunks(),
         "per_environment": per_environment_noise(),
@@ -159,5 +200,9 @@ def on_one_rank(rank: int, world: int) -> dict:
     }
 
 
-def on_two_ranks(rank: int, world: int) -> dict:
-    return {"tp2": scored_and_generated(ParallelSpec(tp=2))}
+def on_two_ranks(rank: int, world: int, checkpoint_root: str) -> dict:
+    return {
+        "tp2": scored_and_generated(ParallelSpec(tp=2)),
+        "engine": engine_step(ParallelSpec(tp=2)),
+        "resumed": resumed_weights(ParallelSpec(tp=2), checkpoint_root),
+    }
