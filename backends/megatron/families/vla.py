@@ -149,8 +149,10 @@ class VLAObservation:
 
 @dataclass(frozen=True)
 class VLAChunk:
-    """A generated chunk: ``action_ids [n, C*A]`` (vocabulary ids), their ``logprobs
-    [n, C*A]`` under the sampling distribution and the chunk's ``values [n]``."""
+    """A generated chunk: ``action_ids [n, C*A]`` (vocabulary ids; token ``j`` is
+    dimension ``j % A`` of action ``j // A``, so ``reshape(n, C, A)`` gives the actions'
+    ids), their ``logprobs [n, C*A]`` under the sampling distribution and the chunk's
+    ``values [n]``."""
 
     action_ids: torch.Tensor
     logprobs: torch.Tensor
@@ -278,8 +280,8 @@ class VLAPolicy:
         """Draw one chunk per row: ``C*A`` action ids, their log-probs and the values
         (CPU tensors). ``generator``: one for the batch, or one per row.
 
-        ``autoregressive`` recomputes the whole row for each token (Megatron's KV cache
-        is not built for this engine's CPU attention); ``parallel`` runs one forward.
+        ``autoregressive`` recomputes the whole row for each token (the training engine
+        has no KV cache); ``parallel`` runs one forward.
         """
         decode = decode or self.vla.decode
         self._check(observation)
