@@ -126,12 +126,13 @@ def test_tp2_gradients_equal_tp1_gradients(one, two):
         assert_same_full_tensors(two[rank]["tp2"]["grads"], reference)
 
 
-def test_an_engine_step_at_tp2_updates_the_policy_exactly_like_tp1(one, two):
+@pytest.mark.parametrize("layout", ["engine", "dp2_engine"])
+def test_an_engine_step_at_tp2_or_dp2_updates_the_policy_exactly_like_one_rank(one, two, layout):
     reference = one["engine"]
     moved = reference["weights"]["vla.patch_embedding.weight"]
     assert not torch.allclose(moved, reference["initial"]["vla.patch_embedding.weight"].double())
     for rank in range(2):
-        step = two[rank]["engine"]
+        step = two[rank][layout]
         for key in ("loss", "grad_norm"):
             assert step["metrics"][key] == pytest.approx(reference["metrics"][key], rel=1e-9)
         assert_same_full_tensors(step["weights"], reference["weights"])

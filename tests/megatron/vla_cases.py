@@ -150,10 +150,19 @@ def per_environment_noise() -> dict:
     return out
 
 
-def engine_step(parallel: ParallelSpec, checkpoint_root: str | None = None) -> dict:
-    """The engine's VLA: one AdamW step on an autoregressive chunk's loss, then its
+MICRO_BATCHES = [slice(0, 1), slice(1, ROWS)]
+
+
+def engine_step(
+    parallel: ParallelSpec, checkpoint_root: str | None = None, dp_split: bool = False
+) -> dict:
+    """The engine's VLA: one AdamW step on an autoregressive chunk's loss over
+    :data:`MICRO_BATCHES` (with ``dp_split``, one per data-parallel rank), then its
     weights (saved under ``checkpoint_root`` when given)."""
     engine = MegatronEngine(TRUNK, parallel, NO_CLIP, vla=VLA)
+    micro_batches = MICRO_BATCHES
+    if dp_split:
+        micro_batches = [MICRO_BATCHES[engine.data_parallel_rank()]]
     initial = shared_weights(engine.param_layouts())
     engine.load_full_state_dict(initial)
     obs = observation()
@@ -164,7 +173,7 @@ def engine_step(parallel: ParallelSpec, checkpoint_root: str | None = None) -> d
         ids = chunk.action_ids[rows]
         return loss_of(policy.score(part, ids, SAMPLING), ids)
 
-    metrics = engine.train_vla_step([slice(0, 1), slice(1, ROWS)], loss_fn)
+    metrics = engine.train_vla_step(micro_batches, loss_fn)
     out = {"metrics": metrics, "initial": initial, "weights": engine.full_state_dict()}
     if checkpoint_root is not None:
         engine.save_checkpoint(checkpoint_root)
@@ -204,5 +213,6 @@ def on_two_ranks(rank: int, world: int, checkpoint_root: str) -> dict:
     return {
         "tp2": scored_and_generated(ParallelSpec(tp=2)),
         "engine": engine_step(ParallelSpec(tp=2)),
+        "dp2_engine": engine_step(ParallelSpec(), dp_split=True),
         "resumed": resumed_weights(ParallelSpec(tp=2), checkpoint_root),
     }
