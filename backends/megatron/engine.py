@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from backends.megatron.builder import build_gpt, initialize_parallel, uses_te_at
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
+from backends.megatron.families.vla import VLAPolicy, VLASpec, build_vla
 from backends.megatron.layouts import canonical_parameters, param_layouts
 from backends.megatron.logprobs import (
     at_least_float32,
@@ -119,6 +120,10 @@ class MegatronEngine:
             ``pack=False``) right-padded rows with the causal mask.
         lora: train LoRA adapters on a frozen base (``lora.py``) instead of the weights;
             the optimizer then holds the adapters only. ``None`` (or rank 0): full weights.
+        vla: build the vision-language-action policy of ``families/vla.py`` (image and
+            state tokens, action ids, its own value head) instead of a text GPT; it scores
+            and generates through :meth:`vla_policy` and trains with
+            :meth:`train_vla_step`. Tensor and data parallel, AdamW, full weights only.
 
     Under context parallelism (``parallel.cp > 1``) each packed row is split over the CP
     ranks (``ContextSplit``); each rank scores the response tokens whose scoring position
@@ -136,6 +141,7 @@ class MegatronEngine:
         share_prompts: bool = True,
         pack: bool = True,
         lora: LoRASpec | None = None,
+        vla: VLASpec | None = None,
     ) -> None:
         self.spec, self.parallel, self.optim = spec, parallel, optim
         self.value_head = value_head
@@ -146,7 +152,12 @@ class MegatronEngine:
             raise ValueError("context parallelism (cp > 1) splits packed rows: pass pack=True")
         self.share_prompts = share_prompts and self.packs
         initialize_parallel(parallel, seed)
-        self.model = build_gpt(spec, parallel, value_head=value_head, seed=seed)
+        self.vla = vla
+        if vla is None:
+            self.model = build_gpt(spec, parallel, value_head=value_head, seed=seed)
+        else:
+            _refuse_for_vla(value_head, lora, optim)
+            self.model = build_vla(spec, vla, parallel, seed=seed)
         self.lora = lora if lora is not None and lora.rank > 0 else None
         if self.lora is not None:
             with megatron_compat(self.device):
@@ -486,6 +497,36 @@ class MegatronEngine:
         self.step += 1
         loss = self._global_loss(losses)
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, **self._token_use(micro_batches)}
+
+    def vla_policy(self) -> VLAPolicy:
+        """The vision-language-action policy this engine holds (``vla`` at construction):
+        generation and the update's scoring on this rank's shard of the model."""
+        if self.vla is None:
+            raise RuntimeError("this engine holds a text GPT; build it with vla=VLASpec(...)")
+        return VLAPolicy(self.model, self.spec, self.vla)
+
+    def train_vla_step(
+        self, micro_batches: Sequence[Any], loss_fn: Callable[[VLAPolicy, Any], torch.Tensor]
+    ) -> dict[str, float]:
+        """One optimizer step of the VLA policy over this DP rank's micro-batches.
+
+        ``loss_fn(policy, micro_batch)`` scores its micro-batch (``VLAPolicy.score``) and
+        returns its share of the global loss, already normalised over the whole global
+        batch (every DP rank's micro-batches), so the step is the same however the batch
+        is split. Returns ``loss`` (global), ``grad_norm`` (before clipping) and ``lr``.
+        """
+        policy = self.vla_policy()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        losses = []
+        for micro in micro_batches:
+            loss = loss_fn(policy, micro)
+            with megatron_compat(self.device):
+                loss.backward()
+            losses.append(loss.detach())
+        grad_norm, lr = self._optimizer_step()
+        self.step += 1
+        return {"loss": self._global_loss(losses), "grad_norm": grad_norm, "lr": lr}
 
     def _optimizer_step(self) -> tuple[float, float]:
         """Reduce, clip and apply the grads; the grad norm before clipping and the lr."""
@@ -829,6 +870,17 @@ def _combined_over_context_parallel(per_slot: torch.Tensor, held: torch.Tensor) 
     """``[b, W]`` outputs of the slots this CP rank ``held``, zeros elsewhere, summed over
     the CP group: each slot is held by exactly one rank."""
     return _SumOverContextParallel.apply(torch.where(held, per_slot, torch.zeros_like(per_slot)))
+
+
+def _refuse_for_vla(value_head: bool, lora: LoRASpec | None, optim: OptimSpec | None) -> None:
+    """What a VLA engine is not built for: a separate critic (its value head shares the
+    actor's trunk), LoRA, Megatron's distributed optimizer (untested with its heads)."""
+    if value_head:
+        raise ValueError("a vla engine carries its own value head; build it with value_head=False")
+    if lora is not None and lora.rank > 0:
+        raise ValueError("LoRA is not supported with the vla family; train its full weights")
+    if optim is not None and optim.distributed_optimizer:
+        raise ValueError("the vla family trains with AdamW; set distributed_optimizer=False")
 
 
 def in_row_order(

@@ -65,6 +65,26 @@ class ResourcesConfig:
 
 
 @dataclass
+class VLAConfig:
+    """The vision-language-action policy's inputs and outputs (model.family: vla; its last
+    256 vocabulary ids are action bins; docs/architecture.md §14)."""
+
+    image_size: int = option(32, "Square RGB observation images: pixels a side.", ge=1)
+    patch_size: int = option(
+        8, "Pixels a side of one image patch (one token each); divides image_size.", ge=1
+    )
+    state_dim: int = option(8, "Robot state dimensions (one projected token).", ge=1)
+    action_dims: int = option(4, "Action dimensions; each is one action token.", ge=1)
+    chunk_size: int = option(2, "Actions per chunk (one policy step emits them all).", ge=1)
+    decode: str = option(
+        "autoregressive",
+        "'autoregressive' (OpenVLA: the chunk's tokens drawn one at a time) or 'parallel' "
+        "(OFT: one forward over placeholders draws the whole chunk).",
+        choices=("autoregressive", "parallel"),
+    )
+
+
+@dataclass
 class ModelConfig:
     """Architecture and weights of the policy (reference and critic share it)."""
 
@@ -138,6 +158,7 @@ class ModelConfig:
         0.0, "YaRN: mscale of all dimensions (also scales the softmax).", ge=0
     )
     dtype: str = option("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
+    vla: VLAConfig = section(VLAConfig)
 
     def __post_init__(self) -> None:
         # One name for the per-head width, as in the engine's GPTSpec: resolved here.

@@ -25,6 +25,7 @@ from mindrl.config.schema import LORA_DEFAULT_LR, LoRAConfig, ModelConfig, Optim
 
 if TYPE_CHECKING:  # Megatron-core is loaded by the functions that build specs
     from backends.megatron import GPTSpec, OptimSpec, ParallelSpec
+    from backends.megatron.families.vla import VLASpec
     from backends.megatron.lora import LoRASpec
 
 
@@ -99,6 +100,14 @@ def gpt_spec(model: ModelConfig) -> GPTSpec:
     if model.is_moe and model.first_k_dense_layers:
         fields["moe_layers"] = tuple(range(model.first_k_dense_layers, model.num_layers))
     return GPTSpec(**fields)
+
+
+def vla_spec(model: ModelConfig) -> VLASpec:
+    """The engine's :class:`VLASpec` (a vision-language-action family's inputs and
+    outputs) for ``model.vla``: the same names on both sides."""
+    from backends.megatron.families.vla import VLASpec
+
+    return VLASpec(**dataclasses.asdict(model.vla))
 
 
 def model_section_for(spec: GPTSpec, model: ModelConfig) -> ModelConfig:

@@ -52,6 +52,7 @@ def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = No
     problems += check_ignored_role_settings(config)
     problems += check_lora(config)
     problems += check_context_parallel(config)
+    problems += check_vla(config, algorithm)
     problems += check_validation(config, algorithm)
     placement = placement_problems(config)
     problems += placement
@@ -321,6 +322,11 @@ def check_lora(config: MindRLConfig) -> list[str]:
             "actor.lora with parallel.ep > 1 is not supported yet (experts take no "
             "adapters); set actor.parallel.ep=1"
         )
+    if is_vla(config):
+        problems.append(
+            f"actor.lora with model.family={config.model.family} is not supported yet (no "
+            "adapters on its image, state and value heads); set actor.lora.rank=0"
+        )
     return problems
 
 
@@ -341,7 +347,56 @@ def check_ignored_role_settings(config: MindRLConfig) -> list[str]:
 #: q / k wider than v are untested with the CP attention.
 CONTEXT_PARALLEL_LIMITS = (
     (lambda config, role: config.model.uses_mla, "a multi-latent-attention model"),
+    (
+        lambda config, role: is_vla(config),
+        "a vision-language-action model (image and state tokens in its rows)",
+    ),
 )
+
+
+def is_vla(config: MindRLConfig) -> bool:
+    """Whether ``model.family`` is a vision-language-action policy (the family says)."""
+    from backends.megatron.families import FAMILIES
+
+    family = FAMILIES.get(config.model.family)
+    return family is not None and family.vision_language_action
+
+
+def check_vla(config: MindRLConfig, algorithm: AlgorithmTraits | None = None) -> list[str]:
+    """A vision-language-action policy: its image and vocabulary fit, the layouts it is
+    built for (no pipeline), and no run trains it before the embodied loop exists."""
+    if not is_vla(config):
+        return []
+    from backends.megatron.families.vla import ACTION_BINS
+
+    model, vla = config.model, config.model.vla
+    problems = []
+    if vla.image_size % vla.patch_size:
+        problems.append(
+            f"model.vla.patch_size={vla.patch_size} does not divide model.vla.image_size="
+            f"{vla.image_size}; choose a patch size that divides it"
+        )
+    if model.vocab_size <= ACTION_BINS:
+        problems.append(
+            f"model.vocab_size={model.vocab_size} leaves no ids for the instruction: the "
+            f"last {ACTION_BINS} ids of a {model.family} model are action bins; set it to "
+            f"the tokenizer's size + {ACTION_BINS}"
+        )
+    for role in ("actor", "reference", "critic"):
+        pp = getattr(config, role).parallel.pp
+        if pp > 1:
+            problems.append(
+                f"{role}.parallel.pp={pp} with model.family={model.family} is not supported "
+                f"yet (its image and state tokens are built on one stage); set "
+                f"{role}.parallel.pp=1"
+            )
+    if algorithm is not None:
+        problems.append(
+            f"model.family={model.family}: no trainer runs a vision-language-action policy "
+            "yet (the embodied loop that steps its environments is not built); choose a "
+            "text model family"
+        )
+    return problems
 
 
 def check_context_parallel(config: MindRLConfig) -> list[str]:

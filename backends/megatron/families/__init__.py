@@ -9,6 +9,7 @@ from backends.megatron.families.base import LlamaLikeFamily
 from backends.megatron.families.deepseek_v3 import DeepseekV3Family
 from backends.megatron.families.llama import LlamaFamily, Qwen2Family
 from backends.megatron.families.qwen3 import Qwen3Family, Qwen3MoeFamily
+from backends.megatron.families.vla import VLAFamily
 
 FAMILIES: dict[str, LlamaLikeFamily] = {
     family.name: family
@@ -18,6 +19,7 @@ FAMILIES: dict[str, LlamaLikeFamily] = {
         Qwen3Family(),
         Qwen3MoeFamily(),
         DeepseekV3Family(),
+        VLAFamily(),
     )
 }
 

@@ -76,6 +76,10 @@ class LlamaLikeFamily:
     #: YaRN) are read the family's way, from an HF config of DeepSeek's schema, which the
     #: config's model section is turned into first (mindrl/config/specs.py).
     mla = False
+    #: A vision-language-action policy (``families/vla.py``): image and state tokens in
+    #: front of the prompt, action ids at the end of the vocabulary; only the embodied
+    #: loop trains it.
+    vision_language_action = False
     hf_router = "mlp.gate"
     hf_experts = "mlp.experts"
     hf_shared_experts = "mlp.shared_experts"
