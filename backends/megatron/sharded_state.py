@@ -212,15 +212,10 @@ def vocab_padding(model: nn.Module, vocab_size: int) -> list[torch.Tensor]:
         where = placement(name, param, vocab_size)
         kept = sum(sizes[0] for _, _, sizes in where.boxes((0, 0), tuple(param.shape)))
         if kept < param.shape[0]:
-            rows.append(param.detach()[_padding_rows(where, param.shape[0])])
+            # A slice, not a mask: indexing with a mask copies, and the caller writes
+            # through these rows. The real rows of a vocab shard are its first ones.
+            rows.append(param.detach()[kept:])
     return rows
-
-
-def _padding_rows(where: Placement, local_rows: int) -> torch.Tensor:
-    kept = torch.zeros(local_rows, dtype=torch.bool)
-    for _, offsets, sizes in where.boxes((0, 0), (local_rows, 1)):
-        kept[offsets[0] : offsets[0] + sizes[0]] = True
-    return ~kept
 
 
 # ---- AdamW (torch, replicated over DP) ------------------------------------------------------

@@ -16,6 +16,7 @@ from backends.megatron import (
     OptimSpec,
     ParallelSpec,
     checkpoint,
+    sharded_state,
     sharded_store,
 )
 from backends.megatron.builder import destroy_parallel
@@ -290,3 +291,21 @@ def background_saves(rank: int, world: int, root: str) -> dict:
         "left_after_failures": left_after_failures,
         "retried": retried,
     }
+
+
+def padding_rows_written_through(rank: int, world: int) -> dict:
+    """At TP2 a 95-token vocabulary pads rank 1's (tied) embedding with one row:
+    what ``vocab_padding`` hands out is written through to the weights (loading zeroes
+    the padding that way)."""
+    engine = MegatronEngine(dataclasses.replace(DENSE, vocab_size=95), ParallelSpec(tp=2), OPTIM)
+    rows = sharded_state.vocab_padding(engine.model, 95)
+    for piece in rows:
+        piece.fill_(7.0)
+    last_rows = [
+        param.detach()[-1]
+        for name, param in sharded_state.canonical_parameters(engine.model).items()
+        if name in sharded_state.VOCAB_PARAMS
+    ]
+    out = {"pieces": len(rows), "last_rows_are_7": [bool((r == 7.0).all()) for r in last_rows]}
+    _finish()
+    return out

@@ -59,6 +59,13 @@ def test_a_checkpoint_resumed_at_another_layout_holds_exactly_the_saved_tensors(
         assert torch.equal(resaved[name], saved[name]), name
 
 
+def test_the_rows_that_only_pad_the_vocabulary_are_handed_out_as_views_of_the_weights():
+    # Loading zeroes them through these views: a copy would leave a fresh init's values.
+    no_padding, padded = run_ranks(checkpoint_cases.padding_rows_written_through, 2)
+    assert no_padding == {"pieces": 0, "last_rows_are_7": [False]}  # tied: one vocab weight
+    assert padded == {"pieces": 1, "last_rows_are_7": [True]}
+
+
 @pytest.mark.parametrize("move", MOVES)
 def test_a_resumed_run_trains_on_as_the_uninterrupted_run(moves, move):
     _, results, _ = moves
