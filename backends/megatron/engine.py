@@ -291,20 +291,22 @@ class MegatronEngine:
     # ---- forward passes ----------------------------------------------------------------
     def _outputs(self, output: torch.Tensor, micro: _Scored, with_entropy: bool) -> dict:
         """Per response token, ``[b, R]``, from the last stage's output."""
+        held = micro.held()
         if self.value_head:  # output: [b, s, 1], a value at every position (a cheap head)
             values = at_least_float32(output.squeeze(-1)).gather(1, micro.positions)
-            per_window = {"values": micro.per_row(values)}
-        else:  # output: [b, W, v], logits at the window's positions only
+            per_slot = {"values": values}
+        else:  # output: [b, W, v] logits at the scoring slots (a CP shard: its own, [1, held])
             vocab = self.spec.vocab_size
-            output = micro.per_row(output)
-            per_window = {"logprobs": vocab_parallel_logprobs(output, micro.tokens, vocab)}
+            if held is None:
+                output, tokens = micro.per_row(output), micro.tokens
+            else:
+                tokens = micro.tokens.reshape(1, -1)[held].unsqueeze(0)
+            per_slot = {"logprobs": vocab_parallel_logprobs(output, tokens, vocab)}
             if with_entropy:
-                per_window["entropy"] = vocab_parallel_entropy(output, vocab)
-        held = micro.held()
+                per_slot["entropy"] = vocab_parallel_entropy(output, vocab)
         if held is not None:
-            per_window = {
-                k: _combined_over_context_parallel(v, held) for k, v in per_window.items()
-            }
+            per_slot = {k: _combined_over_context_parallel(v, held) for k, v in per_slot.items()}
+        per_window = {k: micro.per_row(v) for k, v in per_slot.items()}
         return {k: micro.batch.spread(v) for k, v in per_window.items()}
 
     def _micro_batches(self, batch: ResponseBatch, rows: list[Rows]) -> list[_Scored]:
@@ -801,10 +803,8 @@ class _Scored(MicroBatch):
         return per_position if self.packed is None else self.packed.unpack(per_position)
 
     def held(self) -> torch.Tensor | None:
-        """``[b, W]``: the slots this CP rank scores (None: not context parallel)."""
-        if self.packed is None or self.packed.held is None:
-            return None
-        return self.per_row(self.packed.held)
+        """``[1, b * W]``: the slots this CP rank scores (None: not context parallel)."""
+        return None if self.packed is None else self.packed.held
 
 
 class _SumOverContextParallel(torch.autograd.Function):
@@ -825,10 +825,12 @@ class _SumOverContextParallel(torch.autograd.Function):
         return grad
 
 
-def _combined_over_context_parallel(per_slot: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
-    """``[b, W]`` outputs of the slots this CP rank ``held``, zeros elsewhere, summed over
-    the CP group: each slot is held by exactly one rank."""
-    return _SumOverContextParallel.apply(torch.where(held, per_slot, torch.zeros_like(per_slot)))
+def _combined_over_context_parallel(per_held: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """``[1, b * W]`` outputs of every slot from ``[1, held]``, those of the slots this CP
+    rank ``held``: zeros in the others' slots, summed over the CP group (each slot is held
+    by exactly one rank)."""
+    slots = per_held.new_zeros(held.shape).masked_scatter(held, per_held)
+    return _SumOverContextParallel.apply(slots)
 
 
 def in_row_order(

@@ -46,13 +46,14 @@ class PackedRow:
         mask: who sees whom (:class:`~backends.megatron.attention.PackedMask`).
         logit_positions: ``[1, B * W]``: row ``i`` of the batch owns columns
             ``i * W .. i * W + W - 1``, the outputs that score its response tokens (those
-            of ``ResponseBatch.response_window``, moved into the packed row).
+            of ``ResponseBatch.response_window``, moved into the packed row); on a
+            context-parallel shard only the :attr:`held` slots' columns, ``[1, held]``.
         width: ``W``, the longest response of the micro-batch (at least 1).
         real_tokens: ``T`` without the tail pad.
         held: ``[1, B * W]`` on a context-parallel shard (:meth:`ContextSplit.shard`):
-            True for the slots whose scoring position this rank holds (the other slots'
-            :attr:`logit_positions` point at position 0 and their outputs are zeroed);
-            None for a whole row.
+            True for the slots whose scoring position this rank holds, the slots
+            :attr:`logit_positions` lists (the other ranks score the rest); None for a
+            whole row.
     """
 
     input_ids: torch.Tensor
@@ -177,14 +178,15 @@ class ContextSplit:
         local = torch.full((length,), -1, dtype=torch.long, device=positions.device)
         local[positions] = torch.arange(len(positions), device=positions.device)
         at = local[row.logit_positions]
+        held = at >= 0
         return PackedRow(
             row.input_ids[:, positions],
             row.position_ids[:, positions],
             row.mask,
-            at.clamp(min=0),
+            at[held].unsqueeze(0),  # logits only where this rank scores: they divide by cp
             row.width,
             row.real_tokens,
-            held=at >= 0,
+            held=held,
         )
 
 
