@@ -38,7 +38,12 @@ from backends.megatron.batch import (
     rows_by_tokens,
     split_to_count,
 )
-from backends.megatron.builder import build_gpt, initialize_parallel, uses_te_attention
+from backends.megatron.builder import (
+    build_gpt,
+    initialize_parallel,
+    token_dispatcher,
+    uses_te_attention,
+)
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
@@ -313,10 +318,30 @@ class MegatronEngine:
         split = self._context_split()
         multiple = sequence_multiple(self.model) * (split.parts if split else 1)
         layout = (self.packs, self.share_prompts, multiple, split)
+
+        def scored(index: Rows, length: int = 0) -> _Scored:
+            micro = batch.rows(index).to(self.device.device())
+            return _Scored.of(micro, self.value_head, *layout, length)
+
+        micro_batches = [scored(index) for index in rows]
+        if not (self.packs and self.parallel.ep > 1 and token_dispatcher() == "allgather"):
+            return micro_batches
+        lengths = self._longest_over_experts([m.computed_tokens for m in micro_batches])
         return [
-            _Scored.of(batch.rows(index).to(self.device.device()), self.value_head, *layout)
-            for index in rows
+            micro if micro.computed_tokens == length else scored(index, length)
+            for micro, index, length in zip(micro_batches, rows, lengths, strict=True)
         ]
+
+    def _longest_over_experts(self, lengths: list[int]) -> list[int]:
+        """Megatron's allgather token dispatcher gathers equal shapes from every rank of
+        its TP x EP group, which spans data-parallel ranks: micro-batch ``i`` of every
+        rank runs at the longest packed row any rank has for it."""
+        from megatron.core import parallel_state as ps
+
+        longest = torch.tensor(lengths, device=self.device.device())
+        group = ps.get_data_parallel_group(with_context_parallel=True)
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+        return longest.tolist()
 
     def _micro_batch_rows(self, batch: ResponseBatch, plan: MicroBatching) -> list[Rows]:
         """The rows of ``batch`` each micro-batch runs: ``plan.size`` consecutive rows, or
@@ -782,12 +807,13 @@ class _Scored(MicroBatch):
         share_prompts: bool,
         multiple: int,
         split: ContextSplit | None = None,
+        length: int = 0,
     ) -> _Scored:
-        """``batch`` laid out for the model: packed (this CP rank's shard of the row under
-        ``split``), or rows right-padded to ``multiple``."""
+        """``batch`` laid out for the model: packed to at least ``length`` positions (this
+        CP rank's shard of the row under ``split``), or rows right-padded to ``multiple``."""
         positions, tokens = batch.response_window()
         if pack:
-            packed = pack_micro_batch(batch, share_prompts, multiple)
+            packed = pack_micro_batch(batch, share_prompts, multiple, length)
             computed = packed.input_ids.numel()
             packed = split.shard(packed) if split is not None else packed
             ids, positions, real = packed.input_ids, packed.logit_positions, packed.real_tokens

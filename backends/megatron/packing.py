@@ -105,10 +105,13 @@ class _Builder:
         )
 
 
-def pack_micro_batch(batch: ResponseBatch, share_prompts: bool, multiple: int = 1) -> PackedRow:
+def pack_micro_batch(
+    batch: ResponseBatch, share_prompts: bool, multiple: int = 1, length: int = 0
+) -> PackedRow:
     """The micro-batch as one packed row (module docstring), its length padded at the
-    tail to a multiple of ``multiple``; rows that share a prompt share one document when
-    ``share_prompts``, else every row is a document of its own."""
+    tail to a multiple of ``multiple`` and to at least ``length`` (itself a multiple);
+    rows that share a prompt share one document when ``share_prompts``, else every row is
+    a document of its own."""
     groups = prompt_groups(batch) if share_prompts else [[row] for row in range(len(batch))]
     starts, lengths = batch.response_start.tolist(), batch.response_len.tolist()
     width = max(max(lengths, default=0), 1)  # W, as response_window's
@@ -127,8 +130,9 @@ def pack_micro_batch(batch: ResponseBatch, share_prompts: bool, multiple: int = 
             scoring[row] = scored_by[-1]  # columns past the response: masked later
             scoring[row, : len(scored_by)] = scored_by[:width]
     real = built.length
-    pad = -real % multiple
-    if pad:  # sequence parallelism splits the row evenly over TP ranks
+    # Sequence parallelism splits the row evenly over TP ranks; ``length``: other ranks'.
+    pad = max(-real % multiple, length - real)
+    if pad:
         built.add(torch.zeros(pad, dtype=ids.dtype), 0, len(groups), 0)
     input_ids, positions, documents, members = built.row()
     device = batch.input_ids.device
