@@ -71,6 +71,13 @@ def use_transformer_engine() -> bool:
     return True
 
 
+def token_dispatcher() -> str:
+    """Megatron's MoE token dispatcher here: ``alltoall`` on accelerators; ``allgather``
+    on the CPU (the alltoall one creates a CUDA stream), which gathers equal token counts
+    from every rank of its TP x EP group."""
+    return "allgather" if get_device().torch_device_type == "cpu" else "alltoall"
+
+
 def uses_te_attention(parallel: ParallelSpec) -> bool:
     """TE's layer spec where TE can run it; context parallelism takes the torch core
     attention (packed rows; the engine's own CP exchange) even where TE is installed."""
@@ -102,7 +109,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelSpec):  # -> Transformer
             "moe_router_topk": spec.moe_router_topk,
             "moe_shared_expert_intermediate_size": spec.moe_shared_expert_size or None,
             "moe_layer_freq": [int(i in moe_layers) for i in range(spec.num_layers)],
-            "moe_token_dispatcher_type": "allgather" if on_cpu else "alltoall",
+            "moe_token_dispatcher_type": token_dispatcher(),
             "moe_router_load_balancing_type": "aux_loss" if spec.moe_aux_loss_coeff else "none",
             "moe_aux_loss_coeff": spec.moe_aux_loss_coeff,
             "moe_router_pre_softmax": spec.moe_router_pre_softmax,

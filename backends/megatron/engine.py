@@ -38,7 +38,12 @@ from backends.megatron.batch import (
     rows_by_tokens,
     split_to_count,
 )
-from backends.megatron.builder import build_gpt, initialize_parallel, uses_te_attention
+from backends.megatron.builder import (
+    build_gpt,
+    initialize_parallel,
+    token_dispatcher,
+    uses_te_attention,
+)
 from backends.megatron.cpu_compat import megatron_compat
 from backends.megatron.distributed_optim import DistributedOptimizer
 from backends.megatron.families import get_family
@@ -302,30 +307,52 @@ class MegatronEngine:
     # ---- forward passes ----------------------------------------------------------------
     def _outputs(self, output: torch.Tensor, micro: _Scored, with_entropy: bool) -> dict:
         """Per response token, ``[b, R]``, from the last stage's output."""
+        held = micro.held()
         if self.value_head:  # output: [b, s, 1], a value at every position (a cheap head)
             values = at_least_float32(output.squeeze(-1)).gather(1, micro.positions)
-            per_window = {"values": micro.per_row(values)}
-        else:  # output: [b, W, v], logits at the window's positions only
+            per_slot = {"values": values}
+        else:  # output: [b, W, v] logits at the scoring slots (a CP shard: its own, [1, held])
             vocab = self.spec.vocab_size
-            output = micro.per_row(output)
-            per_window = {"logprobs": vocab_parallel_logprobs(output, micro.tokens, vocab)}
+            if held is None:
+                output, tokens = micro.per_row(output), micro.tokens
+            else:
+                tokens = micro.tokens.reshape(1, -1)[held].unsqueeze(0)
+            per_slot = {"logprobs": vocab_parallel_logprobs(output, tokens, vocab)}
             if with_entropy:
-                per_window["entropy"] = vocab_parallel_entropy(output, vocab)
-        held = micro.held()
+                per_slot["entropy"] = vocab_parallel_entropy(output, vocab)
         if held is not None:
-            per_window = {
-                k: _combined_over_context_parallel(v, held) for k, v in per_window.items()
-            }
+            per_slot = {k: _combined_over_context_parallel(v, held) for k, v in per_slot.items()}
+        per_window = {k: micro.per_row(v) for k, v in per_slot.items()}
         return {k: micro.batch.spread(v) for k, v in per_window.items()}
 
     def _micro_batches(self, batch: ResponseBatch, rows: list[Rows]) -> list[_Scored]:
         split = self._context_split()
         multiple = sequence_multiple(self.model) * (split.parts if split else 1)
         layout = (self.packs, self.share_prompts, multiple, split)
+
+        def scored(index: Rows, length: int = 0) -> _Scored:
+            micro = batch.rows(index).to(self.device.device())
+            return _Scored.of(micro, self.value_head, *layout, length)
+
+        micro_batches = [scored(index) for index in rows]
+        if not (self.packs and self.parallel.ep > 1 and token_dispatcher() == "allgather"):
+            return micro_batches
+        lengths = self._longest_over_experts([m.computed_tokens for m in micro_batches])
         return [
-            _Scored.of(batch.rows(index).to(self.device.device()), self.value_head, *layout)
-            for index in rows
+            micro if micro.computed_tokens == length else scored(index, length)
+            for micro, index, length in zip(micro_batches, rows, lengths, strict=True)
         ]
+
+    def _longest_over_experts(self, lengths: list[int]) -> list[int]:
+        """Megatron's allgather token dispatcher gathers equal shapes from every rank of
+        its TP x EP group, which spans data-parallel ranks: micro-batch ``i`` of every
+        rank runs at the longest packed row any rank has for it."""
+        from megatron.core import parallel_state as ps
+
+        longest = torch.tensor(lengths, device=self.device.device())
+        group = ps.get_data_parallel_group(with_context_parallel=True)
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+        return longest.tolist()
 
     def _micro_batch_rows(self, batch: ResponseBatch, plan: MicroBatching) -> list[Rows]:
         """The rows of ``batch`` each micro-batch runs: ``plan.size`` consecutive rows, or
@@ -821,12 +848,13 @@ class _Scored(MicroBatch):
         share_prompts: bool,
         multiple: int,
         split: ContextSplit | None = None,
+        length: int = 0,
     ) -> _Scored:
-        """``batch`` laid out for the model: packed (this CP rank's shard of the row under
-        ``split``), or rows right-padded to ``multiple``."""
+        """``batch`` laid out for the model: packed to at least ``length`` positions (this
+        CP rank's shard of the row under ``split``), or rows right-padded to ``multiple``."""
         positions, tokens = batch.response_window()
         if pack:
-            packed = pack_micro_batch(batch, share_prompts, multiple)
+            packed = pack_micro_batch(batch, share_prompts, multiple, length)
             computed = packed.input_ids.numel()
             packed = split.shard(packed) if split is not None else packed
             ids, positions, real = packed.input_ids, packed.logit_positions, packed.real_tokens
@@ -842,10 +870,8 @@ class _Scored(MicroBatch):
         return per_position if self.packed is None else self.packed.unpack(per_position)
 
     def held(self) -> torch.Tensor | None:
-        """``[b, W]``: the slots this CP rank scores (None: not context parallel)."""
-        if self.packed is None or self.packed.held is None:
-            return None
-        return self.per_row(self.packed.held)
+        """``[1, b * W]``: the slots this CP rank scores (None: not context parallel)."""
+        return None if self.packed is None else self.packed.held
 
 
 class _SumOverContextParallel(torch.autograd.Function):
@@ -866,10 +892,12 @@ class _SumOverContextParallel(torch.autograd.Function):
         return grad
 
 
-def _combined_over_context_parallel(per_slot: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
-    """``[b, W]`` outputs of the slots this CP rank ``held``, zeros elsewhere, summed over
-    the CP group: each slot is held by exactly one rank."""
-    return _SumOverContextParallel.apply(torch.where(held, per_slot, torch.zeros_like(per_slot)))
+def _combined_over_context_parallel(per_held: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """``[1, b * W]`` outputs of every slot from ``[1, held]``, those of the slots this CP
+    rank ``held``: zeros in the others' slots, summed over the CP group (each slot is held
+    by exactly one rank)."""
+    slots = per_held.new_zeros(held.shape).masked_scatter(held, per_held)
+    return _SumOverContextParallel.apply(slots)
 
 
 def _refuse_for_vla(value_head: bool, lora: LoRASpec | None, optim: OptimSpec | None) -> None:

@@ -46,13 +46,14 @@ class PackedRow:
         mask: who sees whom (:class:`~backends.megatron.attention.PackedMask`).
         logit_positions: ``[1, B * W]``: row ``i`` of the batch owns columns
             ``i * W .. i * W + W - 1``, the outputs that score its response tokens (those
-            of ``ResponseBatch.response_window``, moved into the packed row).
+            of ``ResponseBatch.response_window``, moved into the packed row); on a
+            context-parallel shard only the :attr:`held` slots' columns, ``[1, held]``.
         width: ``W``, the longest response of the micro-batch (at least 1).
         real_tokens: ``T`` without the tail pad.
         held: ``[1, B * W]`` on a context-parallel shard (:meth:`ContextSplit.shard`):
-            True for the slots whose scoring position this rank holds (the other slots'
-            :attr:`logit_positions` point at position 0 and their outputs are zeroed);
-            None for a whole row.
+            True for the slots whose scoring position this rank holds, the slots
+            :attr:`logit_positions` lists (the other ranks score the rest); None for a
+            whole row.
     """
 
     input_ids: torch.Tensor
@@ -104,10 +105,13 @@ class _Builder:
         )
 
 
-def pack_micro_batch(batch: ResponseBatch, share_prompts: bool, multiple: int = 1) -> PackedRow:
+def pack_micro_batch(
+    batch: ResponseBatch, share_prompts: bool, multiple: int = 1, length: int = 0
+) -> PackedRow:
     """The micro-batch as one packed row (module docstring), its length padded at the
-    tail to a multiple of ``multiple``; rows that share a prompt share one document when
-    ``share_prompts``, else every row is a document of its own."""
+    tail to a multiple of ``multiple`` and to at least ``length`` (itself a multiple);
+    rows that share a prompt share one document when ``share_prompts``, else every row is
+    a document of its own."""
     groups = prompt_groups(batch) if share_prompts else [[row] for row in range(len(batch))]
     starts, lengths = batch.response_start.tolist(), batch.response_len.tolist()
     width = max(max(lengths, default=0), 1)  # W, as response_window's
@@ -126,8 +130,9 @@ def pack_micro_batch(batch: ResponseBatch, share_prompts: bool, multiple: int = 
             scoring[row] = scored_by[-1]  # columns past the response: masked later
             scoring[row, : len(scored_by)] = scored_by[:width]
     real = built.length
-    pad = -real % multiple
-    if pad:  # sequence parallelism splits the row evenly over TP ranks
+    # Sequence parallelism splits the row evenly over TP ranks; ``length``: other ranks'.
+    pad = max(-real % multiple, length - real)
+    if pad:
         built.add(torch.zeros(pad, dtype=ids.dtype), 0, len(groups), 0)
     input_ids, positions, documents, members = built.row()
     device = batch.input_ids.device
@@ -177,14 +182,15 @@ class ContextSplit:
         local = torch.full((length,), -1, dtype=torch.long, device=positions.device)
         local[positions] = torch.arange(len(positions), device=positions.device)
         at = local[row.logit_positions]
+        held = at >= 0
         return PackedRow(
             row.input_ids[:, positions],
             row.position_ids[:, positions],
             row.mask,
-            at.clamp(min=0),
+            at[held].unsqueeze(0),  # logits only where this rank scores: they divide by cp
             row.width,
             row.real_tokens,
-            held=at >= 0,
+            held=held,
         )
 
 
