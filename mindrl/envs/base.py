@@ -86,11 +86,12 @@ class EnvironmentFailed(ValueError):
     restarted (``resilience.max_restarts``) into the same failing environment."""
 
 
-def load_env_class(path: str) -> type:
-    """The environment class ``path`` names, imported from ``PYTHONPATH``.
+def import_class(path: str) -> type:
+    """The class ``path`` (``"package.module:ClassName"``) names, imported from
+    ``PYTHONPATH``.
 
     Raises:
-        EnvConfigError: no such module or class, or the class lacks ``reset`` / ``step``.
+        EnvConfigError: no such module or class.
     """
     module_name, class_name = split_class_path(path)
     try:
@@ -104,6 +105,16 @@ def load_env_class(path: str) -> type:
         raise EnvConfigError(
             f"env.cls {path!r}: module {module_name!r} has no class {class_name!r}"
         )
+    return cls
+
+
+def load_env_class(path: str) -> type:
+    """The environment class ``path`` names, imported from ``PYTHONPATH``.
+
+    Raises:
+        EnvConfigError: no such module or class, or the class lacks ``reset`` / ``step``.
+    """
+    cls = import_class(path)
     missing = [name for name in ("reset", "step") if not callable(getattr(cls, name, None))]
     if missing:
         raise EnvConfigError(
