@@ -180,16 +180,17 @@ class BatchedReach(VectorEnv):
         valid = np.zeros((n, chunk), dtype=np.bool_)
         success = np.zeros(n, dtype=np.bool_)
         rows = np.arange(n)
-        before = self._goal_distance()
+        before = self._distances()[rows, self._goal]
         for c in range(chunk):  # the chunk's actions in turn, every environment at once
             live = ~self._ended
             valid[:, c] = live
             moved = np.clip(self._position + actions[:, c], -1.0, 1.0)
             self._position = np.where(live[:, None], moved, self._position)
-            touched = self._distances() < self.success_radius
+            distances = self._distances()
+            touched = distances < self.success_radius
             hit_any = touched.any(axis=1) & live
             hit_goal = touched[rows, self._goal] & live
-            after = self._goal_distance()
+            after = distances[rows, self._goal]
             step_reward = self.shaping * (before - after) + self.success_bonus * hit_goal
             rewards[:, c] = np.where(live, step_reward, 0.0)
             self._steps += live
@@ -231,14 +232,14 @@ class BatchedReach(VectorEnv):
         self._scene[ids] = BACKGROUND
         for k in range(3):  # the three targets, each stamped over the whole batch
             colours = RGB[self._colour_of_target[ids, k]]
-            self._stamp(self._scene, ids, self._targets[ids, k], self.success_radius, colours)
+            _stamp(self._scene, ids, self._targets[ids, k], self.success_radius, colours)
 
     def _observe(self, ids: np.ndarray) -> Observations:
         """The observations of ``ids``: their scenes with the end effector drawn in."""
         images = self._images[: ids.size]
         np.copyto(images, self._scene[ids])
         rows = np.arange(ids.size)
-        self._stamp(images, rows, self._position[ids], EFFECTOR_DRAW_RADIUS, EFFECTOR)
+        _stamp(images, rows, self._position[ids], EFFECTOR_DRAW_RADIUS, EFFECTOR)
         colour = self._colour_of_target[ids, self._goal[ids]]
         return Observations(
             images=images.copy(),
@@ -247,38 +248,35 @@ class BatchedReach(VectorEnv):
             instruction_ids=INSTRUCTION_IDS[colour],
         )
 
-    def _stamp(
-        self,
-        images: np.ndarray,
-        rows: np.ndarray,
-        centres: np.ndarray,
-        radius: float,
-        colours: np.ndarray,
-    ) -> None:
-        """Paint a disc of ``radius`` around ``centres[i]`` (world units) into
-        ``images[rows[i]]``: every pixel whose centre lies in the disc. Only the few
-        pixels around each centre are looked at, so a step's drawing costs a few dozen
-        operations per environment, not one per pixel."""
-        size = images.shape[1]
-        pixel = 2.0 / size
-        reach = int(np.ceil(radius / pixel)) + 1
-        offsets = np.arange(-reach, reach + 1)
-        col = np.rint((centres[:, 0] + 1.0) / pixel - 0.5).astype(np.int64)[:, None] + offsets
-        row = np.rint((1.0 - centres[:, 1]) / pixel - 0.5).astype(np.int64)[:, None] + offsets
-        dx = -1.0 + (col + 0.5) * pixel - centres[:, :1]  # [n, window] along x
-        dy = 1.0 - (row + 0.5) * pixel - centres[:, 1:]  # [n, window] along y
-        inside = dy[:, :, None] ** 2 + dx[:, None, :] ** 2 <= radius**2
-        inside &= ((row >= 0) & (row < size))[:, :, None] & ((col >= 0) & (col < size))[:, None, :]
-        env, r, c = np.nonzero(inside)
-        colours = np.broadcast_to(colours, (len(centres), 3))
-        images[rows[env], row[env, r], col[env, c]] = colours[env]
-
     def _distances(self) -> np.ndarray:
         """``[num_envs, 3]``: the end effector's distance to each target's centre."""
         return np.linalg.norm(self._targets - self._position[:, None, :], axis=-1)
 
-    def _goal_distance(self) -> np.ndarray:
-        return self._distances()[np.arange(self.num_envs), self._goal]
+
+def _stamp(
+    images: np.ndarray,
+    rows: np.ndarray,
+    centres: np.ndarray,
+    radius: float,
+    colours: np.ndarray,
+) -> None:
+    """Paint a disc of ``radius`` around ``centres[i]`` (world units) into
+    ``images[rows[i]]``: every pixel whose centre lies in the disc. Only the few
+    pixels around each centre are looked at, so a step's drawing costs a few dozen
+    operations per environment, not one per pixel."""
+    size = images.shape[1]
+    pixel = 2.0 / size
+    reach = int(np.ceil(radius / pixel)) + 1
+    offsets = np.arange(-reach, reach + 1)
+    col = np.rint((centres[:, 0] + 1.0) / pixel - 0.5).astype(np.int64)[:, None] + offsets
+    row = np.rint((1.0 - centres[:, 1]) / pixel - 0.5).astype(np.int64)[:, None] + offsets
+    dx = -1.0 + (col + 0.5) * pixel - centres[:, :1]  # [n, window] along x
+    dy = 1.0 - (row + 0.5) * pixel - centres[:, 1:]  # [n, window] along y
+    inside = dy[:, :, None] ** 2 + dx[:, None, :] ** 2 <= radius**2
+    inside &= ((row >= 0) & (row < size))[:, :, None] & ((col >= 0) & (col < size))[:, None, :]
+    env, r, c = np.nonzero(inside)
+    colours = np.broadcast_to(colours, (len(centres), 3))
+    images[rows[env], row[env, r], col[env, c]] = colours[env]
 
 
 def _uniform(

@@ -155,6 +155,9 @@ class VectorEnv(abc.ABC):
     def chunk_step(self, actions: np.ndarray) -> ChunkResult:
         """Apply ``actions`` ``[num_envs, chunk_size, A]`` (module docstring)."""
 
+    def close(self) -> None:  # noqa: B027 - a hook: most simulators hold nothing to release
+        """Release what the environments hold (processes, renderers); nothing by default."""
+
 
 def check_episode_shape(num_envs: int, chunk_size: int, horizon: int) -> None:
     """The sizes a vector environment is built with make sense together.
