@@ -207,6 +207,29 @@ def test_group_members_given_one_reset_state_id_start_identical_and_groups_diffe
     np.testing.assert_array_equal(again.images[0], first.images[3])  # not tied to the env
 
 
+def test_rewards_are_the_progress_to_the_named_target_plus_one_on_success():
+    env = make(64, auto_reset=False)
+    env.reset()
+    start = np.linalg.norm(env.goal_positions, axis=1)  # the effector starts at the centre
+    _, rewards, terminations, _, info = env.chunk_step(heading_for(env, env.goal_positions))
+    assert info["success"].all() and (terminations.sum(axis=1) == 1).all()
+    end = np.linalg.norm(info["final_observations"].states - env.goal_positions, axis=1)
+    np.testing.assert_allclose(rewards.sum(axis=1), start - end + 1.0, rtol=1e-5)
+    sparse = make(64, auto_reset=False, shaping=0.0)
+    sparse.reset()
+    _, rewards, terminations, _, _ = sparse.chunk_step(heading_for(sparse, sparse.goal_positions))
+    np.testing.assert_array_equal(rewards, terminations.astype(np.float32))
+
+
+def test_touching_another_target_ends_the_episode_without_success():
+    env = make(64, auto_reset=False)
+    env.reset()
+    other = env.target_positions[np.arange(64), (env._goal + 1) % 3]
+    _, rewards, terminations, _, info = env.chunk_step(heading_for(env, other))
+    assert (terminations.sum(axis=1) == 1).all() and not info["success"].any()
+    assert (rewards < 1.0).all()
+
+
 def test_an_oracle_reading_the_named_target_always_succeeds():
     env = make(1024, seed=1, auto_reset=False)
     assert episode_success(env, lambda env, _: heading_for(env, env.goal_positions)) == 1.0
