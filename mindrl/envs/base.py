@@ -97,6 +97,8 @@ def import_class(path: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if _missing_dependency(module_name, exc):
+            raise EnvConfigError(f"env.cls {path!r}: {exc}") from None
         raise EnvConfigError(
             f"env.cls {path!r}: cannot import {module_name!r} ({exc}); put its folder on PYTHONPATH"
         ) from None
@@ -106,6 +108,13 @@ def import_class(path: str) -> type:
             f"env.cls {path!r}: module {module_name!r} has no class {class_name!r}"
         )
     return cls
+
+
+def _missing_dependency(module_name: str, exc: ImportError) -> bool:
+    """Whether the module was found but a package it imports is missing (its own guard's
+    message then says what to install; PYTHONPATH is not the fix)."""
+    missing = exc.name
+    return bool(missing) and not (module_name == missing or module_name.startswith(f"{missing}."))
 
 
 def load_env_class(path: str) -> type:
