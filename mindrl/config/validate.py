@@ -15,6 +15,7 @@ import dataclasses
 
 from mindrl.config.class_path import EnvConfigError, split_class_path
 from mindrl.config.compat import AlgorithmTraits, RunFacts, model_roles, unsupported_combinations
+from mindrl.config.episode_shape import episode_shape_problems
 from mindrl.config.layout import (
     DISAGGREGATED,
     OFFLINE,
@@ -60,6 +61,7 @@ def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = No
         problems += unsupported_combinations(DISAGGREGATED, facts)
     problems += check_partial_rollout(facts)
     problems += check_env(config) + unsupported_combinations("environment", facts)
+    problems += check_embodied_trainable(config, algorithm)
     if not offline:  # an offline run scores nothing (a pair's preference is its label)
         problems += check_rewards(config)
     problems += check_continuous(facts)
@@ -495,6 +497,8 @@ def check_env(config: MindRLConfig) -> list[str]:
     turn fits the trajectory (the class itself is imported at start-up,
     mindrl/envs/base.py)."""
     env = config.env
+    if env.embodied:
+        return check_embodied_env(config)
     if not env.enabled:
         return []
     problems = []
@@ -510,6 +514,35 @@ def check_env(config: MindRLConfig) -> list[str]:
             "rollout.max_response_length"
         )
     return problems
+
+
+def check_embodied_env(config: MindRLConfig) -> list[str]:
+    """An embodied environment is named in the loader's form and its chunks tile an
+    episode (the class itself is imported at start-up, mindrl/envs/embodied.py)."""
+    env = config.env
+    if env.cls is None:
+        return [
+            "env.kind=embodied needs env.cls, a VectorEnv subclass (e.g. "
+            "'mindrl.envs.batched_reach:BatchedReach')"
+        ]
+    problems = []
+    try:
+        split_class_path(env.cls)
+    except EnvConfigError as exc:
+        problems.append(str(exc))
+    return problems + episode_shape_problems(env.num_envs, env.chunk_size, env.horizon)
+
+
+def check_embodied_trainable(config: MindRLConfig, algorithm: AlgorithmTraits | None) -> list[str]:
+    """An embodied environment has no policy or rollout loop yet: a run that would train
+    on one is refused (the environment itself is usable from Python)."""
+    if algorithm is None or not config.env.embodied:
+        return []
+    return [
+        f"env.kind=embodied: training loop not built yet (the vision-language-action policy "
+        f"and its rollout come later), so --trainer {algorithm.name} cannot run it; use "
+        "env.kind=text, or step the environment from Python (mindrl.envs.embodied)"
+    ]
 
 
 def check_lengths(config: MindRLConfig) -> list[str]:

@@ -3,6 +3,8 @@
 A run names its environment in the config's ``env`` section
 (``env: {cls: "package.module:ClassName", kwargs: {...}, max_turns: N, max_turn_tokens: M,
 workers: W}``); without ``env.cls`` a run is single-turn (docs/architecture.md §12).
+Embodied environments (``env.kind: embodied``: N simulators stepped in chunks of actions)
+have their own interface, :mod:`mindrl.envs.embodied`, imported from that module.
 """
 
 from mindrl.envs.base import (

@@ -86,16 +86,19 @@ class EnvironmentFailed(ValueError):
     restarted (``resilience.max_restarts``) into the same failing environment."""
 
 
-def load_env_class(path: str) -> type:
-    """The environment class ``path`` names, imported from ``PYTHONPATH``.
+def import_class(path: str) -> type:
+    """The class ``path`` (``"package.module:ClassName"``) names, imported from
+    ``PYTHONPATH``.
 
     Raises:
-        EnvConfigError: no such module or class, or the class lacks ``reset`` / ``step``.
+        EnvConfigError: no such module or class.
     """
     module_name, class_name = split_class_path(path)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if _missing_dependency(module_name, exc):
+            raise EnvConfigError(f"env.cls {path!r}: {exc}") from None
         raise EnvConfigError(
             f"env.cls {path!r}: cannot import {module_name!r} ({exc}); put its folder on PYTHONPATH"
         ) from None
@@ -104,6 +107,23 @@ def load_env_class(path: str) -> type:
         raise EnvConfigError(
             f"env.cls {path!r}: module {module_name!r} has no class {class_name!r}"
         )
+    return cls
+
+
+def _missing_dependency(module_name: str, exc: ImportError) -> bool:
+    """Whether the module was found but a package it imports is missing (its own guard's
+    message then says what to install; PYTHONPATH is not the fix)."""
+    missing = exc.name
+    return bool(missing) and not (module_name == missing or module_name.startswith(f"{missing}."))
+
+
+def load_env_class(path: str) -> type:
+    """The environment class ``path`` names, imported from ``PYTHONPATH``.
+
+    Raises:
+        EnvConfigError: no such module or class, or the class lacks ``reset`` / ``step``.
+    """
+    cls = import_class(path)
     missing = [name for name in ("reset", "step") if not callable(getattr(cls, name, None))]
     if missing:
         raise EnvConfigError(

@@ -89,6 +89,20 @@ def test_a_class_that_cannot_be_loaded_is_refused_in_one_line(user_module, path,
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_module_whose_package_is_missing_is_refused_with_its_own_install_line(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "guarded_envs.py").write_text(
+        "raise ImportError('guarded_envs needs simpkg: pip install simpkg', name='simpkg')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EnvConfigError) as err:
+        load_env_class("guarded_envs:Env")
+    assert str(err.value) == (
+        "env.cls 'guarded_envs:Env': guarded_envs needs simpkg: pip install simpkg"
+    )
+
+
 def test_kwargs_the_class_refuses_are_named(user_module):
     with pytest.raises(EnvConfigError, match=r"refuses env.kwargs \{'size': 3\}"):
         make_env(f"{user_module}:Echo", {"size": 3})

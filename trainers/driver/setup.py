@@ -33,6 +33,7 @@ from mindrl.data.run_prompts import prompt_dataset
 from mindrl.dock import DockClient, FieldSpec, create_dock, shutdown_dock
 from mindrl.dock.schema import RUN_FIELDS
 from mindrl.envs import EnvConfigError, load_env_class
+from mindrl.envs.embodied import load_vector_env_class
 from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
 from mindrl.planner.offload import plan_offload
 from mindrl.rewards.routing import reward_problems, reward_spec_of, served_judge, unrouted_problem
@@ -169,9 +170,10 @@ def _preflight(config: MindRLConfig, offline: bool) -> None:
     consistency, engine capabilities included, is the validator's
     (mindrl/config/validate.py)."""
     problems = [] if offline else reward_problems(config)
-    if config.env.enabled:
+    load_class = load_vector_env_class if config.env.embodied else load_env_class
+    if config.env.cls is not None:
         try:
-            load_env_class(config.env.cls)  # the workers import it the same way
+            load_class(config.env.cls)  # the workers import it the same way
         except EnvConfigError as exc:
             problems.append(str(exc))
     reward_model = config.reward.reward_model
