@@ -213,6 +213,10 @@ class ParallelConfig:
 #: 1e-3; at 5e-3 the tiny recipe's output adapter collapsed onto a wrong answer).
 LORA_DEFAULT_LR = 2.0e-3
 LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
+#: Embodied RL's units, coarsest first: a chunk of actions, an action, an action token
+#: (trainers/granularity.py); rewards live at a chunk or an action.
+EMBODIED_LEVELS = ("chunk", "action", "token")
+REWARD_LEVELS = ("chunk", "action")
 #: Opt-in: the output layer (logits), for a base whose head was never trained.
 LORA_OUTPUT_TARGET = "output"
 
@@ -424,6 +428,18 @@ class AlgorithmConfig:
     gamma: float = option(1.0, "PPO discount.", ge=0, le=1)
     lam: float | None = option(None, "PPO GAE lambda; None: ppo's 1.0.", ge=0, le=1)
     value_clip: float = option(0.2, "PPO value-loss clip.", ge=0)
+    reward_level: str = option(
+        "chunk",
+        "embodied: where advantages live: chunk (the sum of its valid actions' rewards) or "
+        "action (each action's own).",
+        choices=REWARD_LEVELS,
+    )
+    logprob_level: str = option(
+        "token",
+        "embodied: the probability ratio's unit: chunk, action (its tokens' sum) or token; "
+        "never coarser than reward_level.",
+        choices=EMBODIED_LEVELS,
+    )
     dynamic_sampling: bool | None = option(None, "DAPO: drop groups with equal rewards.")
     max_sample_batches: int = option(
         4, "DAPO: prompt batches drawn per iteration; 0 = no limit.", ge=0

@@ -25,6 +25,7 @@ from mindrl.config.layout import (
     resolve_layout,
 )
 from mindrl.config.schema import (
+    EMBODIED_LEVELS,
     LORA_OUTPUT_TARGET,
     LORA_TARGETS,
     AlgorithmConfig,
@@ -530,7 +531,21 @@ def check_embodied_env(config: MindRLConfig) -> list[str]:
         split_class_path(env.cls)
     except EnvConfigError as exc:
         problems.append(str(exc))
-    return problems + episode_shape_problems(env.num_envs, env.chunk_size, env.horizon)
+    problems += episode_shape_problems(env.num_envs, env.chunk_size, env.horizon)
+    return problems + embodied_level_problems(config.algorithm)
+
+
+def embodied_level_problems(options: AlgorithmConfig) -> list[str]:
+    """An advantage finer than the log-prob it weighs cannot train: one ratio per chunk
+    cannot carry one advantage per action (trainers/granularity.py)."""
+    reward, logprob = options.reward_level, options.logprob_level
+    if EMBODIED_LEVELS.index(logprob) >= EMBODIED_LEVELS.index(reward):
+        return []
+    return [
+        f"algorithm.reward_level={reward} with algorithm.logprob_level={logprob}: one "
+        f"{logprob} log-prob cannot carry an advantage per {reward}; set "
+        f"algorithm.logprob_level to {reward} or token"
+    ]
 
 
 def check_embodied_trainable(config: MindRLConfig, algorithm: AlgorithmTraits | None) -> list[str]:

@@ -40,6 +40,13 @@ def test_a_trainer_on_an_embodied_env_is_refused_in_one_line_until_its_loop_exis
         ([*EMBODIED, "env.chunk_size=5"], "env.chunk_size=5 does not divide env.horizon=12"),
         (["env.kind=embodied", "env.cls=reach.Reach"], "expected 'package.module:ClassName'"),
         ([*EMBODIED, "env.kind=robot"], "env.kind"),
+        (
+            [*EMBODIED, "algorithm.reward_level=action", "algorithm.logprob_level=chunk"],
+            "algorithm.reward_level=action with algorithm.logprob_level=chunk: one chunk "
+            "log-prob cannot carry an advantage per action; set algorithm.logprob_level to "
+            "action or token",
+        ),
+        ([*EMBODIED, "algorithm.reward_level=token"], "algorithm.reward_level"),
     ],
 )
 def test_a_malformed_embodied_section_is_refused_at_load(overrides, message):
