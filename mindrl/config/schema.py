@@ -582,7 +582,9 @@ class DockConfig:
         choices=("distributed", "central"),
     )
     warehouses: int | None = option(
-        None, "TD warehouses; None: one per node that hosts a worker of the run.", ge=1
+        None,
+        "TD warehouses; None: one per node of the run's devices (model ranks, rollout workers).",
+        ge=1,
     )
     timeout_s: float = option(120.0, "Longest wait for a stage's samples before failing.", gt=0)
     pipeline: str = option(

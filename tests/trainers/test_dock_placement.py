@@ -1,6 +1,8 @@
 """Where a run's dock keeps its payloads on the shared three-node cluster: beside the
-workers that put and claim them, one warehouse per node they use (the session's tiny
-run with a reference places its workers on fewer nodes than the cluster has)."""
+run's devices (model ranks, rollout workers), one warehouse per node they use (the
+session's tiny run with a reference places its devices on fewer nodes than the cluster
+has). Reward workers, placed wherever a CPU is free, add none: which rank claims which
+samples must not change with where they land."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ from trainers.driver.setup import PLACEMENT_FILE
 pytestmark = [pytest.mark.ray]
 
 
-def test_a_run_keeps_one_warehouse_on_each_node_of_its_workers_and_none_elsewhere(
+def test_a_run_keeps_one_warehouse_on_each_node_of_its_devices_and_none_elsewhere(
     sync_run, ray_cluster
 ):
     placement = json.loads((sync_run / PLACEMENT_FILE).read_text())
-    worker_nodes = {node for ranks in placement["ranks"].values() for node in ranks}
-    assert sorted(placement["warehouses"]) == sorted(worker_nodes)
-    assert len(worker_nodes) < len(ray_cluster.list_all_nodes())  # so "elsewhere" exists
+    ranks = placement["ranks"]
+    device_nodes = {node for role in ("actor", "reference") for node in ranks[role]}
+    assert sorted(placement["warehouses"]) == sorted(device_nodes)
+    assert len(device_nodes) < len(ray_cluster.list_all_nodes())  # so "elsewhere" exists

@@ -303,11 +303,15 @@ def _start_dock(run: RunState, controller_nodes: dict[str, str]) -> None:
 
 
 def _dock_nodes(run: RunState) -> list[str]:
-    """The nodes whose workers put to the dock or claim from it, each once, in rank order:
-    a warehouse anywhere else would hold samples every worker reaches over the network
-    (and, on a shared test cluster, cost a process per run for nothing)."""
-    ranks = [node for nodes in run.rank_nodes.values() for node in nodes]
-    return list(dict.fromkeys([*ranks, *run.worker_nodes.values()]))
+    """The nodes of the run's devices (its model ranks and rollout workers), each once,
+    in rank order: a warehouse on a node without them would hold samples every worker
+    reaches over the network (and, on a shared test cluster, cost a process per run for
+    nothing). Reward workers, which Ray may place on any node with a free CPU, do not
+    add one: the warehouses, hence which rank claims which samples, follow the device
+    placement alone, so one config trains the same wherever its CPU workers land."""
+    device_roles = [*run.plan.model_roles, ROLLOUT_WORKER]
+    ranks = [node for role in device_roles for node in run.rank_nodes.get(role, [])]
+    return list(dict.fromkeys(ranks))
 
 
 def _place_workers(run: RunState, device_name: str) -> None:
