@@ -54,10 +54,12 @@ def vocab_parallel_logprobs(
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     logits = mask_vocab_padding(at_least_float32(logits_local), vocab_size)
-    # Megatron's kernel wants [s, b, v] and returns the cross entropy (= -log p).
-    loss_sb = vocab_parallel_cross_entropy(
-        logits.transpose(0, 1).contiguous(), targets.t().contiguous()
-    )
+    # Megatron's kernel wants [s, b, v] and returns the cross entropy (= -log p). It turns
+    # its input into the softmax in place (kept for its backward), so it gets a copy of
+    # its own: contiguous() alone hands over the caller's tensor when b == 1 (one packed
+    # row, a context-parallel shard), whose entropy was then taken of probabilities.
+    own = logits.transpose(0, 1).clone(memory_format=torch.contiguous_format)
+    loss_sb = vocab_parallel_cross_entropy(own, targets.t().contiguous())
     return -loss_sb.t()
 
 
