@@ -70,6 +70,7 @@ import numpy as np
 from mindrl.envs.embodied import (
     ActionSpec,
     ChunkResult,
+    InitialStates,
     Observations,
     ObservationSpec,
     VectorEnv,
@@ -88,8 +89,6 @@ EFFECTOR_DRAW_RADIUS = 0.07
 #: Random numbers one reset draws per environment: the ring's angle, three distances,
 #: three keys ordering the colours, the named target.
 DRAWS_PER_RESET = 8
-
-_MASK64 = (1 << 64) - 1
 
 
 class BatchedReach(VectorEnv):
@@ -129,9 +128,7 @@ class BatchedReach(VectorEnv):
         self._goal = np.zeros(n, dtype=np.int64)  # index of the named target
         self._steps = np.zeros(n, dtype=np.int64)
         self._ended = np.zeros(n, dtype=np.bool_)
-        self._state_stream = np.full(n, -1, dtype=np.int64)  # reset state id, -1: own
-        self._own_episode = np.zeros(n, dtype=np.int64)  # episodes on the own stream
-        self._stream_episode = np.zeros(n, dtype=np.int64)  # since the reset state id
+        self._initial_states = InitialStates(n, first_env_id, seed, type(self).__name__)
         self._scene = np.zeros((n, image_size, image_size, 3), dtype=np.uint8)  # no effector
         self._images = np.zeros_like(self._scene)  # the scenes with the effector drawn in
         self.reset()
@@ -150,34 +147,14 @@ class BatchedReach(VectorEnv):
     def reset(
         self, env_ids: np.ndarray | None = None, reset_state_ids: np.ndarray | None = None
     ) -> Observations:
-        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, np.int64)
-        if reset_state_ids is not None:
-            streams = np.asarray(reset_state_ids, dtype=np.int64).reshape(-1)
-            if streams.shape != ids.shape or np.any(streams < 0):
-                raise ValueError(
-                    f"BatchedReach.reset: one reset state id >= 0 per reset environment "
-                    f"({ids.size}), got {streams.tolist()!r:.80}"
-                )
-            self._state_stream[ids] = streams
-            self._stream_episode[ids] = 0
-        else:
-            self._state_stream[ids] = -1
+        ids = self._initial_states.reset_ids(env_ids, reset_state_ids)
         self._start_episodes(ids)
         return self._observe(ids)
 
     def chunk_step(self, actions: np.ndarray) -> ChunkResult:
-        expected = (self.num_envs, self.chunk_size, self.action_spec.dims)
-        if np.shape(actions) != expected:
-            raise ValueError(
-                f"BatchedReach.chunk_step: actions must be [num_envs, chunk_size, dims] = "
-                f"{list(expected)}, got {list(np.shape(actions))}"
-            )
-        actions = self.action_spec.clip(actions).astype(np.float64)
+        actions = self.checked_actions(actions).astype(np.float64)
         n, chunk = self.num_envs, self.chunk_size
-        rewards = np.zeros((n, chunk), dtype=np.float32)
-        terminations = np.zeros((n, chunk), dtype=np.bool_)
-        truncations = np.zeros((n, chunk), dtype=np.bool_)
-        valid = np.zeros((n, chunk), dtype=np.bool_)
+        rewards, terminations, truncations, valid = self.blank_chunk()
         success = np.zeros(n, dtype=np.bool_)
         rows = np.arange(n)
         before = self._distances()[rows, self._goal]
@@ -210,12 +187,7 @@ class BatchedReach(VectorEnv):
         """New scenes for the environments ``ids``, drawn from each one's own stream."""
         if not ids.size:
             return
-        own = self._state_stream[ids] < 0
-        keys = np.where(own, self.first_env_id + ids, self._state_stream[ids])
-        episodes = np.where(own, self._own_episode[ids], self._stream_episode[ids])
-        draws = _uniform(self.seed, own, keys, episodes, DRAWS_PER_RESET)
-        self._own_episode[ids] += own
-        self._stream_episode[ids] += ~own
+        draws = self._initial_states.draw(ids, DRAWS_PER_RESET)
         angle = 2.0 * np.pi * (draws[:, :1] + np.arange(3) / 3.0)
         inner2, outer2 = self.ring_inner**2, self.ring_outer**2
         distance = np.sqrt(inner2 + draws[:, 1:4] * (outer2 - inner2))  # uniform in area
@@ -277,26 +249,3 @@ def _stamp(
     env, r, c = np.nonzero(inside)
     colours = np.broadcast_to(colours, (len(centres), 3))
     images[rows[env], row[env, r], col[env, c]] = colours[env]
-
-
-def _uniform(
-    seed: int, own: np.ndarray, keys: np.ndarray, episodes: np.ndarray, draws: int
-) -> np.ndarray:
-    """``[len(keys), draws]`` uniforms in ``[0, 1)``, each a hash of (seed, whether the
-    key is an environment's own number or a reset state id, the key, the episode, the
-    draw): the same arguments give the same numbers in any batch."""
-    with np.errstate(over="ignore"):
-        state = _splitmix(np.full(keys.shape, seed & _MASK64, dtype=np.uint64))
-        state = _splitmix(state ^ own.astype(np.uint64))
-        state = _splitmix(state ^ keys.astype(np.uint64))
-        state = _splitmix(state ^ episodes.astype(np.uint64))
-        bits = _splitmix(state[:, None] ^ np.arange(1, draws + 1, dtype=np.uint64))
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
-
-
-def _splitmix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))

@@ -155,8 +155,84 @@ class VectorEnv(abc.ABC):
     def chunk_step(self, actions: np.ndarray) -> ChunkResult:
         """Apply ``actions`` ``[num_envs, chunk_size, A]`` (module docstring)."""
 
+    def checked_actions(self, actions: np.ndarray) -> np.ndarray:
+        """``actions`` clipped to the action spec, once their shape is checked to be
+        ``[num_envs, chunk_size, dims]`` (a helper for ``chunk_step``).
+
+        Raises:
+            ValueError: another shape, in one line naming both.
+        """
+        expected = (self.num_envs, self.chunk_size, self.action_spec.dims)
+        if np.shape(actions) != expected:
+            raise ValueError(
+                f"{type(self).__name__}.chunk_step: actions must be [num_envs, chunk_size, "
+                f"dims] = {list(expected)}, got {list(np.shape(actions))}"
+            )
+        return self.action_spec.clip(actions)
+
+    def blank_chunk(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Zeroed ``[num_envs, chunk_size]`` rewards (float32), terminations, truncations
+        and valid (bool), for ``chunk_step`` to fill."""
+        shape = (self.num_envs, self.chunk_size)
+        flags = (np.zeros(shape, dtype=np.bool_) for _ in range(3))
+        return (np.zeros(shape, dtype=np.float32), *flags)
+
     def close(self) -> None:  # noqa: B027 - a hook: most simulators hold nothing to release
         """Release what the environments hold (processes, renderers); nothing by default."""
+
+
+class InitialStates:
+    """Where each environment's next initial state is drawn from: its own stream (keyed
+    by its global number ``first_env_id + i``), or, after a reset that names reset state
+    ids, the stream of its id from that stream's start, so the members of a GRPO group
+    start identical, also through the auto-resets after it. Every draw is a hash of
+    (seed, which kind of stream, its key, the episode on it, the draw): an environment
+    draws the same numbers in a batch of any size or split (sub-simulators).
+
+    Why a hash and not numpy Generators: a Generator is one stream, so drawing for the
+    environments a chunk ended would be a Python loop over them; the hash draws for the
+    whole batch in a few array operations.
+    """
+
+    def __init__(self, num_envs: int, first_env_id: int, seed: int, owner: str) -> None:
+        self.first_env_id, self.seed, self.owner = first_env_id, seed, owner
+        self._stream = np.full(num_envs, -1, dtype=np.int64)  # reset state id; -1: its own
+        self._own_episode = np.zeros(num_envs, dtype=np.int64)  # episodes on its own stream
+        self._stream_episode = np.zeros(num_envs, dtype=np.int64)  # since the reset state id
+        self.num_envs = num_envs
+
+    def reset_ids(
+        self, env_ids: np.ndarray | None, reset_state_ids: np.ndarray | None
+    ) -> np.ndarray:
+        """The environments a ``reset`` names (every one for None), each now following
+        its reset state id's stream from the start, or its own stream without ids.
+
+        Raises:
+            ValueError: not one reset state id >= 0 per named environment.
+        """
+        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, np.int64)
+        if reset_state_ids is None:
+            self._stream[ids] = -1
+            return ids
+        streams = np.asarray(reset_state_ids, dtype=np.int64).reshape(-1)
+        if streams.shape != ids.shape or np.any(streams < 0):
+            raise ValueError(
+                f"{self.owner}.reset: one reset state id >= 0 per reset environment "
+                f"({ids.size}), got {streams.tolist()!r:.80}"
+            )
+        self._stream[ids] = streams
+        self._stream_episode[ids] = 0
+        return ids
+
+    def draw(self, ids: np.ndarray, draws: int) -> np.ndarray:
+        """``[len(ids), draws]`` uniforms in ``[0, 1)`` for the next episode of each of
+        ``ids`` (advancing their streams)."""
+        own = self._stream[ids] < 0
+        keys = np.where(own, self.first_env_id + ids, self._stream[ids])
+        episodes = np.where(own, self._own_episode[ids], self._stream_episode[ids])
+        self._own_episode[ids] += own
+        self._stream_episode[ids] += ~own
+        return _uniform(self.seed, own, keys, episodes, draws)
 
 
 def check_episode_shape(num_envs: int, chunk_size: int, horizon: int) -> None:
@@ -216,3 +292,29 @@ def make_vector_env(
         )
     except TypeError as exc:
         raise EnvConfigError(f"env.cls {path!r} refuses env.kwargs {kwargs!r}: {exc}") from None
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _uniform(
+    seed: int, own: np.ndarray, keys: np.ndarray, episodes: np.ndarray, draws: int
+) -> np.ndarray:
+    """``[len(keys), draws]`` uniforms in ``[0, 1)``, each a hash of (seed, whether the
+    key is an environment's own number or a reset state id, the key, the episode, the
+    draw): the same arguments give the same numbers in any batch."""
+    with np.errstate(over="ignore"):
+        state = _splitmix(np.full(keys.shape, seed & _MASK64, dtype=np.uint64))
+        state = _splitmix(state ^ own.astype(np.uint64))
+        state = _splitmix(state ^ keys.astype(np.uint64))
+        state = _splitmix(state ^ episodes.astype(np.uint64))
+        bits = _splitmix(state[:, None] ^ np.arange(1, draws + 1, dtype=np.uint64))
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))

@@ -47,10 +47,10 @@ from typing import Any
 
 import numpy as np
 
-from mindrl.envs.batched_reach import _uniform
 from mindrl.envs.embodied import (
     ActionSpec,
     ChunkResult,
+    InitialStates,
     Observations,
     ObservationSpec,
     VectorEnv,
@@ -137,44 +137,21 @@ class MetaWorldVectorEnv(VectorEnv):
         )
         self._states = np.zeros((num_envs, state_dim), dtype=np.float32)
         self._ended = np.zeros(num_envs, dtype=np.bool_)
-        self._state_stream = np.full(num_envs, -1, dtype=np.int64)  # reset state id, -1: own
-        self._own_episode = np.zeros(num_envs, dtype=np.int64)
-        self._stream_episode = np.zeros(num_envs, dtype=np.int64)
+        self._initial_states = InitialStates(num_envs, first_env_id, seed, type(self).__name__)
         self.reset()
 
     def reset(
         self, env_ids: np.ndarray | None = None, reset_state_ids: np.ndarray | None = None
     ) -> Observations:
-        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, np.int64)
-        if reset_state_ids is not None:
-            streams = np.asarray(reset_state_ids, dtype=np.int64).reshape(-1)
-            if streams.shape != ids.shape or np.any(streams < 0):
-                raise ValueError(
-                    f"MetaWorldVectorEnv.reset: one reset state id >= 0 per reset environment "
-                    f"({ids.size}), got {streams.tolist()!r:.80}"
-                )
-            self._state_stream[ids] = streams
-            self._stream_episode[ids] = 0
-        else:
-            self._state_stream[ids] = -1
+        ids = self._initial_states.reset_ids(env_ids, reset_state_ids)
         self._start_episodes(ids)
         return self._observe(ids)
 
     def chunk_step(self, actions: np.ndarray) -> ChunkResult:
-        expected = (self.num_envs, self.chunk_size, self.action_spec.dims)
-        if np.shape(actions) != expected:
-            raise ValueError(
-                f"MetaWorldVectorEnv.chunk_step: actions must be [num_envs, chunk_size, dims] "
-                f"= {list(expected)}, got {list(np.shape(actions))}"
-            )
-        actions = self.action_spec.clip(actions)
+        actions = self.checked_actions(actions)
         for worker, share in zip(self._workers, self._shares, strict=True):
             worker.send(("step", actions[share]))
-        n, chunk = self.num_envs, self.chunk_size
-        rewards = np.zeros((n, chunk), dtype=np.float32)
-        terminations = np.zeros((n, chunk), dtype=np.bool_)
-        truncations = np.zeros((n, chunk), dtype=np.bool_)
-        valid = np.zeros((n, chunk), dtype=np.bool_)
+        rewards, terminations, truncations, valid = self.blank_chunk()
         for worker, share in zip(self._workers, self._shares, strict=True):
             part: _StepResult = worker.receive()
             self._states[share] = part.states
@@ -182,7 +159,7 @@ class MetaWorldVectorEnv(VectorEnv):
             terminations[share], truncations[share] = part.terminations, part.truncations
         success = terminations.any(axis=1)  # an episode terminates only on success
         self._ended |= (terminations | truncations).any(axis=1)
-        rows = np.arange(n)
+        rows = np.arange(self.num_envs)
         observations = self._observe(rows)
         info = {"success": success, "valid": valid, "final_observations": observations}
         if self.auto_reset and self._ended.any():
@@ -203,12 +180,7 @@ class MetaWorldVectorEnv(VectorEnv):
         """New episodes in ``ids``, each from the initial state its stream draws next."""
         if not ids.size:
             return
-        own = self._state_stream[ids] < 0
-        keys = np.where(own, self.first_env_id + ids, self._state_stream[ids])
-        episodes = np.where(own, self._own_episode[ids], self._stream_episode[ids])
-        draws = _uniform(self.seed, own, keys, episodes, 1)[:, 0]
-        self._own_episode[ids] += own
-        self._stream_episode[ids] += ~own
+        draws = self._initial_states.draw(ids, 1)[:, 0]
         generator_seeds = (draws * 2.0**53).astype(np.int64)
         sent = []
         for worker, share in zip(self._workers, self._shares, strict=True):
