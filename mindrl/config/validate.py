@@ -573,9 +573,9 @@ def _embodied_limits(
             f"(got {config.model.family})",
         ),
         (
-            algorithm.offline or not algorithm.uses_groups,
-            f"{trainer}: only group algorithms (grpo, dr_grpo, rloo) train embodied runs yet; "
-            "PPO's chunk-level critic is not wired into the loop",
+            algorithm.offline or not algorithm.uses_groups or algorithm.needs_critic,
+            f"{trainer}: only group algorithms without a critic (grpo, rloo) train embodied "
+            "runs yet; a chunk-level critic is not wired into the loop",
         ),
         (
             layout.mode == DISAGGREGATED,
@@ -623,6 +623,11 @@ def _embodied_limits(
                 options.reward_level != "chunk",
                 f"{trainer}: algorithm.reward_level={options.reward_level} is not built (a "
                 "group algorithm's advantage is the episode's); set algorithm.reward_level=chunk",
+            ),
+            (
+                bool(options.dynamic_sampling),
+                f"{trainer}: dynamic sampling is not built for embodied runs; set "
+                "algorithm.dynamic_sampling=false",
             ),
             (
                 options.kl_coef > 0 or options.adaptive_kl,

@@ -108,6 +108,7 @@ def test_the_recipes_plan_runs_the_episodes_and_the_update_on_the_actor_alone():
     ("trainer", "overrides", "line"),
     [
         ("ppo", (), "env.kind=embodied with --trainer ppo: only group algorithms"),
+        ("dapo", (), "dynamic sampling is not built for embodied runs"),
         ("grpo", ("rollout.placement=disaggregated", "rollout.devices=1"), "runs collocated"),
         ("grpo", ("env.auto_reset=true",), "set env.auto_reset=false"),
         ("grpo", ("algorithm.reward_level=action",), "algorithm.reward_level=action is not"),
