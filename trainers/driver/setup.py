@@ -27,6 +27,7 @@ from backends.megatron import checkpoint
 from mindrl.config.layout import DISAGGREGATED, ROLLOUT_WORKER
 from mindrl.config.schema import MindRLConfig
 from mindrl.config.specs import engine_specs, vla_spec
+from mindrl.config.validate import is_vla
 from mindrl.data import PromptDataset, PromptRecord, load_tokenizer
 from mindrl.data.pairs import pair_dataset
 from mindrl.data.run_prompts import prompt_dataset
@@ -129,7 +130,7 @@ def launch_run(
     if on_connected is not None:
         on_connected()
     plan = run.plan
-    reward = "" if plan.offline else ", reward"
+    reward = "" if plan.offline or run.config.env.embodied else ", reward"
     rollout = f", rollout x {plan.layout.rollout_devices}" if plan.mode == DISAGGREGATED else ""
     trainers = f"{' + '.join(plan.model_roles)} x {plan.layout.train_devices}"
     phase(f"starting worker processes: {trainers}{rollout}{reward}")
@@ -176,7 +177,7 @@ def _preflight(config: MindRLConfig, offline: bool) -> None:
     if config.env.cls is not None:
         try:
             load_class(config.env.cls)  # the workers import it the same way
-            if config.env.embodied:
+            if config.env.embodied and is_vla(config):  # a text model is refused at load
                 _check_policy_fits(config)
         except EnvConfigError as exc:
             problems.append(str(exc))
