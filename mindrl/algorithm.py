@@ -212,6 +212,33 @@ class Algorithm(ABC):
         """The value model's loss on one micro-batch (algorithms with ``needs_critic``)."""
         raise NotImplementedError(f"{self.name} trains no critic")
 
+    # ---- embodied runs (a vision-language-action policy stepping simulators) --------------
+    def episode_advantages(
+        self, returns: torch.Tensor, group_ids: torch.Tensor, options: AlgorithmConfig
+    ) -> torch.Tensor:
+        """``[episodes]`` advantages of whole episodes from their ``returns`` (group
+        algorithms: the episodes sharing an initial state form a group)."""
+        raise NotImplementedError(f"{self.name} has no episode advantages")
+
+    def valid_units(self, valid: torch.Tensor, options: AlgorithmConfig, action_dims: int) -> int:
+        """Units of ``options.logprob_level`` that the valid actions ``[..., C]`` hold."""
+        raise NotImplementedError(f"{self.name} trains no chunked actions")
+
+    def chunk_actor_loss(
+        self,
+        token_logprobs: torch.Tensor,
+        token_entropy: torch.Tensor,
+        batch: Batch,
+        options: AlgorithmConfig,
+        action_dims: int,
+        num_units: Number,
+    ) -> LossAndMetrics:
+        """The policy's loss on chunk steps: ``token_logprobs`` / ``token_entropy``
+        ``[rows, C*A]``; ``batch``: ``old_logprob [rows, C*A]``, ``advantages`` at
+        ``options.reward_level`` and ``valid [rows, C]`` (applied actions);
+        ``num_units`` the global batch's valid units at ``options.logprob_level``."""
+        raise NotImplementedError(f"{self.name} trains no chunked actions")
+
 
 def run_options(algorithm: Algorithm, config: MindRLConfig) -> AlgorithmConfig:
     """The options a run trains with: ``algorithm``'s resolution of the config's section,

@@ -52,6 +52,9 @@ ROLES_OFF_GENERATION_DEVICES = frozenset({"reward"})
 #: ``online``: generate, score, update in turn on the same devices (optionally streaming);
 #: ``continuous``: rollout workers decoding continuously (trainers/driver/continuous.py).
 ONLINE, PARTIAL_ROLLOUT, CONTINUOUS = "online", "partial_rollout", "continuous"
+#: ``embodied``: the actor's ranks step their vector environments and train on the
+#: episodes they keep (mindrl/workers/embodied.py, trainers/driver/embodied.py).
+EMBODIED = "embodied"
 #: Partial rollout's default in-flight pool, in batches of data.global_batch_size groups:
 #: room for one batch to finish while up to one more batch of long responses is paused.
 PARTIAL_ROLLOUT_BATCHES = 2
@@ -195,6 +198,8 @@ def build_run_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
     """The plan of ``algorithm`` (its options resolved from ``config``) on ``config``."""
     if algorithm.offline:
         return _offline_plan(algorithm, config)
+    if config.env.embodied:
+        return _embodied_plan(algorithm, config)
     options = run_options(algorithm, config)
     roles = model_roles(algorithm, options, config.actor.lora.enabled)
     needs_reference, needs_critic = uses_reference(algorithm, options), "critic" in roles
@@ -313,6 +318,33 @@ def _offline_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         dock_groups=config.data.global_batch_size,
         stage_deadline_s=stage_deadline_s(config),
         options=run_options(algorithm, config),
+    )
+
+
+def _embodied_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
+    """An embodied run's plan: the actor's ranks run the episodes (``rollout``) and
+    train on them (``update``); the episodes stay on the ranks that stepped them, so
+    neither stage claims dock fields. A group is ``data.n_samples_per_prompt``
+    environments sharing an initial state; ``env.num_envs`` of them run per iteration."""
+    options = run_options(algorithm, config)
+    roles = model_roles(algorithm, options, config.actor.lora.enabled)
+    layout = resolve_layout(config, roles)
+    return RunPlan(
+        trainer=algorithm.name,
+        mode=layout.mode,
+        runner=EMBODIED,
+        layout=layout,
+        stages=(StagePlan("rollout", "actor", (), ()), StagePlan("update", "actor", (), ())),
+        needs_reference=False,
+        needs_critic=False,
+        needs_old_logprob=False,
+        model_roles=roles,
+        group_size=config.data.n_samples_per_prompt,
+        uses_groups=algorithm.uses_groups,
+        sample_batches=1,
+        dock_groups=config.data.global_batch_size,
+        stage_deadline_s=stage_deadline_s(config),
+        options=options,
     )
 
 

@@ -32,6 +32,7 @@ import torch
 
 from mindrl.algorithm import Algorithm, Number
 from mindrl.config.schema import AlgorithmConfig
+from trainers.granularity import logprobs_at, spread, valid_at
 
 LOG_RATIO_CLAMP = 20.0
 KL_OUTPUT_CLAMP = 10.0
@@ -338,3 +339,55 @@ class PolicyGradientAlgorithm(Algorithm):
                 bonus = aggregate_loss(entropy, mask, mode, num_tokens, **counts)
                 loss = loss - options.entropy_coef * bonus
         return loss, metrics
+
+    def episode_advantages(
+        self, returns: torch.Tensor, group_ids: torch.Tensor, options: AlgorithmConfig
+    ) -> torch.Tensor:
+        """``[episodes]`` advantages: each episode's return is one response's score, so
+        a group algorithm's own statistics (GRPO: the group's mean and std) apply as to
+        text responses."""
+        scores = returns.unsqueeze(-1)
+        batch = {
+            "token_rewards": scores,
+            "response_mask": torch.ones_like(scores, dtype=torch.bool),
+            "group_ids": group_ids,
+        }
+        return self.compute_advantages(batch, options)["advantages"][:, 0]
+
+    def valid_units(self, valid: torch.Tensor, options: AlgorithmConfig, action_dims: int) -> int:
+        """Units of ``options.logprob_level`` the valid actions ``[..., C]`` hold (a
+        chunk while any of its actions is valid, a token while its action is)."""
+        return int(valid_at(valid, options.logprob_level, action_dims).sum())
+
+    def chunk_actor_loss(
+        self,
+        token_logprobs: torch.Tensor,
+        token_entropy: torch.Tensor,
+        batch: Mapping[str, torch.Tensor],
+        options: AlgorithmConfig,
+        action_dims: int,
+        num_units: Number,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`actor_loss` with a unit of ``options.logprob_level`` as its token: the
+        ratio of a chunk or an action is the exponent of its tokens' summed log-probs,
+        and so is its entropy a sum (by the chain rule a sum of the tokens' conditional
+        entropies is the joint's, in expectation). ``batch``: ``old_logprob [rows, C*A]``,
+        ``advantages [rows, width(reward_level)]`` (spread onto the log-prob level),
+        ``valid [rows, C]`` (the actions the environment applied); each valid unit
+        weighs ``1 / num_units``, the global batch's count (trainers/granularity.py)."""
+        level, valid = options.logprob_level, batch["valid"]
+        chunk_size = valid.shape[-1]
+        units = {
+            "advantages": spread(
+                batch["advantages"], options.reward_level, level, chunk_size, action_dims
+            ),
+            "response_mask": valid_at(valid, level, action_dims),
+            "old_logprob": logprobs_at(batch["old_logprob"], level, action_dims),
+        }
+        return self.actor_loss(
+            logprobs_at(token_logprobs, level, action_dims),
+            units,
+            options,
+            num_tokens=num_units,
+            entropy=logprobs_at(token_entropy, level, action_dims),
+        )

@@ -449,12 +449,12 @@ class MegatronEngine:
         """Response tokens and rows of this DP rank's ``batch`` summed over all DP ranks
         (collective; one all-reduce for both). CP ranks hold the same rows: not summed."""
 
-        tokens, sequences = self._sum_over_data_parallel(
+        tokens, sequences = self.sum_over_data_parallel(
             [batch.response_mask.double().sum(), len(batch)]
         )
         return GlobalCounts(tokens=tokens, sequences=int(sequences))
 
-    def _sum_over_data_parallel(self, values: list[Any]) -> list[float]:
+    def sum_over_data_parallel(self, values: list[Any]) -> list[float]:
         """``values`` (numbers or 0-d tensors) summed over the DP ranks (one all-reduce)."""
         from megatron.core import parallel_state as ps
 
@@ -466,7 +466,7 @@ class MegatronEngine:
     def _token_use(self, micro_batches: list[_Scored]) -> dict[str, float]:
         """Positions the forward computes (pads included) and the real tokens among them,
         over the whole global batch: ``train_tokens_per_real_token`` is their ratio."""
-        computed, real = self._sum_over_data_parallel(
+        computed, real = self.sum_over_data_parallel(
             [
                 sum(m.computed_tokens for m in micro_batches),
                 sum(m.real_tokens for m in micro_batches),

@@ -669,7 +669,7 @@ class EnvConfig:
         "text",
         "text: env.cls answers model turns with text (one instance per episode); embodied: "
         "env.cls is a mindrl.envs.embodied.VectorEnv stepping env.num_envs simulators "
-        "env.chunk_size actions at a time (not yet trainable: its policy and loop come later).",
+        "env.chunk_size actions at a time (model.family: vla; group algorithms, collocated).",
         choices=("text", "embodied"),
     )
     cls: str | None = option(

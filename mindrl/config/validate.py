@@ -62,7 +62,7 @@ def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = No
         problems += unsupported_combinations(DISAGGREGATED, facts)
     problems += check_partial_rollout(facts)
     problems += check_env(config) + unsupported_combinations("environment", facts)
-    problems += check_embodied_trainable(config, algorithm)
+    problems += check_embodied_trainable(config, algorithm, layout)
     if not offline:  # an offline run scores nothing (a pair's preference is its label)
         problems += check_rewards(config)
     problems += check_continuous(facts)
@@ -393,11 +393,10 @@ def check_vla(config: MindRLConfig, algorithm: AlgorithmTraits | None = None) ->
                 f"yet (its image and state tokens are built on one stage); set "
                 f"{role}.parallel.pp=1"
             )
-    if algorithm is not None:
+    if algorithm is not None and not config.env.embodied:
         problems.append(
-            f"model.family={model.family}: no trainer runs a vision-language-action policy "
-            "yet (the embodied loop that steps its environments is not built); choose a "
-            "text model family"
+            f"model.family={model.family} acts in simulators: it trains with env.kind=embodied "
+            "(an env.cls VectorEnv); set them, or choose a text model family"
         )
     return problems
 
@@ -476,7 +475,7 @@ def check_rewards(config: MindRLConfig) -> list[str]:
     ``--dry-run`` (mindrl/rewards/routing.py, ``reward_problems``), and the data's domains
     where the data is read (trainers/driver/setup.py)."""
     reward, data = config.reward, config.data
-    if config.env.enabled:
+    if config.env.enabled or config.env.embodied:
         given = [key for key in ("functions", "routes") if getattr(reward, key)]
         return [
             f"reward.{key}: a run with env is rewarded by its environment's steps; remove it"
@@ -548,16 +547,100 @@ def embodied_level_problems(options: AlgorithmConfig) -> list[str]:
     ]
 
 
-def check_embodied_trainable(config: MindRLConfig, algorithm: AlgorithmTraits | None) -> list[str]:
-    """An embodied environment has no policy or rollout loop yet: a run that would train
-    on one is refused (the environment itself is usable from Python)."""
+def check_embodied_trainable(
+    config: MindRLConfig, algorithm: AlgorithmTraits | None, layout: RunLayout
+) -> list[str]:
+    """What an embodied run's loop is built for (trainers/driver/embodied.py): a
+    vision-language-action policy, a group algorithm at the chunk reward level, collocated,
+    fixed-length episodes, groups within one rank's environments. Everything else is
+    refused, one line each."""
     if algorithm is None or not config.env.embodied:
         return []
-    return [
-        f"env.kind=embodied: training loop not built yet (the vision-language-action policy "
-        f"and its rollout come later), so --trainer {algorithm.name} cannot run it; use "
-        "env.kind=text, or step the environment from Python (mindrl.envs.embodied)"
+    return [line for applies, line in _embodied_limits(config, algorithm, layout) if applies]
+
+
+def _embodied_limits(
+    config: MindRLConfig, algorithm: AlgorithmTraits, layout: RunLayout
+) -> list[tuple[bool, str]]:
+    """(whether the config hits it, the line) for every limit of the embodied loop."""
+    env, data, options = config.env, config.data, _options(config, algorithm)
+    trainer = f"env.kind=embodied with --trainer {algorithm.name}"
+    groups, dp = env.num_envs // data.n_samples_per_prompt, layout.training["actor"].dp or 1
+    lines = [
+        (
+            not is_vla(config),
+            f"env.kind=embodied trains a vision-language-action policy; set model.family=vla "
+            f"(got {config.model.family})",
+        ),
+        (
+            algorithm.offline or not algorithm.uses_groups or algorithm.needs_critic,
+            f"{trainer}: only group algorithms without a critic (grpo, rloo) train embodied "
+            "runs yet; a chunk-level critic is not wired into the loop",
+        ),
+        (
+            layout.mode == DISAGGREGATED,
+            "env.kind=embodied runs collocated only (the actor's ranks step the environments); "
+            "set rollout.placement=collocated",
+        ),
+        (
+            env.auto_reset,
+            "env.kind=embodied trains on fixed-length episodes (one per environment and "
+            "iteration); set env.auto_reset=false",
+        ),
+        (
+            env.num_envs % data.n_samples_per_prompt != 0,
+            f"env.num_envs={env.num_envs} is not a whole number of groups of "
+            f"data.n_samples_per_prompt={data.n_samples_per_prompt} environments",
+        ),
+        (
+            data.global_batch_size != groups,
+            f"data.global_batch_size={data.global_batch_size}: an embodied iteration trains "
+            f"env.num_envs / data.n_samples_per_prompt = {groups} groups; set it to {groups}",
+        ),
+        (
+            (env.num_envs // dp) % data.n_samples_per_prompt != 0,
+            f"env.num_envs={env.num_envs} over {dp} actor data-parallel ranks splits a group of "
+            f"{data.n_samples_per_prompt} environments; make num_envs / dp a multiple of it",
+        ),
+        (
+            config.model.vla.chunk_size != env.chunk_size,
+            f"model.vla.chunk_size={config.model.vla.chunk_size} differs from env.chunk_size="
+            f"{env.chunk_size}; the policy emits one chunk per chunk step: set them equal",
+        ),
+        (
+            config.rollout.temperature <= 0,
+            "env.kind=embodied samples actions at rollout.temperature > 0 (the update "
+            "scores them under the same distribution); set it above 0",
+        ),
+        (
+            data.val_every > 0,
+            "data.val_every: an embodied run has no validation yet; set data.val_every: 0",
+        ),
     ]
+    if options is not None:
+        lines += [
+            (
+                options.reward_level != "chunk",
+                f"{trainer}: algorithm.reward_level={options.reward_level} is not built (a "
+                "group algorithm's advantage is the episode's); set algorithm.reward_level=chunk",
+            ),
+            (
+                bool(options.dynamic_sampling),
+                f"{trainer}: dynamic sampling is not built for embodied runs; set "
+                "algorithm.dynamic_sampling=false",
+            ),
+            (
+                options.kl_coef > 0 or options.adaptive_kl,
+                f"{trainer}: no reference policy is built for the vla family; set "
+                "algorithm.kl_coef=0 (and adaptive_kl false)",
+            ),
+            (
+                options.loss_agg_mode != "token-mean",
+                f"{trainer}: algorithm.loss_agg_mode={options.loss_agg_mode} is not built; "
+                "embodied losses average the valid units (token-mean)",
+            ),
+        ]
+    return lines
 
 
 def check_lengths(config: MindRLConfig) -> list[str]:

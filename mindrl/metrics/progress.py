@@ -34,6 +34,16 @@ PREFERENCE_PROGRESS_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("reward_margin", "margin", ".3f"),
     ("entropy", "entropy", ".3f"),
 )
+#: The line of an embodied run: its episodes' success, return and length.
+EMBODIED_PROGRESS_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("success_rate", "success", ".3f"),
+    ("reward_mean", "return", ".3f"),
+    ("episode_length_mean", "ep_len", ".1f"),
+    ("entropy", "entropy", ".3f"),
+    ("clip_fraction", "clip", ".3f"),
+    ("grad_norm", "grad_norm", ".3f"),
+    ("env_frames_per_s", "frames/s", ".0f"),
+)
 STAGE_TIMES_KEY = "time"  # record["time"] = {stage: seconds}
 ITERATION_TIME_KEY = "iteration_time_s"
 
@@ -88,12 +98,17 @@ def format_progress_line(iteration: int, metrics: Mapping[str, Any]) -> str:
     """One line: iteration, reward, response length, KL, entropy, clip fraction, TPS,
     validation results when there are any, iteration time, the time of every stage and
     each role's memory peak. A preference run (DPO) shows its loss, preference accuracy,
-    rewards and margin in place of reward .. TPS.
+    rewards and margin in place of reward .. TPS; an embodied run its success rate,
+    episode return and length, and environment frames per second.
 
     Example: ``iter 12 | reward 0.734 | resp_len 2.1 | kl - | ... | time 4.21s
     (rollout 2.10 reward 0.05 update 1.90)``.
     """
-    fields = PREFERENCE_PROGRESS_FIELDS if "preference_accuracy" in metrics else PROGRESS_FIELDS
+    fields = PROGRESS_FIELDS
+    if "preference_accuracy" in metrics:
+        fields = PREFERENCE_PROGRESS_FIELDS
+    elif "success_rate" in metrics:
+        fields = EMBODIED_PROGRESS_FIELDS
     parts = [f"iter {iteration:>4d}"]
     parts += [f"{label} {_format_value(metrics.get(key), spec)}" for key, label, spec in fields]
     parts += _domain_rewards(metrics)

@@ -29,12 +29,14 @@ from backends.generation import SamplingParams
 from backends.megatron import MegatronEngine, ResponseBatch, checkpoint
 from mindrl.config.layout import COLLOCATED, DISAGGREGATED
 from mindrl.config.schema import AlgorithmConfig, MindRLConfig, RoleConfig
+from mindrl.config.specs import gpt_spec, vla_spec
 from mindrl.data import load_tokenizer
 from mindrl.dock import DockHandle, DockSlice, restore_samples, snapshot_samples
 from mindrl.reshard import grad_tensors
 from mindrl.reshard.swap import HostSwap
 from mindrl.run_plan import LOSS_MASK, REFERENCE_STAGE, stage_deadline_s
 from mindrl.workers.context import ModelContext
+from mindrl.workers.embodied import EmbodiedActor
 from mindrl.workers.episodes import EnvSettings, TextCodec, run_episodes_into_dock
 from mindrl.workers.generation import PartialRollout, generate_into_dock
 from mindrl.workers.model_setup import initial_model
@@ -120,6 +122,7 @@ class ModelWorker(WeightSource):
         self.rollout: Rollout | None = None
         self._store: torch.distributed.TCPStore | None = None  # rank 0 hosts it
         self.episodes: EpisodeContext | None = None  # a multi-turn run's environment
+        self.embodied: EmbodiedActor | None = None  # an embodied run's environments
 
     # ---- set-up ------------------------------------------------------------------------
     def rendezvous(self) -> tuple[str, int, str]:
@@ -153,6 +156,9 @@ class ModelWorker(WeightSource):
         """This rank's training engine (the actor also its rollout) with the initial
         weights, once its process group is up (``setup``; the stage-memory harness in
         benchmarks/harness builds a rank this way without Ray)."""
+        if self.config.env.embodied:
+            self._build_embodied()
+            return
         initial = initial_model(self.config.model)
         self.spec = initial.spec
         self.engine = MegatronEngine(
@@ -175,6 +181,44 @@ class ModelWorker(WeightSource):
         if self._host is not None:
             self._offload()  # the actor's stages come first: this role waits on the host
         memory_window(self.device)  # the weight conversion's transients go back to the OS now
+
+    def _build_embodied(self) -> None:
+        """An embodied run's actor: the vision-language-action policy (random init; no
+        checkpoint of this family exists) and this rank's share of the environments
+        (mindrl/workers/embodied.py); generation is the policy's own forward."""
+        self.spec = gpt_spec(self.config.model)
+        self.engine = MegatronEngine(
+            self.spec,
+            self.specs.parallel,
+            self.specs.optim,
+            seed=self.config.seed,
+            vla=vla_spec(self.config.model),
+        )
+        self.engine.base_origin = base_origin(self.config)
+        dp_rank, dp_size = self.engine.data_parallel_rank(), self.engine.data_parallel_size()
+        self.embodied = EmbodiedActor(self.config, self.engine, dp_rank, dp_size)
+
+    def embodied_rollout(self, iteration: int) -> dict:
+        """One episode in each of this rank's environments, kept here for the update;
+        the episodes' sums (TP peers step the same environments: only DP leaders count)."""
+        start = time.perf_counter()
+        sums = self.embodied.rollout(iteration, self.algorithm, self.options)
+        leader = self.engine.is_data_leader()
+        return {**(sums if leader else {}), **self._timing(start)}
+
+    def embodied_update(self, num_minibatches: int, options: AlgorithmConfig | None = None) -> dict:
+        """The update on this rank's episodes of the last rollout."""
+        start = time.perf_counter()
+        self.options = options if options is not None else self.options
+        metrics = self.embodied.update(
+            self.algorithm,
+            self.options,
+            self.section.ppo_epochs,
+            num_minibatches,
+            self.section.micro_batch_size,
+        )
+        self.engine.release_gradients()
+        return {**metrics, **self._timing(start)}
 
     # ---- generation (actor) --------------------------------------------------------------
     def generate(

@@ -1,5 +1,5 @@
 """The env.kind=embodied config section: what it loads, what it refuses at load and at
-start-up, and the refusal of a trainer until the embodied loop exists."""
+start-up."""
 
 from __future__ import annotations
 
@@ -23,14 +23,13 @@ def test_the_embodied_env_section_loads_without_a_trainer():
     assert load_config(TINY).env.kind == "text"
 
 
-def test_a_trainer_on_an_embodied_env_is_refused_in_one_line_until_its_loop_exists():
+def test_a_trainer_on_an_embodied_env_with_a_text_model_is_refused_in_one_line():
     with pytest.raises(ConfigError) as err:
         load_config(TINY, EMBODIED, get_algorithm("grpo"))
-    assert [p for p in err.value.problems if "embodied" in p] == [
-        f"{TINY}: env.kind=embodied: training loop not built yet (the vision-language-action "
-        "policy and its rollout come later), so --trainer grpo cannot run it; use "
-        "env.kind=text, or step the environment from Python (mindrl.envs.embodied)"
-    ]
+    assert (
+        f"{TINY}: env.kind=embodied trains a vision-language-action policy; set "
+        "model.family=vla (got llama)"
+    ) in err.value.problems
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """``model.family: vla``: its options reach the engine's VLASpec, and what it cannot run
-yet (a trainer, pipeline and context parallelism, LoRA) is refused at load, one line each."""
+yet (a text task, pipeline and context parallelism, LoRA) is refused at load, one line each."""
 
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ def test_the_vla_options_reach_the_engine_under_the_same_names():
     assert gpt_spec(model).family == "vla"
 
 
-def test_a_training_run_with_the_vla_family_is_refused_until_the_embodied_loop_exists():
+def test_a_training_run_of_the_vla_family_on_a_text_task_is_refused_in_one_line():
     assert problems_of([], get_algorithm("grpo")) == [
-        "model.family=vla: no trainer runs a vision-language-action policy yet (the "
-        "embodied loop that steps its environments is not built); choose a text model family"
+        "model.family=vla acts in simulators: it trains with env.kind=embodied (an env.cls "
+        "VectorEnv); set them, or choose a text model family"
     ]
 
 

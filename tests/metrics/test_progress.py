@@ -86,6 +86,24 @@ class Terminal(io.StringIO):
         return True
 
 
+def test_an_embodied_run_shows_its_success_rate_return_and_episode_length():
+    metrics = {
+        "success_rate": 0.34375,
+        "reward_mean": 0.6121,
+        "episode_length_mean": 10.94,
+        "entropy": 5.4981,
+        "clip_fraction": 0.0123,
+        "grad_norm": 0.8712,
+        "env_frames_per_s": 1190.4,
+        "iteration_time_s": 3.02,
+        "time": {"rollout": 0.61, "update": 2.41},
+    }
+    assert format_progress_line(12, metrics) == (
+        "iter   12 | success 0.344 | return 0.612 | ep_len 10.9 | entropy 5.498 | clip 0.012 "
+        "| grad_norm 0.871 | frames/s 1190 | time 3.02s (rollout 0.61 update 2.41)"
+    )
+
+
 def test_generation_progress_bar_counts_updates_on_a_terminal():
     screen = Terminal()
     with generation_progress(total=10, enabled=True, file=screen) as bar:

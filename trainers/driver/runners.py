@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mindrl.config.layout import DISAGGREGATED, OFFLINE
-from mindrl.run_plan import CONTINUOUS, ONLINE, PARTIAL_ROLLOUT
+from mindrl.run_plan import CONTINUOUS, EMBODIED, ONLINE, PARTIAL_ROLLOUT
 from trainers.driver.async_iteration import DisaggregatedSource
 from trainers.driver.continuous import ContinuousSource
+from trainers.driver.embodied import EmbodiedRunner
 from trainers.driver.iteration import BatchSource, IterationRunner, OnlineSource
 from trainers.driver.offline import offline_runner
 from trainers.driver.partial_rollout import PartialRolloutSource
@@ -37,4 +38,6 @@ def make_runner(run: RunState) -> IterationRunner:
     """The runner the plan of ``run`` names."""
     if run.plan.runner == OFFLINE:
         return offline_runner(run)
+    if run.plan.runner == EMBODIED:
+        return EmbodiedRunner(run)
     return IterationRunner(run, SOURCES[run.plan.runner])

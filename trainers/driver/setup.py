@@ -26,19 +26,21 @@ from backends.device import Device, get_device, library_workspace_bytes
 from backends.megatron import checkpoint
 from mindrl.config.layout import DISAGGREGATED, ROLLOUT_WORKER
 from mindrl.config.schema import MindRLConfig
-from mindrl.config.specs import engine_specs
+from mindrl.config.specs import engine_specs, vla_spec
+from mindrl.config.validate import is_vla
 from mindrl.data import PromptDataset, PromptRecord, load_tokenizer
 from mindrl.data.pairs import pair_dataset
 from mindrl.data.run_prompts import prompt_dataset
 from mindrl.dock import DockClient, FieldSpec, create_dock, shutdown_dock
 from mindrl.dock.schema import RUN_FIELDS
 from mindrl.envs import EnvConfigError, load_env_class
-from mindrl.envs.embodied import load_vector_env_class
+from mindrl.envs.embodied import load_vector_env_class, make_vector_env
 from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
 from mindrl.planner.offload import plan_offload
 from mindrl.rewards.routing import reward_problems, reward_spec_of, served_judge, unrouted_problem
 from mindrl.run_plan import RunPlan, build_run_plan
 from mindrl.workers.context import model_context, stage_context
+from mindrl.workers.embodied import check_fits
 from mindrl.workers.env_worker import env_worker_class
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.judge_server import JudgeServer
@@ -128,7 +130,7 @@ def launch_run(
     if on_connected is not None:
         on_connected()
     plan = run.plan
-    reward = "" if plan.offline else ", reward"
+    reward = "" if plan.offline or run.config.env.embodied else ", reward"
     rollout = f", rollout x {plan.layout.rollout_devices}" if plan.mode == DISAGGREGATED else ""
     trainers = f"{' + '.join(plan.model_roles)} x {plan.layout.train_devices}"
     phase(f"starting worker processes: {trainers}{rollout}{reward}")
@@ -169,11 +171,14 @@ def _preflight(config: MindRLConfig, offline: bool) -> None:
     packages) exists here; every missing one is reported, one line each. The config's own
     consistency, engine capabilities included, is the validator's
     (mindrl/config/validate.py)."""
-    problems = [] if offline else reward_problems(config)
+    # An embodied run is rewarded by its environment's steps: no reward functions.
+    problems = [] if offline or config.env.embodied else reward_problems(config)
     load_class = load_vector_env_class if config.env.embodied else load_env_class
     if config.env.cls is not None:
         try:
             load_class(config.env.cls)  # the workers import it the same way
+            if config.env.embodied and is_vla(config):  # a text model is refused at load
+                _check_policy_fits(config)
         except EnvConfigError as exc:
             problems.append(str(exc))
     reward_model = config.reward.reward_model
@@ -193,6 +198,24 @@ def _preflight(config: MindRLConfig, offline: bool) -> None:
         raise RunSetupError("\n".join(problems))
 
 
+def _check_policy_fits(config: MindRLConfig) -> None:
+    """One environment of the run's class reads and writes what the policy does (image
+    size, state and action dimensions, chunk size, the instruction's vocabulary), checked
+    here so a mismatch stops the run in one line before any worker starts.
+
+    Raises:
+        EnvConfigError: the first mismatch, naming the setting that fixes it.
+    """
+    env = config.env
+    one = make_vector_env(
+        env.cls, num_envs=1, chunk_size=env.chunk_size, horizon=env.horizon, kwargs=env.kwargs
+    )
+    try:
+        check_fits(one, vla_spec(config.model), config.model.vocab_size)
+    finally:
+        one.close()
+
+
 def _dataset(config: MindRLConfig, offline: bool = False) -> tuple[PromptDataset, int]:
     """The prompts (an offline run's: its pairs), and the tokenizer's end-of-sequence id
     (generation stops there; a pair's responses end with it)."""
@@ -201,7 +224,7 @@ def _dataset(config: MindRLConfig, offline: bool = False) -> tuple[PromptDataset
         dataset = (pair_dataset if offline else prompt_dataset)(config, tokenizer)
     except ValueError as exc:
         raise RunSetupError(str(exc)) from None
-    if not offline and not config.env.enabled:
+    if not offline and not config.env.enabled and not config.env.embodied:
         _check_domains(config, dataset.records)
     return dataset, tokenizer.eos_token_id
 
@@ -266,7 +289,8 @@ def cpu_slots(config: MindRLConfig, plan: RunPlan) -> int:
     on a device holds a share of its slot), one per reward worker, one per environment
     worker and one for a judge model it serves."""
     judge = int(not plan.offline and serves_judge(config))
-    return plan.layout.devices + config.reward.workers + env_workers(config) + judge
+    reward = 0 if config.env.embodied else config.reward.workers
+    return plan.layout.devices + reward + env_workers(config) + judge
 
 
 def serves_judge(config: MindRLConfig) -> bool:
@@ -376,7 +400,7 @@ def _cpu_worker_groups(run: RunState, device: Device) -> list[WorkerGroup]:
         )  # fmt: skip
         groups.append(server)
         judge = server.workers[0]
-    if not run.plan.offline:
+    if not run.plan.offline and not config.env.embodied:  # embodied: the env rewards
         groups.append(
             WorkerGroup(
                 "reward",
@@ -502,20 +526,28 @@ def _announce(run: RunState, device_name: str) -> None:
     lines = [
         f"mindrl-train {run.trainer}: {config.world_size} {device_name} ranks; actor TP{actor.tp} "
         f"PP{actor.pp} {f'CP{actor.cp} ' if actor.cp > 1 else ''}"
-        f"DP{len(set(run.dp_ranks['actor']))} -> "
-        + (
-            # Which pairs and how many: a file that is not the one meant shows here.
-            f"no generation ({len(run.dataset.records)} stored pairs from {config.data.source})"
-            if run.plan.offline
-            else f"rollout TP{config.rollout.tp} DP{len(set(run.gen_dp_ranks))} "
-            f"({config.rollout.engine})"
-        ),
+        f"DP{len(set(run.dp_ranks['actor']))} -> {_generation_line(run)}",
         f"  roles {', '.join(run.groups)}; dock {config.dock.kind} with "
         f"{len(run.dock_handle.warehouses)} warehouse(s) on {nodes} node(s)",
         f"  metrics and {PLACEMENT_FILE} -> {run.run_dir}; checkpoints -> {run.checkpoint_dir}"
         + (f"; resuming at iteration {run.start_iteration}" if run.resumed else ""),
     ]
     print("\n".join(lines), file=sys.stderr)
+
+
+def _generation_line(run: RunState) -> str:
+    """What generates: nothing (stored pairs), the actor's ranks stepping their share of
+    an embodied run's environments, or the rollout engine."""
+    config = run.config
+    if run.plan.offline:  # which pairs and how many: a file not the one meant shows here
+        return f"no generation ({len(run.dataset.records)} stored pairs from {config.data.source})"
+    if config.env.embodied:
+        env, dp = config.env, run.dp_size("actor")
+        return (
+            f"{env.num_envs} {env.cls} environments, {env.num_envs // dp} per actor rank "
+            "(generation: the policy's own forward)"
+        )
+    return f"rollout TP{config.rollout.tp} DP{len(set(run.gen_dp_ranks))} ({config.rollout.engine})"
 
 
 def stop_run(run: RunState) -> None:

@@ -199,6 +199,9 @@ def _write_hf(run: RunState) -> None:
     the tokenizer's files when the tokenizer came from an HF folder or a GGUF file. A LoRA
     run also writes its adapters as a PEFT folder, ``RUN_DIR/hf_adapter``, on the base's
     HF folder (``RUN_DIR/hf_base`` where the base has none of its own)."""
+    if run.config.env.embodied:  # no HF architecture holds a vision-language-action policy
+        _say(f"no HF export of model.family={run.config.model.family}; its checkpoints stand")
+        return
     out = export_checkpoint(run.checkpoint_dir, run.run_dir / HF_DIR)
     write_tokenizer(run.config.model.tokenizer, out)
     print(f"mindrl-train: trained model (HF) in {out}", file=sys.stderr)

@@ -1,0 +1,164 @@
+"""The embodied loop (collocated GRPO on a vector environment): its advantages and loss
+on hand-made batches, the groups' reset states, what it refuses at load, and a short
+whole run on the shared Ray cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mindrl.config import ConfigError, load_config
+from mindrl.metrics import read_metrics
+from mindrl.run_plan import EMBODIED, build_run_plan
+from mindrl.workers.embodied import reset_state_ids
+from trainers.driver.setup import RunSetupError, _preflight
+from trainers.driver.train import train
+from trainers.registry import get_algorithm
+
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "embodied_reach.yaml"
+GRPO = get_algorithm("grpo")
+#: The recipe shrunk to seconds: 16 environments (groups of 4) over 2 ranks, a 2-layer
+#: trunk, episodes of 2 chunks of 2 actions.
+SMALL = (
+    "env.num_envs=16",
+    "data.n_samples_per_prompt=4",
+    "data.global_batch_size=4",
+    "actor.mini_batch_size=2",
+    "env.horizon=4",
+    "env.chunk_size=2",
+    "model.vla.chunk_size=2",
+    "model.num_layers=2",
+    "model.hidden_size=32",
+    "model.ffn_hidden_size=64",
+    "model.num_attention_heads=2",
+    "model.num_kv_heads=2",
+)
+
+
+def options(*overrides: str):
+    return GRPO.resolve(load_config(RECIPE, list(overrides), algorithm=GRPO).algorithm)
+
+
+def test_grpo_scores_each_episode_against_its_group_of_shared_initial_states():
+    returns = torch.tensor([1.0, 0.0, 0.5, 0.5, 2.0, 0.0], dtype=torch.float64)
+    groups = torch.tensor([7, 7, 9, 9, 7, 9])  # interleaved groups of three
+    advantages = GRPO.episode_advantages(returns, groups, options())
+    first = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)  # group 7: mean 1, std 1
+    second = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
+    expected_first = (first - 1.0) / (1.0 + 1e-6)
+    expected_second = (second - second.mean()) / (second.std() + 1e-6)
+    torch.testing.assert_close(advantages[[0, 1, 4]], expected_first)
+    torch.testing.assert_close(advantages[[2, 3, 5]], expected_second)
+
+
+def test_an_on_policy_chunk_loss_is_minus_the_advantage_per_valid_token_over_the_global_count():
+    # Two chunk steps of 2 actions x 2 dims: the second step's last action was never applied.
+    logprobs = torch.log(torch.tensor([[0.5, 0.25, 0.5, 0.5], [0.1, 0.2, 0.3, 0.4]]))
+    batch = {
+        "old_logprob": logprobs.clone(),
+        "advantages": torch.tensor([[2.0], [-1.0]]),
+        "valid": torch.tensor([[True, True], [True, False]]),
+    }
+    entropy = torch.ones(2, 4)
+    loss, metrics = GRPO.chunk_actor_loss(logprobs, entropy, batch, options(), 2, num_units=12)
+    # Valid tokens: 4 with advantage 2, 2 with -1; ratio 1; each weighs 1 / 12.
+    assert loss.item() == pytest.approx(-(4 * 2.0 - 2 * 1.0) / 12)
+    assert GRPO.valid_units(batch["valid"], options(), 2) == 6
+    chunk = options("algorithm.logprob_level=chunk")
+    assert GRPO.valid_units(batch["valid"], chunk, 2) == 2
+    chunk_loss, chunk_metrics = GRPO.chunk_actor_loss(logprobs, entropy, batch, chunk, 2, 2)
+    assert chunk_loss.item() == pytest.approx(-(2.0 - 1.0) / 2)
+    # A chunk's entropy sums all its tokens (the policy drew them all, applied or not).
+    assert chunk_metrics["entropy"].item() == pytest.approx(4.0)
+    assert metrics["entropy"].item() == pytest.approx(1.0)
+
+
+def test_a_ratio_far_from_one_is_clipped_per_chunk_at_the_chunk_level():
+    old = torch.zeros(1, 4)
+    new = torch.full((1, 4), 0.25)  # chunk ratio e^1, each token's e^0.25
+    batch = {"old_logprob": old, "advantages": torch.tensor([[1.0]]), "valid": torch.ones(1, 2) > 0}
+    chunk_loss, metrics = GRPO.chunk_actor_loss(
+        new, torch.zeros(1, 4), batch, options("algorithm.logprob_level=chunk"), 2, 1
+    )
+    assert chunk_loss.item() == pytest.approx(-1.2)  # clipped at 1 + clip_high
+    assert metrics["clip_fraction"].item() == 1.0
+
+
+def test_groups_get_the_same_reset_states_however_the_environments_are_split_over_ranks():
+    whole = reset_state_ids(0, 16, 4, groups=4, iteration=3)
+    halves = [reset_state_ids(first, 8, 4, groups=4, iteration=3) for first in (0, 8)]
+    np.testing.assert_array_equal(np.concatenate(halves), whole)
+    assert whole.tolist() == [12] * 4 + [13] * 4 + [14] * 4 + [15] * 4
+    assert not set(whole) & set(reset_state_ids(0, 16, 4, groups=4, iteration=4))
+
+
+def test_the_recipes_plan_runs_the_episodes_and_the_update_on_the_actor_alone():
+    plan = build_run_plan(GRPO, load_config(RECIPE, algorithm=GRPO))
+    assert (plan.runner, plan.mode, plan.model_roles) == (EMBODIED, "collocated", ("actor",))
+    assert [(s.name, s.role, s.reads) for s in plan.stages] == [
+        ("rollout", "actor", ()),
+        ("update", "actor", ()),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("trainer", "overrides", "line"),
+    [
+        ("ppo", (), "env.kind=embodied with --trainer ppo: only group algorithms"),
+        ("dapo", (), "dynamic sampling is not built for embodied runs"),
+        ("grpo", ("rollout.placement=disaggregated", "rollout.devices=1"), "runs collocated"),
+        ("grpo", ("env.auto_reset=true",), "set env.auto_reset=false"),
+        ("grpo", ("algorithm.reward_level=action",), "algorithm.reward_level=action is not"),
+        ("grpo", ("algorithm.kl_coef=0.01",), "set algorithm.kl_coef=0"),
+        ("grpo", ("data.global_batch_size=4",), "data.global_batch_size=4: an embodied"),
+        ("grpo", ("env.num_envs=60",), "env.num_envs=60 is not a whole number of groups"),
+        ("grpo", ("env.num_envs=8", "data.global_batch_size=1"), "splits a group"),
+        ("grpo", ("model.vla.chunk_size=2",), "model.vla.chunk_size=2 differs"),
+        ("grpo", ("model.family=llama",), "set model.family=vla (got llama)"),
+    ],
+)
+def test_what_the_embodied_loop_does_not_build_is_refused_in_one_line(trainer, overrides, line):
+    with pytest.raises(ConfigError) as err:
+        load_config(RECIPE, list(overrides), algorithm=get_algorithm(trainer))
+    assert len([p for p in err.value.problems if line in p]) == 1, err.value.problems
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("model.vla.state_dim=3", "model.vla.state_dim=3 but BatchedReach has 2; set "),
+        ("model.vla.image_size=16", "model.vla.image_size=16 but BatchedReach has 32; set "),
+        ("model.vocab_size=260", "set model.vocab_size >= 262"),
+    ],
+)
+def test_a_policy_that_does_not_fit_the_environment_is_refused_at_start_up(override, line):
+    config = load_config(RECIPE, [override, "model.vla.patch_size=4"], algorithm=GRPO)
+    with pytest.raises(RunSetupError, match=line.replace(".", r"\.")):
+        _preflight(config, offline=False)
+    _preflight(load_config(RECIPE, algorithm=GRPO), offline=False)  # the recipe fits
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_cluster")
+def test_two_iterations_of_the_embodied_recipe_train_and_record_success(tmp_path):
+    overrides = [
+        f"logging.dir={tmp_path / 'run'}",
+        "logging.progress_bar=false",
+        "logging.backends=[]",
+        "iterations=2",
+        *SMALL,
+    ]
+    config = load_config(RECIPE, overrides, algorithm=GRPO)
+    assert train(config, "grpo", "cpu") == 0
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert len(records) == 2
+    for record in records:
+        assert 0.0 <= record["success_rate"] <= 1.0
+        assert record["episodes"] == 16
+        assert 1 <= record["episode_length_mean"] <= 4
+        assert record["grad_norm"] > 0 and np.isfinite(record["pg_loss"])
+        assert record["entropy"] > 0
+        assert set(record["time"]) == {"rollout", "update"}

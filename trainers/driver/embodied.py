@@ -1,0 +1,80 @@
+"""One iteration of an embodied run, collocated: the actor's ranks step their vector
+environments with the vision-language-action policy, then train on those episodes
+(docs/architecture.md §15).
+
+``rollout`` (every actor rank: reset, ``horizon / chunk_size`` chunk steps of generate
+-> chunk_step, the episodes' advantages) -> ``update`` (every actor rank: epochs x
+mini-batches on its own chunk steps). The episodes never leave the ranks that stepped
+them (mindrl/workers/embodied.py): the driver hands out the iteration and gets the
+episodes' sums and the update's metrics back, which make the record.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mindrl.metrics import mean_by_key
+from mindrl.metrics.memory import MEMORY_RECORD_KEY
+from trainers.driver.iteration import TIMING_KEYS, BatchSource, IterationRunner, Ledger
+from trainers.driver.state import RunState
+
+#: The rollout reports' sums over the data-parallel leaders (mindrl/workers/embodied.py).
+EPISODE_SUMS = ("episodes", "successes", "return_sum", "length_sum")
+
+
+class EmbodiedRunner(IterationRunner):
+    """Runs an embodied run's iterations (module docstring). The shared runner's ledger,
+    stage timing, memory record and checkpoint hooks are reused; it has no batch source
+    of its own (nothing goes through the dock)."""
+
+    def __init__(self, run: RunState) -> None:
+        super().__init__(run, BatchSource)
+
+    def run_iteration(self, iteration: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        ledger = Ledger()
+        episodes = self.stage(ledger, "rollout", self._rollout, iteration)
+        updates = self.stage(ledger, "update", self._update_episodes)
+        seconds = time.perf_counter() - start
+        return self._record(episode_sums(episodes), updates, ledger, seconds)
+
+    def _rollout(self, iteration: int) -> list[dict]:
+        return self.run.groups["actor"].call(
+            "embodied_rollout", iteration, stage="rollout", timeout_s=self.timeout
+        )
+
+    def _update_episodes(self) -> list[dict]:
+        per_step = self.config.actor.mini_batch_size or self.G
+        minibatches = max(-(-self.G // per_step), 1)
+        return self.run.groups["actor"].call(
+            "embodied_update", minibatches, stage="update", timeout_s=self.timeout
+        )
+
+    def _record(
+        self, sums: dict[str, float], updates: list[dict], ledger: Ledger, seconds: float
+    ) -> dict[str, Any]:
+        """The iteration's record: the episodes' success rate, mean return and length,
+        the update's metrics, environment frames per rollout second, the stages' times
+        and memory."""
+        episodes = max(sums["episodes"], 1.0)
+        rollout_s = ledger.stages["rollout"]
+        return {
+            "success_rate": sums["successes"] / episodes,
+            "reward_mean": sums["return_sum"] / episodes,
+            "episode_length_mean": sums["length_sum"] / episodes,
+            "episodes": sums["episodes"],
+            **mean_by_key(updates, skip=TIMING_KEYS),
+            "env_frames_per_s": sums["length_sum"] / rollout_s if rollout_s > 0 else 0.0,
+            "iteration_time_s": seconds,
+            "time": ledger.stages,
+            "busy": ledger.busy,
+            "overhead": ledger.overhead(seconds),
+            MEMORY_RECORD_KEY: self.memory_record(ledger),
+        }
+
+
+def episode_sums(reports: list[dict]) -> dict[str, float]:
+    """The ranks' rollout reports added up (only data-parallel leaders report sums: the
+    TP peers of a rank step the same environments)."""
+    return {key: sum(r.get(key, 0.0) for r in reports) for key in EPISODE_SUMS}
