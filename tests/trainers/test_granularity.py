@@ -17,7 +17,15 @@ from trainers.granularity import (
     width,
 )
 
-torch.set_default_dtype(torch.float64)
+
+@pytest.fixture(autouse=True)
+def float64_by_default():
+    """Exact sums here; the default goes back after each test, since set for the whole
+    process it would make every other module's tensors float64."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def random_chunk(n: int, chunk: int, dims: int) -> tuple[torch.Tensor, ...]:
