@@ -373,9 +373,6 @@ class TDControllers:
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def stages(self) -> list[str]:
-        return list(self.states)
-
     def locations(self, stage: str, indexes: np.ndarray) -> np.ndarray:
         return self.states[stage].warehouse[indexes]
 
