@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainers.test_pipeline import trained_records
+from tests.trainers.test_pipeline import ONE_DEVICE, trained_records
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -41,6 +41,7 @@ def records(tmp_path_factory) -> list[dict]:
         "reward.routes={a: [synthetic], b: [{fn: says, weight: 2.0}]}",
         "reward.max_failure_fraction=0.5",
         f"iterations={ITERATIONS}",
+        *ONE_DEVICE,
     )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mindrl.metrics import read_metrics
-from tests.trainers.test_pipeline import trained_records
+from tests.trainers.test_pipeline import ONE_DEVICE, trained_records
 
 #: A reference model makes ref_logp a scoring stage (one that can stream, or claim whole
 #: groups under partial rollout) besides reward.
@@ -38,7 +38,15 @@ def sync_records(sync_run) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
+def one_device_records(ray_cluster, tmp_path_factory) -> list[dict]:
+    """Tiny with a reference on one device: what a run stopped and resumed on one device
+    (a restart, a preemption) must end with."""
+    return trained_records(tmp_path_factory.mktemp("one"), "grpo", *WITH_REFERENCE, *ONE_DEVICE)
+
+
+@pytest.fixture(scope="session")
 def ppo_records(ray_cluster, tmp_path_factory) -> list[dict]:
-    """Today's PPO run with every role resident: its stages, and what an offloaded run
-    must reproduce."""
-    return trained_records(tmp_path_factory.mktemp("ppo"), "ppo", *PPO_WITH_REFERENCE)
+    """Today's PPO run with every role resident, on one device (three roles there are three
+    processes a device): its stages, and what an offloaded run must reproduce."""
+    folder = tmp_path_factory.mktemp("ppo")
+    return trained_records(folder, "ppo", *PPO_WITH_REFERENCE, *ONE_DEVICE)

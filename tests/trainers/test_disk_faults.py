@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mindrl.metrics import read_metrics
-from tests.trainers.test_pipeline import tiny_config
+from tests.trainers.test_pipeline import ONE_DEVICE, tiny_config
 from trainers.driver.train import train
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
@@ -22,7 +22,12 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_in_one_line(tmp_path,
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the checkpoint folder should go\n")
     config = tiny_config(
-        tmp_path, "grpo", "iterations=2", "checkpoint.every=1", f"checkpoint.dir={blocker}/ckpt"
+        tmp_path,
+        "grpo",
+        "iterations=2",
+        "checkpoint.every=1",
+        f"checkpoint.dir={blocker}/ckpt",
+        *ONE_DEVICE,
     )
     assert train(config, "grpo", device="cpu") == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
@@ -58,7 +63,7 @@ def test_a_full_disk_under_warn_trains_on_and_saves_once_there_is_room(
     disk, enlarge = small_disk
     config = tiny_config(
         tmp_path, "grpo", "iterations=6", "checkpoint.every=1", "checkpoint.async=true",
-        "checkpoint.on_error=warn", f"checkpoint.dir={disk}/ckpt",
+        "checkpoint.on_error=warn", f"checkpoint.dir={disk}/ckpt", *ONE_DEVICE,
     )  # fmt: skip
     outcome = {}
     runner = threading.Thread(target=lambda: outcome.update(code=train(config, "grpo", "cpu")))

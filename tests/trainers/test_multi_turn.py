@@ -11,7 +11,7 @@ import pytest
 from mindrl.config import load_config
 from mindrl.metrics import measured, read_metrics
 from tests.trainers.conftest import WITH_REFERENCE
-from tests.trainers.test_pipeline import trained_records
+from tests.trainers.test_pipeline import ONE_DEVICE, trained_records
 from trainers.driver.train import train
 from trainers.registry import get_algorithm
 
@@ -58,7 +58,7 @@ def env_config(run_dir: Path, trainer: str, *overrides: str):
 
 
 def test_ppo_trains_on_two_turn_trajectories_scored_as_they_were_sampled(tmp_path):
-    assert train(env_config(tmp_path, "ppo"), "ppo", "cpu") == 0
+    assert train(env_config(tmp_path, "ppo", *ONE_DEVICE), "ppo", "cpu") == 0
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(records) == 2
     for record in records:
@@ -76,7 +76,7 @@ def test_ppo_trains_on_two_turn_trajectories_scored_as_they_were_sampled(tmp_pat
 
 
 def test_an_environment_that_raises_ends_the_run_in_one_line_naming_it(tmp_path, capsys):
-    config = env_config(tmp_path, "grpo", f"env.cls={TOY}:Raises", "env.kwargs={}")
+    config = env_config(tmp_path, "grpo", f"env.cls={TOY}:Raises", "env.kwargs={}", *ONE_DEVICE)
     assert train(config, "grpo", "cpu") == 1
     err = capsys.readouterr().err
     # The failure's line, then where its details are (every failed run's second line).

@@ -29,6 +29,11 @@ NO_VLLM_REASON = "vllm is not importable here: run it in .venv-vllm (scripts/ins
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 
+#: One device, one rank per role: for a run whose property does not depend on the layout
+#: (a dead worker, a full disk, a raising environment). A process per role and device is
+#: most of a run's start-up here; the two-device layout is what the shared runs train.
+ONE_DEVICE = ("resources.devices_per_node=1", "actor.parallel.tp=1")
+
 #: The tiny config as a Qwen3-MoE policy trained TP2 x EP2 (sequence parallel).
 MOE = (
     "model.family=qwen3_moe",
@@ -200,7 +205,9 @@ def test_ppo_with_reference_epochs_and_minibatches_runs_every_stage(ppo_records)
 
 
 def test_dapo_refills_dropped_groups_and_says_how_many_batches_it_drew(tmp_path):
-    config = tiny_config(tmp_path, "dapo", "iterations=2", "algorithm.max_sample_batches=3")
+    config = tiny_config(
+        tmp_path, "dapo", "iterations=2", "algorithm.max_sample_batches=3", *ONE_DEVICE
+    )
     assert train(config, "dapo", device="cpu") == 0
     for record in read_metrics(tmp_path / "run" / "metrics.jsonl"):
         assert 1 <= record["sample_batches"] <= 3
@@ -221,7 +228,7 @@ def test_a_dead_worker_stops_the_run_within_60_s_naming_worker_and_stage(
         return call_each(group, *args, **kwargs)
 
     monkeypatch.setattr(WorkerGroup, "call_each", recording_call_each)
-    config = tiny_config(tmp_path, "grpo", "iterations=200")
+    config = tiny_config(tmp_path, "grpo", "iterations=200", *ONE_DEVICE)
     outcome = {}
     runner = threading.Thread(
         target=lambda: outcome.setdefault("code", train(config, "grpo", device="cpu"))
@@ -253,7 +260,7 @@ def test_ppo_with_a_reward_model_adds_its_score_to_the_rules(tmp_path):
     save_tiny_reward_model(tmp_path / "rm")
     config = tiny_config(
         tmp_path, "ppo", "iterations=2", f"reward.reward_model={tmp_path / 'rm'}",
-        "reward.verifiers=[]",
+        "reward.verifiers=[]", *ONE_DEVICE,
     )  # fmt: skip
     assert train(config, "ppo", device="cpu") == 0
     curve = rewards(tmp_path / "run")

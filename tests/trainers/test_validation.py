@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from mindrl.data import build_tiny_tokenizer
-from tests.trainers.test_pipeline import trained_records
+from tests.trainers.test_pipeline import ONE_DEVICE, trained_records
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
@@ -30,7 +30,7 @@ TRAINING_KEYS = ("reward_mean", "response_length_mean", "pg_loss", "grad_norm", 
 
 
 def run_records(run_dir, *overrides: str) -> list[dict]:
-    return trained_records(run_dir, "grpo", *ITERATIONS, *overrides)
+    return trained_records(run_dir, "grpo", *ITERATIONS, *ONE_DEVICE, *overrides)
 
 
 @pytest.fixture(scope="module")
