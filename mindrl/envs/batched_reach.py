@@ -176,12 +176,7 @@ class BatchedReach(VectorEnv):
             success |= hit_goal
             self._ended |= terminations[:, c] | truncations[:, c]
             before = after
-        observations = self._observe(rows)
-        info = {"success": success, "valid": valid, "final_observations": observations}
-        if self.auto_reset and self._ended.any():
-            self._start_episodes(np.flatnonzero(self._ended))
-            observations = self._observe(rows)
-        return observations, rewards, terminations, truncations, info
+        return self.finish_chunk(rewards, terminations, truncations, valid, success)
 
     def _start_episodes(self, ids: np.ndarray) -> None:
         """New scenes for the environments ``ids``, drawn from each one's own stream."""

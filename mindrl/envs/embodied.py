@@ -177,6 +177,28 @@ class VectorEnv(abc.ABC):
         flags = (np.zeros(shape, dtype=np.bool_) for _ in range(3))
         return (np.zeros(shape, dtype=np.float32), *flags)
 
+    def finish_chunk(
+        self,
+        rewards: np.ndarray,
+        terminations: np.ndarray,
+        truncations: np.ndarray,
+        valid: np.ndarray,
+        success: np.ndarray,
+    ) -> ChunkResult:
+        """What ``chunk_step`` returns once the chunk's actions are applied: the
+        observations after them (also ``info["final_observations"]``), and under
+        ``auto_reset`` the ended environments started again, whose first observations
+        are returned instead (a helper for a subclass that keeps ``_ended`` [num_envs]
+        and implements ``_observe(ids)`` and ``_start_episodes(ids)``)."""
+        rows = np.arange(self.num_envs)
+        observations = self._observe(rows)
+        info = {"success": success, "valid": valid, "final_observations": observations}
+        ended = np.flatnonzero(self._ended)
+        if self.auto_reset and ended.size:
+            self._start_episodes(ended)
+            observations = self._observe(rows)
+        return observations, rewards, terminations, truncations, info
+
     def close(self) -> None:  # noqa: B027 - a hook: most simulators hold nothing to release
         """Release what the environments hold (processes, renderers); nothing by default."""
 

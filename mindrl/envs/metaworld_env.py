@@ -159,13 +159,7 @@ class MetaWorldVectorEnv(VectorEnv):
             terminations[share], truncations[share] = part.terminations, part.truncations
         success = terminations.any(axis=1)  # an episode terminates only on success
         self._ended |= (terminations | truncations).any(axis=1)
-        rows = np.arange(self.num_envs)
-        observations = self._observe(rows)
-        info = {"success": success, "valid": valid, "final_observations": observations}
-        if self.auto_reset and self._ended.any():
-            self._start_episodes(np.flatnonzero(self._ended))
-            observations = self._observe(rows)
-        return observations, rewards, terminations, truncations, info
+        return self.finish_chunk(rewards, terminations, truncations, valid, success)
 
     def close(self) -> None:
         """Stop the worker processes (also done when the environment is collected)."""
