@@ -1,20 +1,45 @@
-"""`mindrl-train` as a user meets it: the console script in a subprocess."""
+"""`mindrl-train` as a user meets it: what it prints and the exit code, run by the
+command's own ``main`` in this process (a subprocess would import torch and Megatron again,
+~4 s a call on this CI machine); one test runs the console script itself, where a
+traceback would reach the terminal."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from trainers.driver.cli import main
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "trainers.driver.cli"]
 
 
 def mindrl_train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    """``mindrl-train args`` run from the repository root: its exit code and outputs."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as stop:  # argparse's exits
+            code = stop.code
+    return subprocess.CompletedProcess(list(args), code or 0, out.getvalue(), err.getvalue())
+
+
+def test_the_console_script_reports_a_bad_override_in_one_line_without_a_traceback():
+    out = subprocess.run(
+        [*CLI, "--trainer", "grpo", "--dry-run", "actor.optim.lr=fast"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env=dict(os.environ),
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("mindrl-train: config error: ") and out.stderr.count("\n") == 1
+    assert "Traceback" not in out.stderr
 
 
 def test_deepseek_dry_run_prints_the_plan_for_384_devices():

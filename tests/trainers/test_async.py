@@ -60,6 +60,7 @@ def test_the_next_batch_generated_while_this_one_trained(stale_records):
 
 
 @pytest.mark.ray
+@pytest.mark.long  # a whole-run resume of this mode: pytest -m long (pyproject.toml)
 def test_a_resumed_run_trains_the_batch_it_had_in_flight_as_the_uninterrupted_run(
     stale_run, stale_records, tmp_path
 ):

@@ -90,6 +90,7 @@ def test_the_worker_decodes_beside_training_and_takes_weights_between_steps(reco
     assert all(r["overhead"]["dock_s"] > 0 for r in records)
 
 
+@pytest.mark.long  # a whole-run resume of this mode: pytest -m long (pyproject.toml)
 def test_a_run_resumed_from_a_checkpoint_that_interrupted_the_worker_trains_on(
     continuous_run, records, tmp_path
 ):

@@ -148,6 +148,7 @@ def test_tokens_sampled_before_an_update_are_weighted_by_their_behaviour_ratio(l
     assert all(abs(r["is_weight_mean"] - 1.0) > 1e-4 for r in lagging)
 
 
+@pytest.mark.long  # a whole-run resume of this mode: pytest -m long (pyproject.toml)
 def test_a_resumed_run_continues_the_groups_in_flight_as_the_uninterrupted_run(tmp_path):
     whole = trained_records(tmp_path / "whole", "grpo", *LONGTAIL_RESUMED)
     # The checkpoint after iteration 1 holds paused responses and (with them) groups
