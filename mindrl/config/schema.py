@@ -82,6 +82,14 @@ class VLAConfig:
         "(OFT: one forward over placeholders draws the whole chunk).",
         choices=("autoregressive", "parallel"),
     )
+    action_head: str = option(
+        "tokens",
+        "How the 256 action bins get their logits: 'tokens' (OpenVLA: the output layer's "
+        "rows of the action ids, one independent logit per bin) or 'gaussian' (a head "
+        "giving each action token a mean and a scale; the bins' logits are that normal's "
+        "log-density, so neighbouring bins move together).",
+        choices=("tokens", "gaussian"),
+    )
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.megatron.families.vla import ACTION_BINS
+from backends.megatron.families.vla import ACTION_BINS, VLAHeads, bin_centres
 from tests.megatron import vla_cases
 from tests.support.spawn import run_ranks
 
@@ -117,6 +117,45 @@ def test_tp2_generates_the_chunk_tp1_generates(one, two, decode):
         mine, theirs = two[rank]["tp2"][decode]["generated"], one["tp1"][decode]["generated"]
         assert torch.equal(mine.action_ids, theirs.action_ids)
         torch.testing.assert_close(mine.logprobs, theirs.logprobs, **EXACT)
+
+
+@pytest.mark.parametrize("decode", DECODES)
+def test_the_gaussian_head_scores_a_chunk_with_generations_own_log_probs(one, decode):
+    run = one["tp1_gaussian"][decode]
+    torch.testing.assert_close(run["scored"]["logprobs"], run["generated"].logprobs, **EXACT)
+    assert not torch.equal(run["scored"]["logprobs"], one["tp1"][decode]["scored"]["logprobs"])
+
+
+def test_at_tp2_the_gaussian_head_scores_draws_and_gets_gradients_like_tp1(one, two):
+    reference = one["tp1_gaussian"]
+    assert any(name.startswith("vla.action_head.") for name in reference["grads"])
+    for rank in range(2):
+        mine = two[rank]["tp2_gaussian"]
+        for key in ("logprobs", "entropy", "values"):
+            torch.testing.assert_close(mine["scored"][key], reference["scored"][key], **EXACT)
+        for decode in DECODES:
+            drawn, expected = mine[decode]["generated"], reference[decode]["generated"]
+            assert torch.equal(drawn.action_ids, expected.action_ids)
+        assert_same_full_tensors(mine["grads"], reference["grads"])
+
+
+def test_the_gaussian_heads_bins_keep_their_order():
+    """Its most likely bin holds the mean, and a step raising one bin's log-prob raises
+    the bins beside it too (each of the token head's bins is its own row)."""
+    torch.manual_seed(0)
+    heads = VLAHeads(8, vla_cases.GAUSSIAN, torch.float64)
+    hidden = torch.randn(1, 1, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    log_probs = torch.log_softmax(heads.gaussian_logits(hidden), dim=-1)[0, 0]
+    mean = torch.tanh(heads.action_head(hidden)[0, 0, 0])
+    assert abs(bin_centres(log_probs)[log_probs.argmax()] - mean) <= 1.0 / ACTION_BINS
+    target = int(log_probs.argmax()) + 40  # a bin off the mode
+    log_probs[target].backward()
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            if parameter.grad is not None:
+                parameter += 0.01 * parameter.grad  # a small step: first order holds
+    moved = torch.log_softmax(heads.gaussian_logits(hidden), dim=-1)[0, 0] - log_probs.detach()
+    assert moved[target] > 0 and moved[target - 1] > 0 and moved[target + 1] > 0
 
 
 def test_tp2_gradients_equal_tp1_gradients(one, two):

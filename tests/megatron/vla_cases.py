@@ -37,6 +37,8 @@ TRUNK = replace(
     dtype="float64",
 )
 VLA = VLASpec(image_size=16, patch_size=8, state_dim=3, action_dims=3, chunk_size=2)
+#: The same policy with the ordinal (gaussian) action head.
+GAUSSIAN = replace(VLA, action_head="gaussian")
 SAMPLING = ActionSampling(temperature=0.8, top_k=50)
 ROWS, PROMPT = 3, 5
 
@@ -75,10 +77,10 @@ def loss_of(scored: dict, action_ids: torch.Tensor) -> torch.Tensor:
     return policy - 0.01 * scored["entropy"].sum() + (scored["values"] - 0.5).pow(2).sum()
 
 
-def scored_and_generated(parallel: ParallelSpec) -> dict:
+def scored_and_generated(parallel: ParallelSpec, vla: VLASpec = VLA) -> dict:
     """Both decodes' chunks, the update's scoring of them, and the autoregressive
     scoring's gradients (full tensors, summed over TP where Megatron's rule says)."""
-    policy = policy_at(parallel)
+    policy = policy_at(parallel, vla)
     obs = observation()
     out = {"layouts": {n: tuple(lay.full_shape) for n, lay in param_layouts(policy.model).items()}}
     for decode in ("autoregressive", "parallel"):
@@ -203,6 +205,7 @@ def on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
     return {
         "engine": engine_step(ParallelSpec(), checkpoint_root),
         "tp1": scored_and_generated(ParallelSpec()),
+        "tp1_gaussian": scored_and_generated(ParallelSpec(), GAUSSIAN),
         "one_token": one_token_chunks(),
         "per_environment": per_environment_noise(),
         "default_size": default_size(),
@@ -212,6 +215,7 @@ def on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
 def on_two_ranks(rank: int, world: int, checkpoint_root: str) -> dict:
     return {
         "tp2": scored_and_generated(ParallelSpec(tp=2)),
+        "tp2_gaussian": scored_and_generated(ParallelSpec(tp=2), GAUSSIAN),
         "engine": engine_step(ParallelSpec(tp=2)),
         "dp2_engine": engine_step(ParallelSpec(), dp_split=True),
         "resumed": resumed_weights(ParallelSpec(tp=2), checkpoint_root),

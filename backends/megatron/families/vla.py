@@ -33,6 +33,7 @@ the engine's canonical names, gathers and loads cover them as replicated weights
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,18 @@ from backends.megatron.spec import GPTSpec, ParallelSpec
 #: Action ids at the end of the vocabulary: bins of one action dimension over [-1, 1].
 ACTION_BINS = 256
 DECODES = ("autoregressive", "parallel")
+#: How the action bins' logits are made: ``tokens``, the GPT's output layer at the 256
+#: action ids (OpenVLA: each bin's logit its own row, so an update on one bin moves no
+#: other); ``gaussian``, a head reading each action position's hidden state as a mean and
+#: a scale, the bins' logits the log-density of that normal at the bins' centres (the
+#: bins keep their order: raising one raises its neighbours, as a continuous policy's
+#: gradient does, which 256 independent rows need ~256 times the samples to learn).
+ACTION_HEADS = ("tokens", "gaussian")
+#: The gaussian head's scale at initialisation, in the bins' [-1, 1] units: about the
+#: spread of a uniform draw (0.58), so a new policy explores the whole range.
+INITIAL_SCALE = 0.5
+#: Its scale's bounds: a quarter bin (the distribution is then one bin) to 2 (flat).
+SCALE_BOUNDS = (0.25 * 2.0 / ACTION_BINS, 2.0)
 #: Sampling noise: one generator for the batch, or one per row (per environment: a row's
 #: draws then do not depend on which other rows share its batch).
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -73,6 +86,7 @@ class VLASpec:
         action_dims: action dimensions ``A`` (each one action token).
         chunk_size: actions per chunk ``C``.
         decode: ``autoregressive`` (OpenVLA) or ``parallel`` (OFT).
+        action_head: ``tokens`` or ``gaussian`` (:data:`ACTION_HEADS`).
     """
 
     image_size: int = 32
@@ -81,6 +95,7 @@ class VLASpec:
     action_dims: int = 4
     chunk_size: int = 2
     decode: str = "autoregressive"
+    action_head: str = "tokens"
 
     def __post_init__(self) -> None:
         if self.image_size % self.patch_size:
@@ -89,6 +104,10 @@ class VLASpec:
             )
         if self.decode not in DECODES:
             raise ValueError(f"VLASpec.decode '{self.decode}' is unknown; choose one of {DECODES}")
+        if self.action_head not in ACTION_HEADS:
+            raise ValueError(
+                f"VLASpec.action_head '{self.action_head}' is unknown; choose one of {ACTION_HEADS}"
+            )
 
     @property
     def num_patches(self) -> int:
@@ -161,7 +180,8 @@ class VLAChunk:
 
 class VLAHeads(nn.Module):
     """The VLA's modules besides the GPT: image patch and state embeddings, the
-    parallel decode's action placeholders and the value head (all replicated over TP)."""
+    parallel decode's action placeholders, the value head and, for ``action_head:
+    gaussian``, the action head (all replicated over TP)."""
 
     def __init__(self, hidden_size: int, vla: VLASpec, dtype: torch.dtype) -> None:
         super().__init__()
@@ -172,6 +192,11 @@ class VLAHeads(nn.Module):
         self.state_projection = nn.Linear(vla.state_dim, hidden_size, dtype=dtype)
         self.action_queries = nn.Parameter(0.02 * torch.randn(vla.action_tokens, hidden_size))
         self.value_head = nn.Linear(hidden_size, 1, dtype=dtype)
+        if vla.action_head == "gaussian":
+            self.action_head = nn.Linear(hidden_size, 2, dtype=dtype)  # mean, log scale
+            with torch.no_grad():
+                self.action_head.weight.mul_(0.1)  # start near the centre, at the scale below
+                self.action_head.bias.copy_(torch.tensor([0.0, math.log(INITIAL_SCALE)]))
         self.to(dtype)
 
     def prefix(self, images: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
@@ -185,6 +210,22 @@ class VLAHeads(nn.Module):
         image = self.patch_embedding(patches) + self.patch_positions
         state = self.state_projection(states.to(dtype)).unsqueeze(1)
         return torch.cat([image, state], dim=1)
+
+    def gaussian_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[W, n, h]`` hidden states at the action positions -> ``[n, W, 256]`` bin
+        logits: the log-density (up to a constant) of each position's normal, mean
+        ``tanh`` of the head's first output, scale the exponential of its second
+        (within :data:`SCALE_BOUNDS`), at the bins' centres in [-1, 1]."""
+        out = at_least_float32(self.action_head(hidden)).transpose(0, 1)
+        mean = torch.tanh(out[..., :1])
+        scale = out[..., 1:].exp().clamp(*SCALE_BOUNDS)
+        return -0.5 * ((bin_centres(out) - mean) / scale) ** 2
+
+
+def bin_centres(like: torch.Tensor) -> torch.Tensor:
+    """The 256 bins' centres on [-1, 1] (the action tokenizer's grid), as ``like``."""
+    edges = torch.linspace(-1.0, 1.0, ACTION_BINS + 1, dtype=like.dtype, device=like.device)
+    return (edges[:-1] + edges[1:]) / 2
 
 
 def build_vla(spec: GPTSpec, vla: VLASpec, parallel: ParallelSpec, seed: int = 0) -> nn.Module:
@@ -367,7 +408,10 @@ class VLAPolicy:
                 logits = self.model(None, None, None, decoder_input=self._hidden(row))
             finally:
                 handle.remove()
-            logits = self._action_columns(logits)
+            if self.vla.action_head == "gaussian":
+                logits = vla.gaussian_logits(hidden_at_window["hidden"])
+            else:
+                logits = self._action_columns(logits)
         values = None
         if first == 0:
             values = at_least_float32(vla.value_head(hidden_at_window["hidden"][0])).squeeze(-1)
