@@ -129,6 +129,7 @@ def test_the_gaussian_head_scores_a_chunk_with_generations_own_log_probs(one, de
 def test_at_tp2_the_gaussian_head_scores_draws_and_gets_gradients_like_tp1(one, two):
     reference = one["tp1_gaussian"]
     assert any(name.startswith("vla.action_head.") for name in reference["grads"])
+    assert any(name.startswith("vla.keypoints.film.") for name in reference["grads"])
     for rank in range(2):
         mine = two[rank]["tp2_gaussian"]
         for key in ("logprobs", "entropy", "values"):

@@ -37,8 +37,8 @@ TRUNK = replace(
     dtype="float64",
 )
 VLA = VLASpec(image_size=16, patch_size=8, state_dim=3, action_dims=3, chunk_size=2)
-#: The same policy with the ordinal (gaussian) action head.
-GAUSSIAN = replace(VLA, action_head="gaussian")
+#: The same policy with the ordinal (gaussian) action head and two keypoint tokens.
+GAUSSIAN = replace(VLA, action_head="gaussian", keypoints=2)
 SAMPLING = ActionSampling(temperature=0.8, top_k=50)
 ROWS, PROMPT = 3, 5
 
