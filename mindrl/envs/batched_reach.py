@@ -33,7 +33,9 @@ from ever succeeding a gradient from its first episodes; ``shaping: 0`` leaves t
 success reward (the RLinf-VLA setting for ManiSkill and LIBERO).
 
 What a blind policy can reach (success rates, upper bounds; ``tests/envs/
-test_embodied_reach.py`` checks them with the best scripted blind strategies):
+test_embodied_reach.py`` checks them with the best scripted blind strategies, and
+``blind="image"`` / ``blind="instruction"`` withhold the targets or the colour from a
+policy trained on it, docs/guide/environments.md):
 
 * **Instruction-blind** (sees image and state, not which colour is named): at most 1/3.
   Touching any target ends the episode, so an episode succeeds only if the first target
@@ -85,7 +87,15 @@ INSTRUCTIONS = np.array([f"reach the {colour} target" for colour in COLOURS], dt
 INSTRUCTION_IDS = np.array(
     [[VOCAB.index(word) for word in text.split()] for text in INSTRUCTIONS], dtype=np.int64
 )
+#: The instruction an instruction-blind environment gives: its words without a colour
+#: (padded with "the" to the others' width: every instruction has one length).
+UNNAMED = "reach the the target"
+UNNAMED_IDS = np.array([VOCAB.index(word) for word in UNNAMED.split()], dtype=np.int64)
 EFFECTOR_DRAW_RADIUS = 0.07
+#: What a blinded environment withholds from the policy (``blind``): ``image``, the
+#: targets (the image shows the end effector alone), or ``instruction`` (always "reach the
+#: target", no colour); for checking the module docstring's bounds by training.
+BLINDS = (None, "image", "instruction")
 #: Random numbers one reset draws per environment: the ring's angle, three distances,
 #: three keys ordering the colours, the named target.
 DRAWS_PER_RESET = 8
@@ -109,6 +119,7 @@ class BatchedReach(VectorEnv):
         ring_outer: float = 0.9,
         shaping: float = 1.0,
         success_bonus: float = 1.0,
+        blind: str | None = None,
     ) -> None:
         super().__init__(num_envs, chunk_size, horizon, auto_reset, seed, first_env_id)
         if not 0 < success_radius < ring_inner < ring_outer <= 1.0:
@@ -116,9 +127,12 @@ class BatchedReach(VectorEnv):
                 "BatchedReach: needs 0 < success_radius < ring_inner < ring_outer <= 1, got "
                 f"{success_radius}, {ring_inner}, {ring_outer}"
             )
-        self.success_radius = success_radius
+        self.success_radius, self.max_speed = success_radius, max_speed
         self.ring_inner, self.ring_outer = ring_inner, ring_outer
         self.shaping, self.success_bonus = shaping, success_bonus
+        if blind not in BLINDS:
+            raise ValueError(f"BatchedReach: blind={blind!r}; choose one of {BLINDS}")
+        self.blind = blind
         self.action_spec = ActionSpec(2, np.full(2, -max_speed), np.full(2, max_speed))
         self.observation_spec = ObservationSpec(image_size, image_size, 2, VOCAB)
         n = num_envs
@@ -143,6 +157,19 @@ class BatchedReach(VectorEnv):
     def goal_positions(self) -> np.ndarray:
         """``[num_envs, 2]``: the named target's centre (privileged: an oracle's input)."""
         return self._targets[np.arange(self.num_envs), self._goal]
+
+    def expert_actions(self) -> np.ndarray:
+        """The oracle's chunk (module docstring): straight at the named target at full
+        speed (the offset scaled down until no component exceeds the speed limit)."""
+        position, goal = self._position.copy(), self.goal_positions
+        chunk = np.empty((self.num_envs, self.chunk_size, 2))
+        for c in range(self.chunk_size):
+            offset = goal - position
+            chunk[:, c] = offset / np.maximum(
+                np.abs(offset).max(axis=1, keepdims=True) / self.max_speed, 1.0
+            )
+            position = position + chunk[:, c]
+        return chunk
 
     def reset(
         self, env_ids: np.ndarray | None = None, reset_state_ids: np.ndarray | None = None
@@ -197,7 +224,9 @@ class BatchedReach(VectorEnv):
     def _draw_scenes(self, ids: np.ndarray) -> None:
         """The static part of the images of ``ids``: background, then the targets."""
         self._scene[ids] = BACKGROUND
-        for k in range(3):  # the three targets, each stamped over the whole batch
+        for k in range(
+            3 if self.blind != "image" else 0
+        ):  # the three targets, each stamped over the whole batch
             colours = RGB[self._colour_of_target[ids, k]]
             _stamp(self._scene, ids, self._targets[ids, k], self.success_radius, colours)
 
@@ -208,11 +237,15 @@ class BatchedReach(VectorEnv):
         rows = np.arange(ids.size)
         _stamp(images, rows, self._position[ids], EFFECTOR_DRAW_RADIUS, EFFECTOR)
         colour = self._colour_of_target[ids, self._goal[ids]]
+        instructions, instruction_ids = INSTRUCTIONS[colour].tolist(), INSTRUCTION_IDS[colour]
+        if self.blind == "instruction":
+            instructions = [UNNAMED] * ids.size
+            instruction_ids = np.broadcast_to(UNNAMED_IDS, instruction_ids.shape).copy()
         return Observations(
             images=images.copy(),
             states=self._position[ids].astype(np.float32),
-            instructions=INSTRUCTIONS[colour].tolist(),
-            instruction_ids=INSTRUCTION_IDS[colour],
+            instructions=instructions,
+            instruction_ids=instruction_ids,
         )
 
     def _distances(self) -> np.ndarray:

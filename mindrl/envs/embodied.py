@@ -155,6 +155,19 @@ class VectorEnv(abc.ABC):
     def chunk_step(self, actions: np.ndarray) -> ChunkResult:
         """Apply ``actions`` ``[num_envs, chunk_size, A]`` (module docstring)."""
 
+    def expert_actions(self) -> np.ndarray:
+        """``[num_envs, chunk_size, A]``: a scripted expert's next chunk for every
+        environment, read from the simulator's state (privileged: what a behaviour-cloned
+        start learns from, ``env.clone_steps``). Not every environment has one.
+
+        Raises:
+            EnvConfigError: this environment has no scripted expert.
+        """
+        raise EnvConfigError(
+            f"{type(self).__name__} has no scripted expert (VectorEnv.expert_actions) to "
+            "clone; set env.clone_steps=0"
+        )
+
     def checked_actions(self, actions: np.ndarray) -> np.ndarray:
         """``actions`` clipped to the action spec, once their shape is checked to be
         ``[num_envs, chunk_size, dims]`` (a helper for ``chunk_step``).

@@ -230,9 +230,11 @@ def test_touching_another_target_ends_the_episode_without_success():
     assert (rewards < 1.0).all()
 
 
-def test_an_oracle_reading_the_named_target_always_succeeds():
+def test_the_scripted_expert_heads_straight_for_the_named_target_and_always_succeeds():
     env = make(1024, seed=1, auto_reset=False)
-    assert episode_success(env, lambda env, _: heading_for(env, env.goal_positions)) == 1.0
+    env.reset()
+    np.testing.assert_allclose(env.expert_actions(), heading_for(env, env.goal_positions))
+    assert episode_success(env, lambda env, _: env.expert_actions()) == 1.0
 
 
 def test_an_instruction_blind_policy_reaching_the_nearest_target_succeeds_a_third_of_the_time():
@@ -274,3 +276,19 @@ def _sweep(radius: float) -> np.ndarray:
         position = position + step
         steps.append(step)
     return np.array(steps)
+
+
+def test_a_blinded_reach_withholds_the_targets_or_the_colour_and_nothing_else():
+    seeing = make(8, seed=4)
+    image_blind, instruction_blind = (
+        make(8, seed=4, blind="image"),
+        make(8, seed=4, blind="instruction"),
+    )
+    seen, no_targets, no_colour = seeing.reset(), image_blind.reset(), instruction_blind.reset()
+    assert {tuple(c) for c in no_targets.images.reshape(-1, 3)} == {(30, 30, 30), (255, 255, 255)}
+    assert no_targets.instructions == seen.instructions
+    assert set(no_colour.instructions) == {"reach the the target"}
+    np.testing.assert_array_equal(no_colour.images, seen.images)
+    np.testing.assert_array_equal(image_blind.goal_positions, seeing.goal_positions)
+    with pytest.raises(ValueError, match="blind='colour'"):
+        make(8, blind="colour")
