@@ -533,14 +533,19 @@ class MegatronEngine:
         return VLAPolicy(self.model, self.spec, self.vla)
 
     def train_vla_step(
-        self, micro_batches: Sequence[Any], loss_fn: Callable[[VLAPolicy, Any], torch.Tensor]
+        self,
+        micro_batches: Sequence[Any],
+        loss_fn: Callable[[VLAPolicy, Any], torch.Tensor],
+        lr: float | None = None,
     ) -> dict[str, float]:
         """One optimizer step of the VLA policy over this DP rank's micro-batches.
 
         ``loss_fn(policy, micro_batch)`` scores its micro-batch (``VLAPolicy.score``) and
         returns its share of the global loss, already normalised over the whole global
         batch (every DP rank's micro-batches), so the step is the same however the batch
-        is split. Returns ``loss`` (global), ``grad_norm`` (before clipping) and ``lr``.
+        is split. ``lr``: this step's learning rate instead of the schedule's (a phase
+        with its own, such as behaviour cloning). Returns ``loss`` (global), ``grad_norm``
+        (before clipping) and ``lr``.
         """
         policy = self.vla_policy()
         self.model.train()
@@ -551,19 +556,23 @@ class MegatronEngine:
             with megatron_compat(self.device):
                 loss.backward()
             losses.append(loss.detach())
-        grad_norm, lr = self._optimizer_step()
+        grad_norm, lr = self._optimizer_step(lr)
         self.step += 1
         return {"loss": self._global_loss(losses), "grad_norm": grad_norm, "lr": lr}
 
-    def _optimizer_step(self) -> tuple[float, float]:
-        """Reduce, clip and apply the grads; the grad norm before clipping and the lr."""
+    def _optimizer_step(self, lr: float | None = None) -> tuple[float, float]:
+        """Reduce, clip and apply the grads at ``lr`` (None: the schedule's); the grad
+        norm before clipping and the lr."""
         if self.distributed is not None:
-            lr = self.optim.lr * lr_factor(self.step, self.optim)
+            lr = self.optim.lr * lr_factor(self.step, self.optim) if lr is None else lr
             with megatron_compat(self.device):
                 return self.distributed.step(lr), lr
         with megatron_compat(self.device):
             reduce_gradients(self.model)
             grad_norm = clip_gradients(self.model, self.optim.clip_grad)
+        if lr is not None:  # the scheduler's next step sets its own lr again
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()

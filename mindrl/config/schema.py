@@ -73,6 +73,13 @@ class VLAConfig:
     patch_size: int = option(
         8, "Pixels a side of one image patch (one token each); divides image_size.", ge=1
     )
+    keypoints: int = option(
+        0,
+        "Spatial-softmax keypoint tokens after the patches (Levine et al. 2016): a small "
+        "convolution's feature maps, each turned into the expected (x, y) of its softmax "
+        "over the pixels; 0: patches only.",
+        ge=0,
+    )
     state_dim: int = option(8, "Robot state dimensions (one projected token).", ge=1)
     action_dims: int = option(4, "Action dimensions; each is one action token.", ge=1)
     chunk_size: int = option(2, "Actions per chunk (one policy step emits them all).", ge=1)
@@ -708,6 +715,20 @@ class EnvConfig:
         True,
         "embodied: reset an environment as soon as its episode ends (at the end of that "
         "chunk); false: fixed-length episodes, ended environments wait for the next reset.",
+    )
+    clone_steps: int = option(
+        0,
+        "embodied: behaviour-cloning steps from the environment's scripted expert "
+        "(VectorEnv.expert_actions) before the first iteration, as RLinf-VLA's recipes "
+        "start from a fine-tuned policy (DAgger: the expert labels every observation and "
+        "acts less and less, the policy more); 0: RL from the initial weights.",
+        ge=0,
+    )
+    clone_lr: float | None = option(
+        None,
+        "embodied: the behaviour-cloning steps' learning rate (a supervised phase takes a "
+        "larger one than RL fine-tuning); None: actor.optim's schedule.",
+        gt=0,
     )
     max_turns: int = option(
         4, "Most model turns of an episode (it ends earlier when step says done).", ge=1

@@ -499,9 +499,14 @@ def check_env(config: MindRLConfig) -> list[str]:
     env = config.env
     if env.embodied:
         return check_embodied_env(config)
-    if not env.enabled:
-        return []
     problems = []
+    if env.clone_steps:
+        problems.append(
+            f"env.clone_steps={env.clone_steps} clones a simulator's scripted expert: it "
+            "needs env.kind=embodied; set env.clone_steps=0"
+        )
+    if not env.enabled:
+        return problems
     try:
         split_class_path(env.cls)
     except EnvConfigError as exc:

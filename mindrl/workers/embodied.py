@@ -47,6 +47,9 @@ from mindrl.envs.embodied import EnvConfigError, Observations, VectorEnv, make_v
 from mindrl.metrics.reduce import mean_by_key
 from mindrl.workers.updates import minibatch_slices, step_metrics
 
+#: The behaviour-cloning phase's key in the sampling seeds (RL's rollouts have none).
+CLONING = 1
+
 
 @dataclass
 class ChunkSteps:
@@ -106,12 +109,13 @@ class EmbodiedActor:
             kwargs=env.kwargs,
         )
         self.vla: VLASpec = engine.vla
-        check_fits(self.env, self.vla, engine.spec.vocab_size)
+        check_fits(self.env, self.vla, engine.spec.vocab_size, clones=env.clone_steps > 0)
         spec = self.env.action_spec
         self.actions = ActionTokenizer(engine.spec.vocab_size, ACTION_BINS, spec.low, spec.high)
         top_k = config.rollout.top_k
         self.sampling = ActionSampling(config.rollout.temperature, top_k if top_k > 0 else None)
         self.steps: ChunkSteps | None = None
+        self._cloning_observations: Observations | None = None  # between clone_expert calls
 
     # ---- rollout --------------------------------------------------------------------------
     def rollout(self, iteration: int, algorithm: Algorithm, options: AlgorithmConfig) -> dict:
@@ -146,12 +150,13 @@ class EmbodiedActor:
             "length_sum": float(lengths.sum()),
         }
 
-    def _generators(self, iteration: int) -> list[torch.Generator]:
+    def _generators(self, iteration: int, *phase: int) -> list[torch.Generator]:
         """One sampling generator per environment, seeded by (seed, iteration, its
-        global number): its draws do not depend on which rank steps it."""
+        global number, ``phase``: none for RL's rollouts): its draws do not depend on
+        which rank steps it."""
         generators = []
         for env_id in range(self.env.first_env_id, self.env.first_env_id + self.env.num_envs):
-            seed = np.random.SeedSequence([self.config.seed, iteration, env_id])
+            seed = np.random.SeedSequence([self.config.seed, iteration, env_id, *phase])
             generators.append(torch.Generator().manual_seed(int(seed.generate_state(1)[0])))
         return generators
 
@@ -187,6 +192,44 @@ class EmbodiedActor:
             valid=torch.cat(valid),
             advantages=torch.zeros(0),
         )
+
+    # ---- a behaviour-cloned start ----------------------------------------------------------
+    def clone_expert(self, first: int, count: int, total: int) -> dict[str, float]:
+        """Steps ``first .. first + count - 1`` of ``total`` optimizer steps of behaviour
+        cloning from the environment's scripted expert, DAgger-style (Ross, Gordon and
+        Bagnell 2011): every observation is labelled with the expert's chunk, and at step
+        ``k`` each environment acts with the expert's chunk with probability
+        ``1 - k / total``, with the policy's own draw otherwise, so the states visited
+        move from the expert's towards the policy's. An environment whose episode ended
+        starts a new one at once (from its own initial-state stream, never an RL
+        group's), so every step learns from live episodes. Returns the mean negative
+        log-likelihood of the expert's tokens at the first and last step."""
+        env, policy = self.env, self.engine.vla_policy()
+        tokens = env.num_envs * self.vla.action_tokens
+        (units,) = self.engine.sum_over_data_parallel([torch.tensor(float(tokens))])
+
+        def loss_fn(policy: VLAPolicy, labelled: tuple) -> torch.Tensor:
+            return -policy.score(*labelled, self.sampling)["logprobs"].sum() / units
+
+        if first == 0:
+            self._cloning_observations = env.reset()
+        nll = []
+        for step in range(first, first + count):
+            observation = self._observation(self._cloning_observations)
+            expert = env.expert_actions()
+            labels = torch.from_numpy(self.actions.actions_to_ids(expert).reshape(env.num_envs, -1))
+            stepped = self.engine.train_vla_step(
+                [(observation, labels)], loss_fn, lr=self.config.env.clone_lr
+            )
+            nll.append(stepped["loss"])
+            generators = self._generators(step, CLONING)
+            by_expert = np.array([float(torch.rand(1, generator=g)) for g in generators])
+            drawn = self._actions(policy.generate(observation, self.sampling, generators))
+            actions = np.where((by_expert < 1.0 - step / total)[:, None, None], expert, drawn)
+            observations, _, terminations, truncations, _ = env.chunk_step(actions)
+            ended = np.flatnonzero((terminations | truncations).any(axis=1))
+            self._cloning_observations = restarted(env, observations, ended)
+        return {"clone_nll_first": nll[0], "clone_nll_last": nll[-1]} if nll else {}
 
     # ---- update ---------------------------------------------------------------------------
     def update(
@@ -241,14 +284,33 @@ class EmbodiedActor:
         return {**stats, **step_metrics(collected, algorithm.additive_metrics, dp_size)}
 
 
+def restarted(env: VectorEnv, observations: Observations, ended: np.ndarray) -> Observations:
+    """``observations`` with the environments ``ended`` reset, their rows replaced by
+    their new episodes' first observations."""
+    if not ended.size:
+        return observations
+    fresh = env.reset(env_ids=ended)
+    images, states = observations.images.copy(), observations.states.copy()
+    images[ended], states[ended] = fresh.images, fresh.states
+    instructions = list(observations.instructions)
+    for row, text in zip(ended, fresh.instructions, strict=True):
+        instructions[row] = text
+    ids = observations.instruction_ids
+    if ids is not None:
+        ids = ids.copy()
+        ids[ended] = fresh.instruction_ids
+    return Observations(images, states, instructions, ids)
+
+
 def _micro_slices(rows: int, micro_batch_size: int | None) -> list[slice]:
     """Micro-batches of at most ``micro_batch_size`` rows (all rows when None)."""
     size = micro_batch_size or max(rows, 1)
     return [slice(start, start + size) for start in range(0, rows, size)]
 
 
-def check_fits(env: VectorEnv, vla: VLASpec, vocab_size: int) -> None:
-    """The environment's observations and actions are what the policy reads and writes.
+def check_fits(env: VectorEnv, vla: VLASpec, vocab_size: int, clones: bool = False) -> None:
+    """The environment's observations and actions are what the policy reads and writes,
+    and, where the run ``clones`` a scripted expert first, it has one.
 
     Raises:
         EnvConfigError: one line naming the first mismatch and the setting that fixes it.
@@ -272,6 +334,8 @@ def check_fits(env: VectorEnv, vla: VLASpec, vocab_size: int) -> None:
                 f"model.vla.{key}={policy_value} but {name} has {env_value}; set "
                 f"model.vla.{key}={env_value}"
             )
+    if clones and type(env).expert_actions is VectorEnv.expert_actions:
+        env.expert_actions()  # raises its one line: no scripted expert to clone
     words = len(spec.instruction_vocab)
     if words > vocab_size - ACTION_BINS:
         raise EnvConfigError(

@@ -206,6 +206,14 @@ class ModelWorker(WeightSource):
         leader = self.engine.is_data_leader()
         return {**(sums if leader else {}), **self._timing(start)}
 
+    def embodied_clone(self, first: int, count: int, total: int) -> dict:
+        """Steps ``first .. first + count - 1`` of the behaviour-cloned start's ``total``
+        DAgger steps from the environment's scripted expert (``env.clone_steps``)."""
+        start = time.perf_counter()
+        metrics = self.embodied.clone_expert(first, count, total)
+        self.engine.release_gradients()
+        return {**metrics, **self._timing(start)}
+
     def embodied_update(self, num_minibatches: int, options: AlgorithmConfig | None = None) -> dict:
         """The update on this rank's episodes of the last rollout."""
         start = time.perf_counter()

@@ -46,6 +46,11 @@ def test_a_trainer_on_an_embodied_env_with_a_text_model_is_refused_in_one_line()
             "action or token",
         ),
         ([*EMBODIED, "algorithm.reward_level=token"], "algorithm.reward_level"),
+        (
+            ["env.clone_steps=100"],
+            "env.clone_steps=100 clones a simulator's scripted expert: it needs "
+            "env.kind=embodied; set env.clone_steps=0",
+        ),
     ],
 )
 def test_a_malformed_embodied_section_is_refused_at_load(overrides, message):

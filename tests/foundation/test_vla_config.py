@@ -28,9 +28,20 @@ def test_the_vla_options_reach_the_engine_under_the_same_names():
         "model.vla.action_dims=7",
         "model.vla.chunk_size=3",
         "model.vla.decode=parallel",
+        "model.vla.keypoints=4",
+        "model.vla.action_head=gaussian",
     ]
     model = load_config(TINY, VLA + options).model
-    assert vla_spec(model) == VLASpec(48, 12, 5, 7, 3, "parallel")
+    assert vla_spec(model) == VLASpec(
+        image_size=48,
+        patch_size=12,
+        keypoints=4,
+        state_dim=5,
+        action_dims=7,
+        chunk_size=3,
+        decode="parallel",
+        action_head="gaussian",
+    )
     assert gpt_spec(model).family == "vla"
 
 

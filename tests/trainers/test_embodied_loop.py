@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from mindrl.config import ConfigError, load_config
+from mindrl.envs.batched_reach import BatchedReach
+from mindrl.envs.embodied import VectorEnv
 from mindrl.metrics import read_metrics
 from mindrl.run_plan import EMBODIED, build_run_plan
-from mindrl.workers.embodied import reset_state_ids
+from mindrl.workers.embodied import reset_state_ids, restarted
 from trainers.driver.setup import RunSetupError, _preflight
 from trainers.driver.train import train
 from trainers.registry import get_algorithm
@@ -45,7 +47,8 @@ def options(*overrides: str):
 def test_grpo_scores_each_episode_against_its_group_of_shared_initial_states():
     returns = torch.tensor([1.0, 0.0, 0.5, 0.5, 2.0, 0.0], dtype=torch.float64)
     groups = torch.tensor([7, 7, 9, 9, 7, 9])  # interleaved groups of three
-    advantages = GRPO.episode_advantages(returns, groups, options())
+    scaled = options("algorithm.norm_adv_by_std=true")  # the recipe turns the scaling off
+    advantages = GRPO.episode_advantages(returns, groups, scaled)
     first = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)  # group 7: mean 1, std 1
     second = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
     expected_first = (first - 1.0) / (1.0 + 1e-6)
@@ -95,6 +98,22 @@ def test_groups_get_the_same_reset_states_however_the_environments_are_split_ove
     assert not set(whole) & set(reset_state_ids(0, 16, 4, groups=4, iteration=4))
 
 
+def test_cloning_restarts_an_ended_episode_and_keeps_the_live_ones():
+    env = BatchedReach(num_envs=8, chunk_size=4, horizon=12, auto_reset=False, seed=5)
+    env.reset()
+    expert = env.expert_actions()
+    expert[4:] = 0.0  # the last four stay at the centre: their episodes go on
+    observations, _, terminations, truncations, _ = env.chunk_step(expert)
+    ended = np.flatnonzero((terminations | truncations).any(axis=1))
+    assert ended.tolist() == [0, 1, 2, 3]  # the expert reaches any target within one chunk
+    fresh = restarted(env, observations, ended)
+    np.testing.assert_array_equal(fresh.states[ended], 0.0)  # new episodes start at the centre
+    np.testing.assert_array_equal(fresh.images[4:], observations.images[4:])
+    assert not np.array_equal(fresh.images[ended], observations.images[ended])
+    _, _, _, _, info = env.chunk_step(env.expert_actions())
+    assert info["valid"][:, 0].all()  # the restarted episodes act again
+
+
 def test_the_recipes_plan_runs_the_episodes_and_the_update_on_the_actor_alone():
     plan = build_run_plan(GRPO, load_config(RECIPE, algorithm=GRPO))
     assert (plan.runner, plan.mode, plan.model_roles) == (EMBODIED, "collocated", ("actor",))
@@ -141,14 +160,29 @@ def test_a_policy_that_does_not_fit_the_environment_is_refused_at_start_up(overr
     _preflight(load_config(RECIPE, algorithm=GRPO), offline=False)  # the recipe fits
 
 
+class ExpertlessReach(BatchedReach):
+    """BatchedReach as a simulator without a scripted expert."""
+
+    expert_actions = VectorEnv.expert_actions
+
+
+def test_cloning_an_environment_without_a_scripted_expert_is_refused_at_start_up():
+    expertless = f"env.cls={__name__}:ExpertlessReach"
+    config = load_config(RECIPE, [expertless, "env.clone_steps=5"], algorithm=GRPO)
+    with pytest.raises(RunSetupError, match="ExpertlessReach has no scripted expert"):
+        _preflight(config, offline=False)
+    _preflight(load_config(RECIPE, [expertless, "env.clone_steps=0"], algorithm=GRPO), False)
+
+
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_cluster")
-def test_two_iterations_of_the_embodied_recipe_train_and_record_success(tmp_path):
+def test_two_iterations_of_the_embodied_recipe_clone_train_and_record_success(tmp_path):
     overrides = [
         f"logging.dir={tmp_path / 'run'}",
         "logging.progress_bar=false",
         "logging.backends=[]",
         "iterations=2",
+        "env.clone_steps=3",
         *SMALL,
     ]
     config = load_config(RECIPE, overrides, algorithm=GRPO)
@@ -161,4 +195,8 @@ def test_two_iterations_of_the_embodied_recipe_train_and_record_success(tmp_path
         assert 1 <= record["episode_length_mean"] <= 4
         assert record["grad_norm"] > 0 and np.isfinite(record["pg_loss"])
         assert record["entropy"] > 0
-        assert set(record["time"]) == {"rollout", "update"}
+    # The behaviour-cloned start runs once, before the first rollout.
+    assert set(records[0]["time"]) == {"clone", "rollout", "update"}
+    assert set(records[1]["time"]) == {"rollout", "update"}
+    assert records[0]["clone_nll_last"] > 0 and np.isfinite(records[0]["clone_nll_first"])
+    assert "clone_nll_last" not in records[1]

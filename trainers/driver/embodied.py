@@ -19,6 +19,8 @@ from mindrl.metrics.memory import MEMORY_RECORD_KEY
 from trainers.driver.iteration import TIMING_KEYS, BatchSource, IterationRunner, Ledger
 from trainers.driver.state import RunState
 
+#: Behaviour-cloning steps per call to the actor's ranks: a progress line after each.
+CLONE_STEPS_PER_CALL = 50
 #: The rollout reports' sums over the data-parallel leaders (mindrl/workers/embodied.py).
 EPISODE_SUMS = ("episodes", "successes", "return_sum", "length_sum")
 
@@ -34,10 +36,34 @@ class EmbodiedRunner(IterationRunner):
     def run_iteration(self, iteration: int) -> dict[str, Any]:
         start = time.perf_counter()
         ledger = Ledger()
+        cloned = []
+        if iteration == 0 and self.config.env.clone_steps:
+            cloned = self._clone(ledger)
         episodes = self.stage(ledger, "rollout", self._rollout, iteration)
         updates = self.stage(ledger, "update", self._update_episodes)
         seconds = time.perf_counter() - start
-        return self._record(episode_sums(episodes), updates, ledger, seconds)
+        return self._record(episode_sums(episodes), cloned + updates, ledger, seconds)
+
+    def _clone(self, ledger: Ledger) -> list[dict]:
+        """The behaviour-cloned start, before the first rollout (a resumed run starts
+        past iteration 0, from weights that already hold it), in calls of
+        :data:`CLONE_STEPS_PER_CALL` steps with a progress line after each; the first and
+        last steps' mean NLL of the expert's tokens for the record."""
+        total, nll = self.config.env.clone_steps, {}
+        for first in range(0, total, CLONE_STEPS_PER_CALL):
+            count = min(CLONE_STEPS_PER_CALL, total - first)
+            part = mean_by_key(self.stage(ledger, "clone", self._clone_part, first, count, total))
+            nll.setdefault("clone_nll_first", part["clone_nll_first"])
+            nll["clone_nll_last"] = part["clone_nll_last"]
+            print(
+                f"clone {first + count}/{total} (env.clone_steps): nll {nll['clone_nll_last']:.3f}"
+            )
+        return [nll]
+
+    def _clone_part(self, first: int, count: int, total: int) -> list[dict]:
+        return self.run.groups["actor"].call(
+            "embodied_clone", first, count, total, stage="clone", timeout_s=self.timeout
+        )
 
     def _rollout(self, iteration: int) -> list[dict]:
         return self.run.groups["actor"].call(

@@ -211,7 +211,8 @@ def _check_policy_fits(config: MindRLConfig) -> None:
         env.cls, num_envs=1, chunk_size=env.chunk_size, horizon=env.horizon, kwargs=env.kwargs
     )
     try:
-        check_fits(one, vla_spec(config.model), config.model.vocab_size)
+        clones = env.clone_steps > 0
+        check_fits(one, vla_spec(config.model), config.model.vocab_size, clones)
     finally:
         one.close()
 
