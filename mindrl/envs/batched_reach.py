@@ -224,9 +224,9 @@ class BatchedReach(VectorEnv):
     def _draw_scenes(self, ids: np.ndarray) -> None:
         """The static part of the images of ``ids``: background, then the targets."""
         self._scene[ids] = BACKGROUND
-        for k in range(
-            3 if self.blind != "image" else 0
-        ):  # the three targets, each stamped over the whole batch
+        if self.blind == "image":
+            return  # the end effector alone
+        for k in range(3):  # the three targets, each stamped over the whole batch
             colours = RGB[self._colour_of_target[ids, k]]
             _stamp(self._scene, ids, self._targets[ids, k], self.success_radius, colours)
 

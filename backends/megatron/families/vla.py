@@ -121,11 +121,6 @@ class VLASpec:
         return (self.image_size // self.patch_size) ** 2
 
     @property
-    def prefix_tokens(self) -> int:
-        """Tokens in front of the instruction: patches, keypoints, the state."""
-        return self.num_patches + self.keypoints + 1
-
-    @property
     def action_tokens(self) -> int:
         """Tokens of one chunk, ``C * A``."""
         return self.chunk_size * self.action_dims
@@ -215,7 +210,7 @@ class VLAHeads(nn.Module):
     def prefix(
         self, images: torch.Tensor, states: torch.Tensor, instruction: torch.Tensor
     ) -> torch.Tensor:
-        """``[n, prefix_tokens, h]``: the image's patch embeddings, its keypoint tokens
+        """``[n, patches + keypoints + 1, h]``: the image's patch embeddings, its keypoint tokens
         (``instruction``: the mean embedding of the instruction's words), the state."""
         dtype = self.patch_positions.dtype
         pixels = images.to(dtype) / 127.5 - 1.0  # uint8 -> [-1, 1]
