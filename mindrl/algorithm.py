@@ -81,6 +81,9 @@ class Algorithm(ABC):
     #: Trains on responses sampled by weights up to ``rollout.max_staleness`` updates old,
     #: corrected by per-token behaviour weights (disaggregated rollout workers).
     supports_stale_rollouts: ClassVar[bool] = True
+    #: Trains embodied runs with per-chunk-step credit from a value head shared with the
+    #: policy (:meth:`chunk_step_advantages`, PPO's GAE) instead of a group's statistics.
+    chunk_value_head: ClassVar[bool] = False
     #: Metrics :meth:`actor_loss` reports as the micro-batch's share of the global batch's
     #: figure (normalised by the global counts, as the loss is): the update sums them over
     #: micro-batches and ranks into the exact figure (mindrl/workers/updates.py), where the
@@ -219,6 +222,20 @@ class Algorithm(ABC):
         """``[episodes]`` advantages of whole episodes from their ``returns`` (group
         algorithms: the episodes sharing an initial state form a group)."""
         raise NotImplementedError(f"{self.name} has no episode advantages")
+
+    def chunk_step_advantages(
+        self,
+        rewards: torch.Tensor,
+        values: torch.Tensor,
+        valid: torch.Tensor,
+        bootstrap: torch.Tensor,
+        options: AlgorithmConfig,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(advantages, returns)`` ``[episodes, T]`` of each episode's chunk steps from
+        their ``rewards`` and ``values`` ``[episodes, T]``, ``valid`` (the steps with an
+        applied action) and ``bootstrap [episodes]``: the value of where an episode cut
+        off by its horizon stopped (0 for one that terminated) (``chunk_value_head``)."""
+        raise NotImplementedError(f"{self.name} has no value head for chunk steps")
 
     def valid_units(self, valid: torch.Tensor, options: AlgorithmConfig, action_dims: int) -> int:
         """Units of ``options.logprob_level`` that the valid actions ``[..., C]`` hold."""

@@ -325,9 +325,10 @@ def _embodied_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
     """An embodied run's plan: the actor's ranks run the episodes (``rollout``) and
     train on them (``update``); the episodes stay on the ranks that stepped them, so
     neither stage claims dock fields. A group is ``data.n_samples_per_prompt``
-    environments sharing an initial state; ``env.num_envs`` of them run per iteration."""
+    environments sharing an initial state; ``env.num_envs`` of them run per iteration.
+    The actor is the only model role: PPO's values come from a head on the policy."""
     options = run_options(algorithm, config)
-    roles = model_roles(algorithm, options, config.actor.lora.enabled)
+    roles = ("actor",)
     layout = resolve_layout(config, roles)
     return RunPlan(
         trainer=algorithm.name,

@@ -88,6 +88,7 @@ class PFPPO(PPO):
 
     name = "pf_ppo"
     uses_groups = True  # the filter ranks the responses of one prompt
+    chunk_value_head = False  # its filter is not built for embodied episodes
     defaults: ClassVar[dict[str, object]] = {
         **PPO.defaults,
         "pf_filter_ratio": 0.5,

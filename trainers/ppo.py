@@ -45,6 +45,7 @@ def compute_gae(
     mask: torch.Tensor,
     gamma: float,
     lam: float,
+    whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (formulas in the module docstring).
 
@@ -54,6 +55,7 @@ def compute_gae(
         mask: ``[batch, T]`` 1 on response tokens.
         gamma: discount.
         lam: GAE lambda.
+        whiten: whiten the advantages over the valid tokens (else left as estimated).
 
     Returns:
         ``(advantages, returns)``, both ``[batch, T]`` and 0 on padding: advantages
@@ -71,7 +73,7 @@ def compute_gae(
         next_value = torch.where(valid[:, t], values[:, t], next_value)
         next_advantage = torch.where(valid[:, t], current, next_advantage)
     returns = torch.where(valid, advantages + values, 0.0)
-    return masked_whiten(advantages, mask), returns
+    return (masked_whiten(advantages, mask) if whiten else advantages), returns
 
 
 class PPO(PolicyGradientAlgorithm):
@@ -80,6 +82,7 @@ class PPO(PolicyGradientAlgorithm):
     name = "ppo"
     needs_critic = True
     needs_reference = True
+    chunk_value_head = True
     # lam 1 and an entropy bonus of 0.05: why, in the module docstring.
     defaults: ClassVar[dict[str, object]] = {"kl_coef": 0.001, "lam": 1.0, "entropy_coef": 0.05}
 
@@ -95,6 +98,30 @@ class PPO(PolicyGradientAlgorithm):
             options.lam,
         )
         return {"advantages": advantages, "returns": returns}
+
+    def chunk_step_advantages(
+        self,
+        rewards: torch.Tensor,
+        values: torch.Tensor,
+        valid: torch.Tensor,
+        bootstrap: torch.Tensor,
+        options: AlgorithmConfig,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE over each episode's chunk steps (a chunk step is GAE's token, its reward
+        the sum of its applied actions'): an episode cut off by its horizon is not an
+        ending, so the discounted ``bootstrap`` value of where it stopped is added to its
+        last valid step's reward (a terminated one's is 0); the next value after it is
+        0 either way. Whitened over the given episodes' valid steps unless
+        ``norm_adv_by_std`` is off: scaled to unit spread, the small advantages of a
+        policy that already succeeds become as large as a failing one's (the cloned
+        start's case, docs/guide/environments.md)."""
+        valid = valid.bool()
+        last = torch.where(valid, torch.arange(valid.shape[1]), -1).amax(dim=1)  # [episodes]
+        rows = torch.nonzero(last >= 0).squeeze(-1)
+        rewards = rewards.clone()
+        rewards[rows, last[rows]] += options.gamma * bootstrap[rows].to(rewards)
+        whiten = bool(options.norm_adv_by_std)
+        return compute_gae(rewards, values, valid, options.gamma, options.lam, whiten)
 
     def critic_loss(
         self,

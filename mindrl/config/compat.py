@@ -31,6 +31,7 @@ class AlgorithmTraits(Protocol):
     needs_critic: bool
     uses_groups: bool
     offline: bool
+    chunk_value_head: bool
     supports_partial_rollout: bool
     supports_stale_rollouts: bool
     defaults: Mapping[str, object]

@@ -13,6 +13,10 @@ from typing import Any
 from mindrl.config.fields import option, section
 from mindrl.metrics.sinks import SINKS, SinkSettings
 
+#: Where an embodied run's simulators step (``env.placement``), the default first.
+ENV_PLACEMENTS = ("collocated", "hybrid")
+HYBRID = "hybrid"
+
 
 def family_names() -> tuple[str, ...]:
     """The model families ``backends/megatron/families`` registers (``model.family``)."""
@@ -437,12 +441,21 @@ class AlgorithmConfig:
         gt=0,
     )
     norm_adv_by_std: bool | None = option(
-        None, "GRPO family: divide group advantages by the group std; None: trainer default."
+        None,
+        "GRPO family: divide group advantages by the group std; embodied PPO: whiten the "
+        "chunk steps' GAE advantages. None: trainer default.",
     )
     adv_eps: float = option(1e-6, "Added to the group std before dividing by it.", gt=0)
     gamma: float = option(1.0, "PPO discount.", ge=0, le=1)
     lam: float | None = option(None, "PPO GAE lambda; None: ppo's 1.0.", ge=0, le=1)
     value_clip: float = option(0.2, "PPO value-loss clip.", ge=0)
+    value_coef: float = option(
+        0.5,
+        "Embodied PPO: weight of the value head's loss beside the policy's in their one "
+        "optimizer step (the head reads the policy trunk's detached features; text PPO "
+        "trains a critic model of its own).",
+        ge=0,
+    )
     reward_level: str = option(
         "chunk",
         "embodied: where advantages live: chunk (the sum of its valid actions' rewards) or "
@@ -684,7 +697,7 @@ class EnvConfig:
         "text",
         "text: env.cls answers model turns with text (one instance per episode); embodied: "
         "env.cls is a mindrl.envs.embodied.VectorEnv stepping env.num_envs simulators "
-        "env.chunk_size actions at a time (model.family: vla; group algorithms, collocated).",
+        "env.chunk_size actions at a time (model.family: vla; group algorithms; env.placement).",
         choices=("text", "embodied"),
     )
     cls: str | None = option(
@@ -715,6 +728,22 @@ class EnvConfig:
         True,
         "embodied: reset an environment as soon as its episode ends (at the end of that "
         "chunk); false: fixed-length episodes, ended environments wait for the next reset.",
+    )
+    placement: str = option(
+        "collocated",
+        "embodied: where each actor rank's simulators step. collocated: in the rank's own "
+        "process, between its generations; hybrid: in an environment worker beside the rank "
+        "(its node, one CPU slot), which steps one of env.pipeline_stages sub-simulators "
+        "while the rank generates the next one's chunk (RLinf-VLA's hybrid placement).",
+        choices=ENV_PLACEMENTS,
+    )
+    pipeline_stages: int = option(
+        1,
+        "embodied: sub-simulators each rank's environments split into (RLinf's "
+        "pipeline_stage_num); under env.placement=hybrid generation for one overlaps the "
+        "simulation of another. Divides env.num_envs / the actor's data-parallel size; "
+        "trajectories are the same for any value.",
+        ge=1,
     )
     clone_steps: int = option(
         0,

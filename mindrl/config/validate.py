@@ -26,6 +26,7 @@ from mindrl.config.layout import (
 )
 from mindrl.config.schema import (
     EMBODIED_LEVELS,
+    ENV_PLACEMENTS,
     LORA_OUTPUT_TARGET,
     LORA_TARGETS,
     AlgorithmConfig,
@@ -505,6 +506,12 @@ def check_env(config: MindRLConfig) -> list[str]:
             f"env.clone_steps={env.clone_steps} clones a simulator's scripted expert: it "
             "needs env.kind=embodied; set env.clone_steps=0"
         )
+    if env.placement != ENV_PLACEMENTS[0] or env.pipeline_stages != 1:
+        problems.append(
+            f"env.placement={env.placement} / env.pipeline_stages={env.pipeline_stages} place "
+            "a simulator's steps: they need env.kind=embodied (text environments have "
+            "env.workers); remove them"
+        )
     if not env.enabled:
         return problems
     try:
@@ -564,6 +571,17 @@ def check_embodied_trainable(
     return [line for applies, line in _embodied_limits(config, algorithm, layout) if applies]
 
 
+def embodied_credit(algorithm: AlgorithmTraits) -> str | None:
+    """How an embodied run of ``algorithm`` credits its chunk steps: ``group`` (a group
+    algorithm's statistics over whole episodes), ``value`` (GAE from a value head shared
+    with the policy), or None: not built."""
+    if algorithm.offline:
+        return None
+    if algorithm.chunk_value_head:
+        return "value"
+    return "group" if algorithm.uses_groups and not algorithm.needs_critic else None
+
+
 def _embodied_limits(
     config: MindRLConfig, algorithm: AlgorithmTraits, layout: RunLayout
 ) -> list[tuple[bool, str]]:
@@ -578,9 +596,9 @@ def _embodied_limits(
             f"(got {config.model.family})",
         ),
         (
-            algorithm.offline or not algorithm.uses_groups or algorithm.needs_critic,
-            f"{trainer}: only group algorithms without a critic (grpo, rloo) train embodied "
-            "runs yet; a chunk-level critic is not wired into the loop",
+            not embodied_credit(algorithm),
+            f"{trainer}: embodied runs train group algorithms without a critic (grpo, rloo) "
+            "and ppo (a value head shared with the policy); this one is not built for them",
         ),
         (
             layout.mode == DISAGGREGATED,
@@ -601,6 +619,12 @@ def _embodied_limits(
             data.global_batch_size != groups,
             f"data.global_batch_size={data.global_batch_size}: an embodied iteration trains "
             f"env.num_envs / data.n_samples_per_prompt = {groups} groups; set it to {groups}",
+        ),
+        (
+            (env.num_envs // dp) % env.pipeline_stages != 0,
+            f"env.pipeline_stages={env.pipeline_stages} does not divide a rank's "
+            f"{env.num_envs // dp} environments (env.num_envs={env.num_envs} over {dp} actor "
+            "data-parallel ranks); pick a divisor",
         ),
         (
             (env.num_envs // dp) % data.n_samples_per_prompt != 0,

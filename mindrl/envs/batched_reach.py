@@ -17,7 +17,9 @@ effector moves by it (and stays in the square). Touching a target (end effector 
 the named one, a failure otherwise. ``horizon`` actions without touching one truncate it.
 
 Observations: a ``image_size x image_size`` RGB image (the three target discs, drawn with
-the success radius, and the end effector as a white dot on a dark background), the
+the success radius, and the end effector as a white dot on a dark background; drawn at
+``render_scale`` times that size and averaged down, which anti-aliases the edges and makes
+a step cost what a finer renderer costs, growing with ``num_envs * render_scale^2``), the
 state ``[x, y]`` of the end effector, and the instruction, also as ids of the
 environment's own six-word vocabulary (``reach the red green blue target``): the
 project's built-in tiny tokenizer knows none of these words (its vocabulary is digits
@@ -120,6 +122,7 @@ class BatchedReach(VectorEnv):
         shaping: float = 1.0,
         success_bonus: float = 1.0,
         blind: str | None = None,
+        render_scale: int = 1,
     ) -> None:
         super().__init__(num_envs, chunk_size, horizon, auto_reset, seed, first_env_id)
         if not 0 < success_radius < ring_inner < ring_outer <= 1.0:
@@ -133,6 +136,9 @@ class BatchedReach(VectorEnv):
         if blind not in BLINDS:
             raise ValueError(f"BatchedReach: blind={blind!r}; choose one of {BLINDS}")
         self.blind = blind
+        if render_scale < 1:
+            raise ValueError(f"BatchedReach: render_scale must be >= 1, got {render_scale}")
+        self.render_scale = render_scale
         self.action_spec = ActionSpec(2, np.full(2, -max_speed), np.full(2, max_speed))
         self.observation_spec = ObservationSpec(image_size, image_size, 2, VOCAB)
         n = num_envs
@@ -143,7 +149,8 @@ class BatchedReach(VectorEnv):
         self._steps = np.zeros(n, dtype=np.int64)
         self._ended = np.zeros(n, dtype=np.bool_)
         self._initial_states = InitialStates(n, first_env_id, seed, type(self).__name__)
-        self._scene = np.zeros((n, image_size, image_size, 3), dtype=np.uint8)  # no effector
+        rendered = image_size * render_scale  # drawn at this size, averaged down to image_size
+        self._scene = np.zeros((n, rendered, rendered, 3), dtype=np.uint8)  # no effector
         self._images = np.zeros_like(self._scene)  # the scenes with the effector drawn in
         self.reset()
 
@@ -242,11 +249,21 @@ class BatchedReach(VectorEnv):
             instructions = [UNNAMED] * ids.size
             instruction_ids = np.broadcast_to(UNNAMED_IDS, instruction_ids.shape).copy()
         return Observations(
-            images=images.copy(),
+            images=self._downsampled(images),
             states=self._position[ids].astype(np.float32),
             instructions=instructions,
             instruction_ids=instruction_ids,
         )
+
+    def _downsampled(self, images: np.ndarray) -> np.ndarray:
+        """``images`` drawn at ``render_scale`` times the observation's size, each block
+        of ``render_scale^2`` pixels averaged into one (anti-aliased edges); a copy."""
+        scale = self.render_scale
+        if scale == 1:
+            return images.copy()
+        n, size = len(images), images.shape[1] // scale
+        blocks = images.reshape(n, size, scale, size, scale, 3).astype(np.float32)
+        return np.rint(blocks.mean(axis=(2, 4))).astype(np.uint8)
 
     def _distances(self) -> np.ndarray:
         """``[num_envs, 3]``: the end effector's distance to each target's centre."""

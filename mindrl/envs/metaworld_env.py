@@ -50,6 +50,7 @@ import numpy as np
 from mindrl.envs.embodied import (
     ActionSpec,
     ChunkResult,
+    EnvConfigError,
     InitialStates,
     Observations,
     ObservationSpec,
@@ -109,11 +110,9 @@ class MetaWorldVectorEnv(VectorEnv):
                 f"MetaWorldVectorEnv: unknown task {task!r}; pick one of "
                 f"{sorted(ALL_V3_ENVIRONMENTS)!r:.200}"
             )
-        if not 1 <= num_processes <= num_envs:
-            raise ValueError(
-                f"MetaWorldVectorEnv: num_processes must be within 1..num_envs={num_envs}, "
-                f"got {num_processes}"
-            )
+        if num_processes < 1:
+            raise ValueError(f"MetaWorldVectorEnv: num_processes must be >= 1, got {num_processes}")
+        num_processes = min(num_processes, num_envs)  # a stage or a check may hold fewer
         if horizon > MAX_HORIZON:
             raise ValueError(
                 f"MetaWorldVectorEnv: horizon {horizon} exceeds Meta-World's episode cap "
@@ -121,6 +120,7 @@ class MetaWorldVectorEnv(VectorEnv):
             )
         self.task = task
         self.instruction = instruction_of(task)
+        self._expert: Callable[[np.ndarray], np.ndarray] | None = None  # built when asked
         self._shares = np.array_split(np.arange(num_envs), num_processes)
         self._workers = _start_workers(task, horizon, [len(s) for s in self._shares])
         self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
@@ -160,6 +160,24 @@ class MetaWorldVectorEnv(VectorEnv):
         success = terminations.any(axis=1)  # an episode terminates only on success
         self._ended |= (terminations | truncations).any(axis=1)
         return self.finish_chunk(rewards, terminations, truncations, valid, success)
+
+    def expert_actions(self) -> np.ndarray:
+        """The task's scripted expert's next action for every environment
+        (:func:`scripted_expert` on the current states) as a chunk of one: the expert
+        reacts to every state, so it has no chunk of several actions to give without
+        simulating ahead.
+
+        Raises:
+            EnvConfigError: ``chunk_size`` is above 1.
+        """
+        if self.chunk_size != 1:
+            raise EnvConfigError(
+                f"MetaWorldVectorEnv's scripted expert acts on every observation: cloning "
+                f"it needs env.chunk_size=1 (and model.vla.chunk_size=1), not {self.chunk_size}"
+            )
+        if self._expert is None:
+            self._expert = scripted_expert(self.task)
+        return self._expert(self._states)[:, None, :]
 
     def close(self) -> None:
         """Stop the worker processes (also done when the environment is collected)."""

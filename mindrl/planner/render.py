@@ -31,6 +31,8 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
         f"({plan['model']['dtype']})"
     )
     console.print(placement_table(plan))
+    if plan.get("environments"):
+        console.print(environments_line(plan["environments"]))
     console.print(processes_table(plan))
     console.print(layout_table(plan))
     console.print(memory_table(plan))
@@ -46,6 +48,20 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
     if not plan["fit_problems"]:
         swap = ", the swap in host memory" if plan["generates"] else ""
         console.print(f"[green]fits:[/green] every stage fits in device memory{swap}")
+
+
+def environments_line(envs: dict) -> str:
+    """Where an embodied run's simulators step, in one line."""
+    where = (
+        f"stepped by {envs['env_workers']} environment worker(s), one beside each actor rank "
+        "(one CPU slot each)"
+        if envs["placement"] == "hybrid"
+        else "stepped in the actor ranks' own processes"
+    )
+    return (
+        f"environments: {envs['num_envs']} {envs['class']}, {envs['per_rank']} per actor "
+        f"rank, {where}, in {envs['pipeline_stages']} pipeline stage(s) ({envs['placement']})"
+    )
 
 
 def placement_table(plan: dict) -> Table:

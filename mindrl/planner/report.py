@@ -10,6 +10,7 @@ from dataclasses import asdict
 from backends.device import library_workspace_bytes
 from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED, GenerationLayout, TrainingLayout
+from mindrl.config.schema import HYBRID
 from mindrl.dock.schema import RL_FIELDS, RUN_FIELDS
 from mindrl.planner.checkpoint import checkpoint_plan
 from mindrl.planner.memory import (
@@ -283,6 +284,25 @@ ROLLOUT_STEP_FIX = {
 }
 
 
+def environments(config: MindRLConfig, plan: RunPlan) -> dict | None:
+    """An embodied run's simulators: how many, how many per actor rank, where they step
+    (``env.placement``) in how many pipeline stages, and the environment workers (one
+    CPU slot each) that takes; None for a run without them."""
+    env = config.env
+    if not env.embodied:
+        return None
+    dp = plan.layout.training["actor"].dp or 1
+    hybrid = env.placement == HYBRID
+    return {
+        "class": env.cls,
+        "num_envs": env.num_envs,
+        "per_rank": env.num_envs // dp,
+        "placement": env.placement,
+        "pipeline_stages": env.pipeline_stages,
+        "env_workers": plan.layout.training["actor"].world if hybrid else 0,
+    }
+
+
 def build_plan(
     config: MindRLConfig,
     plan: RunPlan,
@@ -344,6 +364,7 @@ def build_plan(
         "sample_flow": flow.as_dict(),
         "link_flow": layout_link_flow(config, plan).as_dict(),
         "checkpoint": checkpoint_plan(config, plan),
+        "environments": environments(config, plan),
         "allgather_swap": config.rollout.swap and plan.generates,
         "fit_problems": fit_problems(memory, config, plan, host_bytes),
     }

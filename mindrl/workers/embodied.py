@@ -1,4 +1,4 @@
-"""An embodied run's episodes and updates on the actor's ranks (collocated placement).
+"""An embodied run's episodes and updates on the actor's ranks.
 
 Each data-parallel rank holds the vision-language-action policy (its Megatron engine)
 and its share of the run's vector environments: ``env.num_envs / dp`` of them, numbered
@@ -10,23 +10,30 @@ initial states and sampling noise however the environments are split. An iterati
    so they start identical. Then ``horizon / chunk_size`` chunk steps: the policy draws
    a chunk of action tokens per environment (one generator per environment, seeded by
    the run's seed, the iteration and the environment's number), the action tokenizer
-   turns them into continuous actions, the environment applies them. Episodes are
+   turns them into continuous actions, the environment applies them, stage after
+   stage of its ``env.pipeline_stages`` sub-simulators (mindrl/envs/stages.py), in this
+   process or an environment worker beside it (``env.placement``). Episodes are
    fixed-length (``env.auto_reset: false``): an ended environment's later actions are
    not applied and carry ``valid`` False.
 2. **Advantages.** Each episode's return (its valid actions' rewards) is scored by the
    algorithm's group statistics (``Algorithm.episode_advantages``: GRPO normalises by its
    group's mean and std) and weighs every chunk step of the episode; a group never
    straddles ranks (the config check makes ``num_envs / dp`` a multiple of the group).
+   With a value head (PPO) each chunk step has its own advantage instead
+   (``Algorithm.chunk_step_advantages``).
 3. **Update.** ``ppo_epochs`` x mini-batches of ``engine.train_vla_step`` over the rank's
    chunk steps, the loss the algorithm's ``chunk_actor_loss`` at ``logprob_level`` with
-   each valid unit weighing ``1 / T``, ``T`` the mini-batch's valid units over every rank.
+   each valid unit weighing ``1 / T``, ``T`` the mini-batch's valid units over every rank
+   (plus the value head's loss under PPO).
 
 The episode data never leaves the rank that stepped it: the driver gets scalar figures.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -41,49 +48,21 @@ from backends.megatron.families.vla import (
     VLASpec,
 )
 from mindrl.algorithm import Algorithm
-from mindrl.config.schema import AlgorithmConfig, MindRLConfig
+from mindrl.config.schema import HYBRID, AlgorithmConfig, MindRLConfig
 from mindrl.envs.action_tokenizer import ActionTokenizer
-from mindrl.envs.embodied import EnvConfigError, Observations, VectorEnv, make_vector_env
+from mindrl.envs.embodied import EnvConfigError, Observations
+from mindrl.envs.stages import (
+    SimulatorStages,
+    StageLayout,
+    join_observations,
+)
 from mindrl.metrics.reduce import mean_by_key
+from mindrl.workers.embodied_setup import check_fits, start_stages
+from mindrl.workers.episode_rows import ChunkSteps, SteppedEpisodes, reset_state_ids
 from mindrl.workers.updates import minibatch_slices, step_metrics
 
 #: The behaviour-cloning phase's key in the sampling seeds (RL's rollouts have none).
 CLONING = 1
-
-
-@dataclass
-class ChunkSteps:
-    """One rank's episodes of an iteration, one row per (chunk step, environment),
-    step-major: ``images`` uint8 ``[rows, H, W, 3]``, ``states`` ``[rows, S]``,
-    ``prompt_ids`` ``[rows, L]``, ``action_ids`` / ``logprobs`` ``[rows, C*A]``
-    (generation's), ``rewards`` / ``valid`` ``[rows, C]`` and ``advantages [rows, 1]``
-    (the episode's, at the chunk level)."""
-
-    images: torch.Tensor
-    states: torch.Tensor
-    prompt_ids: torch.Tensor
-    action_ids: torch.Tensor
-    logprobs: torch.Tensor
-    rewards: torch.Tensor
-    valid: torch.Tensor
-    advantages: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.action_ids)
-
-    def rows(self, which: slice | torch.Tensor) -> ChunkSteps:
-        """The rows ``which`` selects."""
-        return ChunkSteps(**{name: value[which] for name, value in vars(self).items()})
-
-    def observation(self) -> VLAObservation:
-        return VLAObservation(self.images, self.states, self.prompt_ids)
-
-
-def reset_state_ids(first_env_id: int, num_envs: int, group_size: int, groups: int, iteration: int):
-    """Each environment's reset state id in ``iteration``: its group's (``group_size``
-    consecutive environments by global number), new every iteration."""
-    global_ids = first_env_id + np.arange(num_envs)
-    return iteration * groups + global_ids // group_size
 
 
 class EmbodiedActor:
@@ -98,19 +77,15 @@ class EmbodiedActor:
         self.group_size = config.data.n_samples_per_prompt
         self.groups = env.num_envs // self.group_size
         per_rank = env.num_envs // dp_size
-        self.env: VectorEnv = make_vector_env(
-            env.cls,
-            num_envs=per_rank,
-            chunk_size=env.chunk_size,
-            horizon=env.horizon,
-            auto_reset=env.auto_reset,
-            seed=config.seed,
-            first_env_id=dp_rank * per_rank,
-            kwargs=env.kwargs,
+        self.env: SimulatorStages = start_stages(
+            config, StageLayout(per_rank, dp_rank * per_rank, env.pipeline_stages)
         )
         self.vla: VLASpec = engine.vla
-        check_fits(self.env, self.vla, engine.spec.vocab_size, clones=env.clone_steps > 0)
-        spec = self.env.action_spec
+        check_fits(
+            self.env.description, env.chunk_size, self.vla, engine.spec.vocab_size,
+            clones=env.clone_steps > 0,
+        )  # fmt: skip
+        spec = self.env.description.action_spec
         self.actions = ActionTokenizer(engine.spec.vocab_size, ACTION_BINS, spec.low, spec.high)
         top_k = config.rollout.top_k
         self.sampling = ActionSampling(config.rollout.temperature, top_k if top_k > 0 else None)
@@ -120,35 +95,89 @@ class EmbodiedActor:
     # ---- rollout --------------------------------------------------------------------------
     def rollout(self, iteration: int, algorithm: Algorithm, options: AlgorithmConfig) -> dict:
         """Run one episode in every environment with the current weights, keep its chunk
-        steps and their advantages for :meth:`update`; the episodes' sums for the record
-        (the driver adds the ranks' sums)."""
-        env, policy = self.env, self.engine.vla_policy()
+        steps and their advantages for :meth:`update`; the episodes' sums and the
+        stages' environment and generation seconds for the record (the driver adds the
+        ranks' sums)."""
+        env = self.env
         groups = reset_state_ids(
             env.first_env_id, env.num_envs, self.group_size, self.groups, iteration
         )
-        observations = env.reset(reset_state_ids=groups)
-        generators = self._generators(iteration)
-        recorded, rewards, valid = [], [], []
-        success = np.zeros(env.num_envs, dtype=np.bool_)
-        for _ in range(env.horizon // env.chunk_size):
-            observation = self._observation(observations)
-            chunk = policy.generate(observation, self.sampling, generators)
-            observations, reward, _, _, info = env.chunk_step(self._actions(chunk))
-            recorded.append((observation, chunk))
-            rewards.append(torch.from_numpy(reward))
-            valid.append(torch.from_numpy(info["valid"]))
-            success |= info["success"]
-        self.steps = self._steps(recorded, rewards, valid)
-        returns = torch.stack(rewards).double().sum(dim=(0, 2))  # [envs]
-        advantages = algorithm.episode_advantages(returns, torch.from_numpy(groups), options)
-        self.steps.advantages = advantages.repeat(len(recorded)).unsqueeze(-1)
-        lengths = torch.stack(valid).sum(dim=(0, 2))
+        with self._rollout_threads():
+            stepped = self._pipelined_episodes(groups, self._generators(iteration))
+        self.steps = steps = stepped.chunk_steps()
+        per_env = (stepped.chunks, env.num_envs, -1)
+        returns = steps.rewards.double().view(per_env).sum(dim=(0, 2))  # [envs]
+        if algorithm.chunk_value_head:
+            self._credit_each_step(stepped, algorithm, options)
+        else:
+            advantages = algorithm.episode_advantages(returns, torch.from_numpy(groups), options)
+            steps.advantages = advantages.repeat(stepped.chunks).unsqueeze(-1)
+        lengths = steps.valid.view(per_env).sum(dim=(0, 2))
         return {
             "episodes": float(env.num_envs),
-            "successes": float(success.sum()),
+            "successes": float(stepped.success.sum()),
             "return_sum": float(returns.sum()),
             "length_sum": float(lengths.sum()),
+            **stepped.seconds(env),
         }
+
+    def _credit_each_step(
+        self, stepped: SteppedEpisodes, algorithm: Algorithm, options: AlgorithmConfig
+    ) -> None:
+        """Each chunk step's advantage and the value head's return targets from the
+        algorithm's per-step estimator (PPO: GAE over the episode's chunk steps, with the
+        value of where an episode cut off by its horizon stopped as its bootstrap)."""
+        steps, envs = self.steps, self.env.num_envs
+        by_env = (stepped.chunks, envs)  # step-major rows -> [T, envs]; GAE reads [envs, T]
+        rewards = (steps.rewards.double() * steps.valid).sum(-1).view(by_env).T
+        valid = steps.valid.any(-1).view(by_env).T
+        values = steps.values.double().view(by_env).T
+        final = join_observations(stepped.last_observations)
+        bootstrap = self.engine.vla_policy().values(self._observation(final)).double()
+        bootstrap[torch.from_numpy(stepped.terminated)] = 0.0
+        advantages, returns = algorithm.chunk_step_advantages(
+            rewards, values, valid, bootstrap, options
+        )
+        steps.advantages = advantages.T.reshape(-1, 1)
+        steps.returns = returns.T.reshape(-1)
+
+    @contextlib.contextmanager
+    def _rollout_threads(self) -> Iterator[None]:
+        """Under the hybrid placement the rank's environment worker steps while the rank
+        generates: the rank leaves it one of its host threads for the rollout (and
+        trains on all of them again after)."""
+        threads = torch.get_num_threads()
+        if self.config.env.placement == HYBRID:
+            torch.set_num_threads(max(1, threads - 1))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+    def _pipelined_episodes(self, groups: np.ndarray, generators: list) -> SteppedEpisodes:
+        """Every environment's episode, stage by stage: stage ``s``'s chunk is
+        submitted to its simulator, then the policy generates for stage ``s + 1`` while
+        that chunk steps (where the stages step in another process: hybrid), and waits
+        for stage ``s``'s observations only when its turn comes again."""
+        env, policy, layout = self.env, self.engine.vla_policy(), self.env.layout
+        pending = [
+            env.submit_reset(stage, reset_state_ids=groups[layout.rows(stage)])
+            for stage in range(env.count)
+        ]
+        stepped = SteppedEpisodes(env.count, env.horizon // env.chunk_size, env.num_envs)
+        for chunk_index in range(stepped.chunks + 1):
+            for stage in range(env.count):
+                answer = pending[stage].result()
+                observations = stepped.record_step(stage, answer) if chunk_index else answer
+                if chunk_index == stepped.chunks:
+                    continue
+                observation = self._observation(observations)
+                start = time.perf_counter()
+                chunk = policy.generate(observation, self.sampling, generators[layout.rows(stage)])
+                stepped.generate_s[stage] += time.perf_counter() - start
+                stepped.recorded[stage].append((observation, chunk))
+                pending[stage] = env.submit_step(stage, self._actions(chunk))
+        return stepped
 
     def _generators(self, iteration: int, *phase: int) -> list[torch.Generator]:
         """One sampling generator per environment, seeded by (seed, iteration, its
@@ -167,31 +196,17 @@ class EmbodiedActor:
                 "the instruction as ids of the environment's own vocabulary"
             )
         dtype = self.engine.spec.torch_dtype
+        # torch.tensor copies: an environment worker's arrays arrive read-only.
         return VLAObservation(
-            images=torch.from_numpy(np.ascontiguousarray(observations.images)),
-            states=torch.from_numpy(observations.states).to(dtype),
-            prompt_ids=torch.from_numpy(observations.instruction_ids).long(),
+            images=torch.tensor(observations.images),
+            states=torch.tensor(observations.states, dtype=dtype),
+            prompt_ids=torch.tensor(observations.instruction_ids, dtype=torch.long),
         )
 
     def _actions(self, chunk: VLAChunk) -> np.ndarray:
         """``[envs, C, A]`` continuous actions of the drawn action ids."""
         ids = chunk.action_ids.numpy().reshape(len(chunk.action_ids), -1, self.vla.action_dims)
         return self.actions.ids_to_actions(ids)
-
-    @staticmethod
-    def _steps(recorded: list, rewards: list, valid: list) -> ChunkSteps:
-        observations = [observation for observation, _ in recorded]
-        chunks = [chunk for _, chunk in recorded]
-        return ChunkSteps(
-            images=torch.cat([o.images for o in observations]),
-            states=torch.cat([o.states for o in observations]),
-            prompt_ids=torch.cat([o.prompt_ids for o in observations]),
-            action_ids=torch.cat([c.action_ids for c in chunks]),
-            logprobs=torch.cat([c.logprobs for c in chunks]),
-            rewards=torch.cat(rewards),
-            valid=torch.cat(valid),
-            advantages=torch.zeros(0),
-        )
 
     # ---- a behaviour-cloned start ----------------------------------------------------------
     def clone_expert(self, first: int, count: int, total: int) -> dict[str, float]:
@@ -259,8 +274,8 @@ class EmbodiedActor:
     ) -> dict[str, float]:
         """One optimizer step on this rank's share ``mini`` of a mini-batch."""
         dims = self.vla.action_dims
-        (units,) = self.engine.sum_over_data_parallel(
-            [algorithm.valid_units(mini.valid, options, dims)]
+        units, chunks = self.engine.sum_over_data_parallel(
+            [algorithm.valid_units(mini.valid, options, dims), mini.valid.any(-1).sum()]
         )
         collected: list[dict[str, torch.Tensor]] = []
 
@@ -275,6 +290,12 @@ class EmbodiedActor:
             loss, metrics = algorithm.chunk_actor_loss(
                 like, scored["entropy"], batch, options, dims, units
             )
+            if algorithm.chunk_value_head:
+                value_loss, value_metrics = self._value_loss(
+                    scored["values"], micro, algorithm, options, chunks
+                )
+                loss = loss + options.value_coef * value_loss
+                metrics = {**metrics, **value_metrics, "value_loss": value_loss.detach()}
             collected.append(metrics)
             return loss
 
@@ -283,8 +304,25 @@ class EmbodiedActor:
         dp_size = self.engine.data_parallel_size()
         return {**stats, **step_metrics(collected, algorithm.additive_metrics, dp_size)}
 
+    @staticmethod
+    def _value_loss(
+        values: torch.Tensor,
+        micro: ChunkSteps,
+        algorithm: Algorithm,
+        options: AlgorithmConfig,
+        chunks: float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The value head's clipped loss on the micro-batch's valid chunk steps, each
+        weighing ``1 / chunks`` (the mini-batch's valid chunk steps over every rank)."""
+        batch = {
+            "old_values": micro.values.to(values).unsqueeze(-1),
+            "returns": micro.returns.to(values).unsqueeze(-1),
+            "response_mask": micro.valid.any(-1, keepdim=True).to(values.device),
+        }
+        return algorithm.critic_loss(values.unsqueeze(-1), batch, options, num_tokens=chunks)
 
-def restarted(env: VectorEnv, observations: Observations, ended: np.ndarray) -> Observations:
+
+def restarted(env: SimulatorStages, observations: Observations, ended: np.ndarray) -> Observations:
     """``observations`` with the environments ``ended`` reset, their rows replaced by
     their new episodes' first observations."""
     if not ended.size:
@@ -306,40 +344,3 @@ def _micro_slices(rows: int, micro_batch_size: int | None) -> list[slice]:
     """Micro-batches of at most ``micro_batch_size`` rows (all rows when None)."""
     size = micro_batch_size or max(rows, 1)
     return [slice(start, start + size) for start in range(0, rows, size)]
-
-
-def check_fits(env: VectorEnv, vla: VLASpec, vocab_size: int, clones: bool = False) -> None:
-    """The environment's observations and actions are what the policy reads and writes,
-    and, where the run ``clones`` a scripted expert first, it has one.
-
-    Raises:
-        EnvConfigError: one line naming the first mismatch and the setting that fixes it.
-    """
-    spec, actions = env.observation_spec, env.action_spec
-    name = type(env).__name__
-    if spec.image_height != spec.image_width:
-        raise EnvConfigError(
-            f"{name} renders {spec.image_height}x{spec.image_width} images; the vla policy "
-            "reads square ones"
-        )
-    pairs = (
-        ("image_size", vla.image_size, spec.image_height),
-        ("state_dim", vla.state_dim, spec.state_dim),
-        ("action_dims", vla.action_dims, actions.dims),
-        ("chunk_size", vla.chunk_size, env.chunk_size),
-    )
-    for key, policy_value, env_value in pairs:
-        if policy_value != env_value:
-            raise EnvConfigError(
-                f"model.vla.{key}={policy_value} but {name} has {env_value}; set "
-                f"model.vla.{key}={env_value}"
-            )
-    if clones and type(env).expert_actions is VectorEnv.expert_actions:
-        env.expert_actions()  # raises its one line: no scripted expert to clone
-    words = len(spec.instruction_vocab)
-    if words > vocab_size - ACTION_BINS:
-        raise EnvConfigError(
-            f"{name}'s instructions use {words} words but model.vocab_size={vocab_size} "
-            f"leaves {vocab_size - ACTION_BINS} ids before the {ACTION_BINS} action ids; set "
-            f"model.vocab_size >= {words + ACTION_BINS}"
-        )

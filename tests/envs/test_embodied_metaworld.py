@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("metaworld", reason="needs Meta-World: pip install 'mindrl[metaworld]'")
 import psutil
 
-from mindrl.envs.embodied import VectorEnv
+from mindrl.envs.embodied import EnvConfigError, VectorEnv
 from mindrl.envs.metaworld_env import (
     MetaWorldVectorEnv,
     collect_expert_dataset,
@@ -135,3 +135,16 @@ def test_the_expert_dataset_pairs_every_applied_action_with_its_state(env):
     for episode in range(3):
         states = data["states"][data["episode"] == episode]
         np.testing.assert_array_equal(states[1:, 18:36], states[:-1, :18])
+
+
+def test_the_expert_labels_a_chunk_of_one_and_refuses_longer_chunks_in_one_line(env):
+    observations = env.reset()
+    expert = env.expert_actions()
+    assert expert.shape == (env.num_envs, 1, 4)
+    np.testing.assert_array_equal(expert[:, 0], scripted_expert(TASK)(observations.states))
+    longer = MetaWorldVectorEnv(num_envs=1, chunk_size=CHUNK, horizon=HORIZON, task=TASK)
+    try:
+        with pytest.raises(EnvConfigError, match=r"needs env\.chunk_size=1"):
+            longer.expert_actions()
+    finally:
+        longer.close()

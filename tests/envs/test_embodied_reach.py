@@ -292,3 +292,19 @@ def test_a_blinded_reach_withholds_the_targets_or_the_colour_and_nothing_else():
     np.testing.assert_array_equal(image_blind.goal_positions, seeing.goal_positions)
     with pytest.raises(ValueError, match="blind='colour'"):
         make(8, blind="colour")
+
+
+def test_a_finer_render_is_averaged_down_to_anti_aliased_edges_of_the_same_scene():
+    plain, fine = make(8), make(8, render_scale=4)
+    coarse, smooth = plain.reset().images.astype(int), fine.reset().images.astype(int)
+    assert smooth.shape == coarse.shape == (8, 32, 32, 3)
+    np.testing.assert_array_equal(fine.target_positions, plain.target_positions)
+    # Only edge pixels differ (a disc's border is partly covered), and some take a
+    # colour between the background's and a target's, which one sample per pixel cannot.
+    differs = (smooth != coarse).any(axis=-1)
+    assert 0 < differs.mean() < 0.1
+    background = np.array([30, 30, 30])
+    blended = ~(smooth == background).all(-1) & ~np.isin(smooth, [40, 50, 200, 220, 235, 255]).all(
+        -1
+    )
+    assert blended.any()

@@ -72,6 +72,10 @@ def test_only_action_ids_are_ever_drawn(one, decode):
 
 def test_the_value_head_gives_one_value_per_row(one):
     assert one["tp1"]["scored"]["values"].shape == (vla_cases.ROWS,)
+    # Read alone (a truncated episode's bootstrap), it is the value generation gave.
+    for decode in DECODES:
+        generated = one["tp1"][decode]["generated"].values
+        torch.testing.assert_close(one["tp1"]["values"], generated, **EXACT)
     assert one["tp1"]["scored"]["entropy"].shape == (vla_cases.ROWS, vla_cases.VLA.action_tokens)
 
 

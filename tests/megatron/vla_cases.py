@@ -92,6 +92,7 @@ def scored_and_generated(parallel: ParallelSpec, vla: VLASpec = VLA) -> dict:
                 for k, v in policy.score(obs, chunk.action_ids, SAMPLING, decode).items()
             },
         }
+    out["values"] = policy.values(obs)
     ids = out["autoregressive"]["generated"].action_ids
     out["parallel_view_of_autoregressive"] = policy.score(obs, ids, SAMPLING, "parallel")[
         "logprobs"

@@ -15,7 +15,8 @@ from mindrl.envs.batched_reach import BatchedReach
 from mindrl.envs.embodied import VectorEnv
 from mindrl.metrics import read_metrics
 from mindrl.run_plan import EMBODIED, build_run_plan
-from mindrl.workers.embodied import reset_state_ids, restarted
+from mindrl.workers.embodied import restarted
+from mindrl.workers.episode_rows import reset_state_ids
 from trainers.driver.setup import RunSetupError, _preflight
 from trainers.driver.train import train
 from trainers.registry import get_algorithm
@@ -90,6 +91,48 @@ def test_a_ratio_far_from_one_is_clipped_per_chunk_at_the_chunk_level():
     assert metrics["clip_fraction"].item() == 1.0
 
 
+PPO = get_algorithm("ppo")
+
+
+def ppo_options(*overrides: str):
+    return PPO.resolve(load_config(RECIPE, list(overrides), algorithm=PPO).algorithm)
+
+
+def test_ppo_credits_each_chunk_step_with_its_return_to_go_bootstrapped_where_cut_off():
+    # Episode 0 ran all 3 chunk steps and was cut off by the horizon (bootstrap 0.5);
+    # episode 1 terminated at its second step (bootstrap ignored: nothing follows).
+    rewards = torch.tensor([[1.0, 0.0, 2.0], [0.5, 1.0, 0.0]], dtype=torch.float64)
+    values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 0.9]], dtype=torch.float64)
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    bootstrap = torch.tensor([0.5, 0.0], dtype=torch.float64)
+    options = ppo_options("algorithm.gamma=1.0", "algorithm.lam=1.0")
+    advantages, returns = PPO.chunk_step_advantages(rewards, values, valid, bootstrap, options)
+    expected = torch.tensor([[3.5, 2.5, 2.5], [1.5, 1.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(returns, expected)
+    raw = (expected - values)[valid]  # lam 1: the return minus the value (the recipe's)
+    torch.testing.assert_close(advantages[valid], raw)
+    assert advantages[1, 2] == 0
+    whitened = ppo_options("algorithm.lam=1.0", "algorithm.norm_adv_by_std=true")
+    advantages, _ = PPO.chunk_step_advantages(rewards, values, valid, bootstrap, whitened)
+    torch.testing.assert_close(advantages[valid], (raw - raw.mean()) / raw.std())
+
+
+def test_ppo_discounts_the_bootstrap_as_the_step_after_the_last():
+    rewards, values = torch.zeros(1, 2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
+    options = ppo_options("algorithm.gamma=0.9", "algorithm.lam=1.0")
+    _, returns = PPO.chunk_step_advantages(
+        rewards, values, torch.ones(1, 2, dtype=torch.bool), torch.tensor([1.0]), options
+    )
+    torch.testing.assert_close(returns, torch.tensor([[0.81, 0.9]], dtype=torch.float64))
+
+
+def test_ppo_trains_the_embodied_recipe_on_the_actor_alone_with_a_shared_value_head():
+    plan = build_run_plan(PPO, load_config(RECIPE, algorithm=PPO))
+    assert plan.model_roles == ("actor",) and not plan.needs_critic
+    with pytest.raises(ConfigError, match="not built for them"):
+        load_config(RECIPE, algorithm=get_algorithm("pf_ppo"))
+
+
 def test_groups_get_the_same_reset_states_however_the_environments_are_split_over_ranks():
     whole = reset_state_ids(0, 16, 4, groups=4, iteration=3)
     halves = [reset_state_ids(first, 8, 4, groups=4, iteration=3) for first in (0, 8)]
@@ -126,7 +169,7 @@ def test_the_recipes_plan_runs_the_episodes_and_the_update_on_the_actor_alone():
 @pytest.mark.parametrize(
     ("trainer", "overrides", "line"),
     [
-        ("ppo", (), "env.kind=embodied with --trainer ppo: only group algorithms"),
+        ("reinforce_pp", (), "--trainer reinforce_pp: embodied runs train group algorithms"),
         ("dapo", (), "dynamic sampling is not built for embodied runs"),
         ("grpo", ("rollout.placement=disaggregated", "rollout.devices=1"), "runs collocated"),
         ("grpo", ("env.auto_reset=true",), "set env.auto_reset=false"),
@@ -137,6 +180,7 @@ def test_the_recipes_plan_runs_the_episodes_and_the_update_on_the_actor_alone():
         ("grpo", ("env.num_envs=8", "data.global_batch_size=1"), "splits a group"),
         ("grpo", ("model.vla.chunk_size=2",), "model.vla.chunk_size=2 differs"),
         ("grpo", ("model.family=llama",), "set model.family=vla (got llama)"),
+        ("grpo", ("env.pipeline_stages=3",), "env.pipeline_stages=3 does not divide a rank's 32"),
     ],
 )
 def test_what_the_embodied_loop_does_not_build_is_refused_in_one_line(trainer, overrides, line):
@@ -174,20 +218,61 @@ def test_cloning_an_environment_without_a_scripted_expert_is_refused_at_start_up
     _preflight(load_config(RECIPE, [expertless, "env.clone_steps=0"], algorithm=GRPO), False)
 
 
-@pytest.mark.ray
-@pytest.mark.usefixtures("ray_cluster")
-def test_two_iterations_of_the_embodied_recipe_clone_train_and_record_success(tmp_path):
+#: Where the environments step: in the actor's ranks, or in an environment worker beside
+#: each, whole or split into two pipeline stages.
+PLACEMENTS = {
+    "collocated": ("env.placement=collocated",),
+    "hybrid-1": ("env.placement=hybrid",),
+    "hybrid-2": ("env.placement=hybrid", "env.pipeline_stages=2"),
+}
+#: The same small run with PPO (GAE over chunk steps from the policy's value head).
+PPO_RUN = "ppo"
+
+
+@pytest.fixture(scope="module")
+def placed_runs(tmp_path_factory, ray_cluster) -> dict[str, list[dict]]:
+    """Two iterations (3 cloning steps first) of the small recipe in each placement:
+    their records."""
+    root, records = tmp_path_factory.mktemp("embodied"), {}
+    for name, placement in PLACEMENTS.items():
+        overrides = [
+            f"logging.dir={root / name}",
+            "logging.progress_bar=false",
+            "logging.backends=[]",
+            "iterations=2",
+            "env.clone_steps=3",
+            *SMALL,
+            *placement,
+        ]
+        assert train(load_config(RECIPE, overrides, algorithm=GRPO), "grpo", "cpu") == 0
+        records[name] = read_metrics(root / name / "metrics.jsonl")
     overrides = [
-        f"logging.dir={tmp_path / 'run'}",
+        f"logging.dir={root / PPO_RUN}",
         "logging.progress_bar=false",
         "logging.backends=[]",
         "iterations=2",
-        "env.clone_steps=3",
+        "env.clone_steps=0",
         *SMALL,
     ]
-    config = load_config(RECIPE, overrides, algorithm=GRPO)
-    assert train(config, "grpo", "cpu") == 0
-    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert train(load_config(RECIPE, overrides, algorithm=PPO), "ppo", "cpu") == 0
+    records[PPO_RUN] = read_metrics(root / PPO_RUN / "metrics.jsonl")
+    return records
+
+
+@pytest.mark.ray
+def test_ppo_trains_the_policy_and_its_value_head_together(placed_runs):
+    for record in placed_runs[PPO_RUN]:
+        assert record["grad_norm"] > 0 and np.isfinite(record["pg_loss"])
+        assert record["value_loss"] > 0 and np.isfinite(record["value_mean"])
+        assert 0.0 <= record["success_rate"] <= 1.0 and record["episodes"] == 16
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_two_iterations_of_the_embodied_recipe_clone_train_and_record_success(
+    placed_runs, placement
+):
+    records = placed_runs[placement]
     assert len(records) == 2
     for record in records:
         assert 0.0 <= record["success_rate"] <= 1.0
@@ -195,8 +280,32 @@ def test_two_iterations_of_the_embodied_recipe_clone_train_and_record_success(tm
         assert 1 <= record["episode_length_mean"] <= 4
         assert record["grad_norm"] > 0 and np.isfinite(record["pg_loss"])
         assert record["entropy"] > 0
+        assert record["env_s"] > 0 and record["generate_s"] > 0
+        assert record["env_frames_per_s"] > record["epoch_frames_per_s"] > 0
     # The behaviour-cloned start runs once, before the first rollout.
     assert set(records[0]["time"]) == {"clone", "rollout", "update"}
     assert set(records[1]["time"]) == {"rollout", "update"}
     assert records[0]["clone_nll_last"] > 0 and np.isfinite(records[0]["clone_nll_first"])
     assert "clone_nll_last" not in records[1]
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("placement", ["hybrid-1", "hybrid-2"])
+def test_where_the_environments_step_changes_no_figure_of_the_run(placed_runs, placement):
+    """Sampling noise is drawn per environment and the stages step one simulator's
+    trajectories: the clone, the episodes and the updates are those of the collocated run."""
+    for mine, reference in zip(placed_runs[placement], placed_runs["collocated"], strict=True):
+        for key in ("success_rate", "reward_mean", "episode_length_mean"):
+            assert mine[key] == reference[key], key
+        for key in ("pg_loss", "grad_norm", "entropy", "clone_nll_first", "clone_nll_last"):
+            if key in reference:
+                assert mine[key] == pytest.approx(reference[key], rel=1e-5), key
+
+
+@pytest.mark.ray
+def test_each_pipeline_stage_reports_its_simulator_and_generation_seconds(placed_runs):
+    record = placed_runs["hybrid-2"][1]
+    for figure in ("env_s", "generate_s"):
+        stages = record[f"{figure}_0"] + record[f"{figure}_1"]
+        assert record[figure] == pytest.approx(stages)
+        assert record[f"{figure}_0"] > 0 and record[f"{figure}_1"] > 0

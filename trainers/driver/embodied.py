@@ -42,7 +42,7 @@ class EmbodiedRunner(IterationRunner):
         episodes = self.stage(ledger, "rollout", self._rollout, iteration)
         updates = self.stage(ledger, "update", self._update_episodes)
         seconds = time.perf_counter() - start
-        return self._record(episode_sums(episodes), cloned + updates, ledger, seconds)
+        return self._record(episodes, cloned + updates, ledger, seconds)
 
     def _clone(self, ledger: Ledger) -> list[dict]:
         """The behaviour-cloned start, before the first rollout (a resumed run starts
@@ -78,13 +78,16 @@ class EmbodiedRunner(IterationRunner):
         )
 
     def _record(
-        self, sums: dict[str, float], updates: list[dict], ledger: Ledger, seconds: float
+        self, rollouts: list[dict], updates: list[dict], ledger: Ledger, seconds: float
     ) -> dict[str, Any]:
         """The iteration's record: the episodes' success rate, mean return and length,
-        the update's metrics, environment frames per rollout second, the stages' times
-        and memory."""
+        the update's metrics, environment frames per rollout second (and per rollout and
+        update second), the simulators' and generation's seconds, the stages' times and
+        memory."""
+        sums = episode_sums(rollouts)
         episodes = max(sums["episodes"], 1.0)
         rollout_s = ledger.stages["rollout"]
+        epoch_s = rollout_s + ledger.stages["update"]  # the clone, once, not included
         return {
             "success_rate": sums["successes"] / episodes,
             "reward_mean": sums["return_sum"] / episodes,
@@ -92,6 +95,8 @@ class EmbodiedRunner(IterationRunner):
             "episodes": sums["episodes"],
             **mean_by_key(updates, skip=TIMING_KEYS),
             "env_frames_per_s": sums["length_sum"] / rollout_s if rollout_s > 0 else 0.0,
+            "epoch_frames_per_s": sums["length_sum"] / epoch_s if epoch_s > 0 else 0.0,
+            **stage_seconds(rollouts),
             "iteration_time_s": seconds,
             "time": ledger.stages,
             "busy": ledger.busy,
@@ -104,3 +109,12 @@ def episode_sums(reports: list[dict]) -> dict[str, float]:
     """The ranks' rollout reports added up (only data-parallel leaders report sums: the
     TP peers of a rank step the same environments)."""
     return {key: sum(r.get(key, 0.0) for r in reports) for key in EPISODE_SUMS}
+
+
+def stage_seconds(reports: list[dict]) -> dict[str, float]:
+    """The data-parallel leaders' environment and generation seconds (in all and per
+    pipeline stage: ``env_s``, ``env_s_<stage>``, ``generate_s``, ...), averaged: the
+    ranks step their environments at the same time."""
+    leaders = [r for r in reports if "episodes" in r]
+    keys = [key for key in leaders[0] if key.startswith(("env_s", "generate_s"))]
+    return {key: sum(r[key] for r in leaders) / len(leaders) for key in keys}

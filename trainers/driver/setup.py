@@ -25,7 +25,7 @@ import ray
 from backends.device import Device, get_device, library_workspace_bytes
 from backends.megatron import checkpoint
 from mindrl.config.layout import DISAGGREGATED, ROLLOUT_WORKER
-from mindrl.config.schema import MindRLConfig
+from mindrl.config.schema import HYBRID, MindRLConfig
 from mindrl.config.specs import engine_specs, vla_spec
 from mindrl.config.validate import is_vla
 from mindrl.data import PromptDataset, PromptRecord, load_tokenizer
@@ -35,12 +35,15 @@ from mindrl.dock import DockClient, FieldSpec, create_dock, shutdown_dock
 from mindrl.dock.schema import RUN_FIELDS
 from mindrl.envs import EnvConfigError, load_env_class
 from mindrl.envs.embodied import load_vector_env_class, make_vector_env
+from mindrl.envs.stages import EnvDescription
 from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
 from mindrl.planner.offload import plan_offload
+from mindrl.planner.render import environments_line
+from mindrl.planner.report import environments
 from mindrl.rewards.routing import reward_problems, reward_spec_of, served_judge, unrouted_problem
 from mindrl.run_plan import RunPlan, build_run_plan
 from mindrl.workers.context import model_context, stage_context
-from mindrl.workers.embodied import check_fits
+from mindrl.workers.embodied_setup import check_fits
 from mindrl.workers.env_worker import env_worker_class
 from mindrl.workers.group import WorkerGroup, first_line, wait_all
 from mindrl.workers.judge_server import JudgeServer
@@ -131,6 +134,8 @@ def launch_run(
         on_connected()
     plan = run.plan
     reward = "" if plan.offline or run.config.env.embodied else ", reward"
+    if run.config.env.embodied and env_workers(run.config, plan):  # the actor's ranks start them
+        reward = f", env x {env_workers(run.config, plan)} (with the actor)"
     rollout = f", rollout x {plan.layout.rollout_devices}" if plan.mode == DISAGGREGATED else ""
     trainers = f"{' + '.join(plan.model_roles)} x {plan.layout.train_devices}"
     phase(f"starting worker processes: {trainers}{rollout}{reward}")
@@ -212,7 +217,12 @@ def _check_policy_fits(config: MindRLConfig) -> None:
     )
     try:
         clones = env.clone_steps > 0
-        check_fits(one, vla_spec(config.model), config.model.vocab_size, clones)
+        description = EnvDescription.of(one)
+        if clones and description.has_expert:
+            one.expert_actions()  # an expert that cannot give this run's chunks says so now
+        check_fits(
+            description, env.chunk_size, vla_spec(config.model), config.model.vocab_size, clones
+        )
     finally:
         one.close()
 
@@ -291,7 +301,7 @@ def cpu_slots(config: MindRLConfig, plan: RunPlan) -> int:
     worker and one for a judge model it serves."""
     judge = int(not plan.offline and serves_judge(config))
     reward = 0 if config.env.embodied else config.reward.workers
-    return plan.layout.devices + reward + env_workers(config) + judge
+    return plan.layout.devices + reward + env_workers(config, plan) + judge
 
 
 def serves_judge(config: MindRLConfig) -> bool:
@@ -301,8 +311,11 @@ def serves_judge(config: MindRLConfig) -> bool:
     return served_judge(reward_spec_of(config.reward), config.reward.judge)
 
 
-def env_workers(config: MindRLConfig) -> int:
-    """Environment workers a run places (one CPU slot each): ``env.workers``, or none."""
+def env_workers(config: MindRLConfig, plan: RunPlan) -> int:
+    """Environment workers a run places (one CPU slot each): a text run's
+    ``env.workers``; an embodied hybrid run's one beside each actor rank."""
+    if config.env.embodied and config.env.placement == HYBRID:
+        return plan.layout.training["actor"].world
     return config.env.workers if config.env.enabled else 0
 
 
@@ -543,11 +556,8 @@ def _generation_line(run: RunState) -> str:
     if run.plan.offline:  # which pairs and how many: a file not the one meant shows here
         return f"no generation ({len(run.dataset.records)} stored pairs from {config.data.source})"
     if config.env.embodied:
-        env, dp = config.env, run.dp_size("actor")
-        return (
-            f"{env.num_envs} {env.cls} environments, {env.num_envs // dp} per actor rank "
-            "(generation: the policy's own forward)"
-        )
+        where = environments_line(environments(config, run.plan))
+        return f"{where} (generation: the policy's own forward)"
     return f"rollout TP{config.rollout.tp} DP{len(set(run.gen_dp_ranks))} ({config.rollout.engine})"
 
 

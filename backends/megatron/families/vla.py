@@ -403,6 +403,19 @@ class VLAPolicy:
             drawn_logprobs.append(logprobs)
         return VLAChunk(ids, torch.cat(drawn_logprobs, dim=1), values.cpu())
 
+    @torch.no_grad()
+    def values(self, observation: VLAObservation) -> torch.Tensor:
+        """The value head's ``[n]`` (CPU) at each observation, as :meth:`generate` reads
+        it (at the prompt's last position, before any action): one forward of the
+        prompt alone, for bootstrapping an episode cut off by its horizon."""
+        self._check(observation)
+        self.model.eval()
+        none = torch.empty(observation.prompt_ids.shape[0], 0, dtype=torch.long)
+        _, values = self._action_logits(
+            observation, self._action_inputs(none, "autoregressive"), 0, 1
+        )
+        return values.cpu()
+
     # ---- the forward --------------------------------------------------------------
     def _check(self, observation: VLAObservation) -> None:
         """Observations of the shapes this policy was built for, instructions in text ids."""
@@ -471,7 +484,11 @@ class VLAPolicy:
                 logits = self._action_columns(logits)
         values = None
         if first == 0:
-            values = at_least_float32(vla.value_head(hidden_at_window["hidden"][0])).squeeze(-1)
+            # The head reads the trunk's features without training them: its loss moves no
+            # policy weight (a head trained through the trunk from its random start undid
+            # a cloned policy within ten PPO iterations, docs/guide/environments.md).
+            features = hidden_at_window["hidden"][0].detach()
+            values = at_least_float32(vla.value_head(features)).squeeze(-1)
         return logits, values
 
     def _hidden(self, row: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,119 @@
+"""An embodied rollout's chunk steps as rows for the update (mindrl/workers/embodied.py):
+what the pipelined stages record as they step, and the step-major rows it becomes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from backends.megatron.families.vla import VLAChunk, VLAObservation
+from mindrl.envs.embodied import Observations
+from mindrl.envs.stages import SimulatorStages
+
+
+@dataclass
+class ChunkSteps:
+    """One rank's episodes of an iteration, one row per (chunk step, environment),
+    step-major: ``images`` uint8 ``[rows, H, W, 3]``, ``states`` ``[rows, S]``,
+    ``prompt_ids`` ``[rows, L]``, ``action_ids`` / ``logprobs`` ``[rows, C*A]``
+    (generation's), ``rewards`` / ``valid`` ``[rows, C]``, ``values [rows]``
+    (generation's value head), ``advantages [rows, 1]`` (at the chunk level: the
+    episode's, or the step's own under a value head) and ``returns [rows]`` (the value
+    head's targets; empty for a group algorithm)."""
+
+    images: torch.Tensor
+    states: torch.Tensor
+    prompt_ids: torch.Tensor
+    action_ids: torch.Tensor
+    logprobs: torch.Tensor
+    rewards: torch.Tensor
+    valid: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.action_ids)
+
+    def rows(self, which: slice | torch.Tensor) -> ChunkSteps:
+        """The rows ``which`` selects (an empty field stays empty)."""
+        return ChunkSteps(
+            **{name: value[which] if len(value) else value for name, value in vars(self).items()}
+        )
+
+    def observation(self) -> VLAObservation:
+        return VLAObservation(self.images, self.states, self.prompt_ids)
+
+
+@dataclass
+class SteppedEpisodes:
+    """What a rollout's stages recorded: per stage, each chunk step's (observation,
+    chunk) and (rewards, valid), which environments succeeded, and the seconds it spent
+    generating."""
+
+    stages: int
+    chunks: int
+    num_envs: int
+
+    def __post_init__(self) -> None:
+        self.recorded: list[list[tuple[VLAObservation, VLAChunk]]] = [
+            [] for _ in range(self.stages)
+        ]
+        self.outcomes: list[list[tuple[torch.Tensor, torch.Tensor]]] = [
+            [] for _ in range(self.stages)
+        ]
+        self.success = np.zeros(self.num_envs, dtype=np.bool_)
+        self.terminated = np.zeros(self.num_envs, dtype=np.bool_)
+        self.last_observations: list[Observations | None] = [None] * self.stages
+        self.generate_s = [0.0] * self.stages
+        self._offsets = np.arange(self.stages) * (self.num_envs // self.stages)
+
+    def record_step(self, stage: int, answer: tuple) -> Observations:
+        """Keep stage ``stage``'s chunk result; its next observations."""
+        observations, rewards, terminations, _, info = answer
+        outcome = (torch.tensor(rewards), torch.tensor(info["valid"]))  # copies: read-only
+        self.outcomes[stage].append(outcome)
+        rows = slice(self._offsets[stage], self._offsets[stage] + len(rewards))
+        self.success[rows] |= info["success"]
+        self.terminated[rows] |= terminations.any(axis=1)
+        self.last_observations[stage] = observations
+        return observations
+
+    def chunk_steps(self) -> ChunkSteps:
+        """The episodes' rows, step-major, each step's rows in environment order (every
+        stage's in turn): the layout of one whole simulator's rollout."""
+        order = [(step, stage) for step in range(self.chunks) for stage in range(self.stages)]
+        observations = [self.recorded[stage][step][0] for step, stage in order]
+        chunks = [self.recorded[stage][step][1] for step, stage in order]
+        outcomes = [self.outcomes[stage][step] for step, stage in order]
+        return ChunkSteps(
+            images=torch.cat([o.images for o in observations]),
+            states=torch.cat([o.states for o in observations]),
+            prompt_ids=torch.cat([o.prompt_ids for o in observations]),
+            action_ids=torch.cat([c.action_ids for c in chunks]),
+            logprobs=torch.cat([c.logprobs for c in chunks]),
+            rewards=torch.cat([rewards for rewards, _ in outcomes]),
+            valid=torch.cat([valid for _, valid in outcomes]),
+            values=torch.cat([c.values for c in chunks]),
+            advantages=torch.zeros(0),
+            returns=torch.zeros(0),
+        )
+
+    def seconds(self, env: SimulatorStages) -> dict[str, float]:
+        """Each stage's environment and generation seconds (``env_s_<stage>``,
+        ``generate_s_<stage>``) and their sums."""
+        env_s = env.take_env_seconds()
+        figures = {"env_s": sum(env_s), "generate_s": sum(self.generate_s)}
+        for stage in range(self.stages):
+            figures[f"env_s_{stage}"] = env_s[stage]
+            figures[f"generate_s_{stage}"] = self.generate_s[stage]
+        return figures
+
+
+def reset_state_ids(first_env_id: int, num_envs: int, group_size: int, groups: int, iteration: int):
+    """Each environment's reset state id in ``iteration``: its group's (``group_size``
+    consecutive environments by global number), new every iteration."""
+    global_ids = first_env_id + np.arange(num_envs)
+    return iteration * groups + global_ids // group_size

@@ -1,0 +1,91 @@
+"""A rank's environments split into pipeline stages step exactly what one whole
+simulator steps, in place (collocated) and in an environment worker (hybrid), and the
+worker steps one stage while the caller goes on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mindrl.envs.embodied import EnvConfigError
+from mindrl.envs.stages import StageLayout, build_stages
+from tests.envs.test_embodied_reach import assert_same_outputs, random_actions
+
+PATH = "mindrl.envs.batched_reach:BatchedReach"
+NUM_ENVS, FIRST, CHUNK, HORIZON = 8, 16, 4, 12
+OPTIONS = {"chunk_size": CHUNK, "horizon": HORIZON, "auto_reset": True, "seed": 3}
+
+
+def stages(count: int):
+    return build_stages(PATH, StageLayout(NUM_ENVS, FIRST, count), **OPTIONS)
+
+
+def episode(env, groups: np.ndarray, actions: np.ndarray) -> list[tuple]:
+    """A reset into ``groups``, a chunk step per chunk of ``actions``, a partial reset of
+    rows 1, 2 and 5 and one more step: every answer."""
+    answers = [(env.reset(reset_state_ids=groups),)]
+    answers += [env.chunk_step(chunk) for chunk in actions]
+    answers.append((env.reset(env_ids=np.array([5, 1, 2])),))
+    answers.append(env.chunk_step(actions[0]))
+    return answers
+
+
+def test_two_and_four_stages_step_the_trajectories_of_one_whole_simulator():
+    groups = np.repeat(np.arange(4), 2) + 40
+    actions = random_actions(NUM_ENVS, HORIZON // CHUNK + 1, CHUNK)
+    whole = episode(stages(1), groups, actions)
+    for count in (2, 4):
+        for mine, theirs in zip(episode(stages(count), groups, actions), whole, strict=True):
+            assert_same_outputs(mine, theirs)
+
+
+def test_every_stage_holds_its_own_global_environment_numbers():
+    split = stages(4)
+    assert [env.first_env_id for env in split.envs] == [16, 18, 20, 22]
+    assert [env.num_envs for env in split.envs] == [2, 2, 2, 2]
+    np.testing.assert_array_equal(split.expert_actions(), stages(1).expert_actions())
+
+
+def test_stages_that_do_not_divide_a_ranks_environments_are_refused_in_one_line():
+    with pytest.raises(EnvConfigError, match=r"env\.pipeline_stages=3 does not divide a rank's 8"):
+        StageLayout(NUM_ENVS, 0, 3)
+
+
+def test_a_stage_is_timed_where_it_steps():
+    split = stages(2)
+    split.reset()
+    split.chunk_step(random_actions(NUM_ENVS, 1, CHUNK)[0])
+    seconds = split.take_env_seconds()
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+    assert split.take_env_seconds() == [0.0, 0.0]
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_environment_worker_steps_the_same_trajectories_while_the_caller_goes_on():
+    from mindrl.workers.vector_env_worker import start_remote_stages
+
+    groups = np.repeat(np.arange(4), 2)
+    actions = random_actions(NUM_ENVS, HORIZON // CHUNK + 1, CHUNK, seed=5)
+    remote = start_remote_stages(PATH, StageLayout(NUM_ENVS, FIRST, 2), **OPTIONS)
+    try:
+        for mine, theirs in zip(
+            episode(remote, groups, actions), episode(stages(1), groups, actions), strict=True
+        ):
+            assert_same_outputs(mine, theirs)
+        # Both stages' steps are submitted before either is waited on.
+        calls = [remote.submit_step(s, actions[0][remote.layout.rows(s)]) for s in (0, 1)]
+        assert all(len(call.result()[1]) == NUM_ENVS // 2 for call in calls)
+        assert all(s > 0 for s in remote.take_env_seconds())
+    finally:
+        remote.close()
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_environment_worker_refusing_its_keywords_says_so_in_one_line():
+    from mindrl.workers.vector_env_worker import start_remote_stages
+
+    layout = StageLayout(NUM_ENVS, 0, 2)
+    with pytest.raises(EnvConfigError, match=r"refuses env\.kwargs"):
+        start_remote_stages(PATH, layout, **OPTIONS, kwargs={"colour_count": 9})
