@@ -299,7 +299,8 @@ def test_where_the_environments_step_changes_no_figure_of_the_run(placed_runs, p
             assert mine[key] == reference[key], key
         for key in ("pg_loss", "grad_norm", "entropy", "clone_nll_first", "clone_nll_last"):
             if key in reference:
-                assert mine[key] == pytest.approx(reference[key], rel=1e-5), key
+                # float32 forwards over batches of other sizes: rounding, no more
+                assert mine[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-8), key
 
 
 @pytest.mark.ray
