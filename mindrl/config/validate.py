@@ -654,11 +654,6 @@ def _embodied_limits(
                 "group algorithm's advantage is the episode's); set algorithm.reward_level=chunk",
             ),
             (
-                bool(options.dynamic_sampling),
-                f"{trainer}: dynamic sampling is not built for embodied runs; set "
-                "algorithm.dynamic_sampling=false",
-            ),
-            (
                 options.kl_coef > 0 or options.adaptive_kl,
                 f"{trainer}: no reference policy is built for the vla family; set "
                 "algorithm.kl_coef=0 (and adaptive_kl false)",

@@ -58,7 +58,12 @@ from mindrl.envs.stages import (
 )
 from mindrl.metrics.reduce import mean_by_key
 from mindrl.workers.embodied_setup import check_fits, start_stages
-from mindrl.workers.episode_rows import ChunkSteps, SteppedEpisodes, reset_state_ids
+from mindrl.workers.episode_rows import (
+    ChunkSteps,
+    SteppedEpisodes,
+    informative_groups,
+    reset_state_ids,
+)
 from mindrl.workers.updates import minibatch_slices, step_metrics
 
 #: The behaviour-cloning phase's key in the sampling seeds (RL's rollouts have none).
@@ -107,13 +112,19 @@ class EmbodiedActor:
         self.steps = steps = stepped.chunk_steps()
         per_env = (stepped.chunks, env.num_envs, -1)
         returns = steps.rewards.double().view(per_env).sum(dim=(0, 2))  # [envs]
+        dropped = 0
         if algorithm.chunk_value_head:
             self._credit_each_step(stepped, algorithm, options)
         else:
             advantages = algorithm.episode_advantages(returns, torch.from_numpy(groups), options)
             steps.advantages = advantages.repeat(stepped.chunks).unsqueeze(-1)
+            if options.dynamic_sampling:  # the success-rate filter
+                kept = informative_groups(stepped.success, groups)
+                steps.kept = torch.from_numpy(kept).repeat(stepped.chunks)
+                dropped = len(np.unique(groups[~kept]))
         lengths = steps.valid.view(per_env).sum(dim=(0, 2))
         return {
+            "groups_dropped": float(dropped),
             "episodes": float(env.num_envs),
             "successes": float(stepped.success.sum()),
             "return_sum": float(returns.sum()),
@@ -256,8 +267,11 @@ class EmbodiedActor:
         micro_batch_size: int | None,
     ) -> dict[str, float]:
         """``epochs`` x ``num_minibatches`` optimizer steps on the rollout's chunk steps
-        (those with a valid action; the others train nothing); the steps' mean metrics."""
+        (those with a valid action; the others train nothing); the steps' mean metrics.
+        A filtered group's rows stay in the forward with no valid unit, so a rank whose
+        groups were all filtered still joins every step's collectives."""
         steps = self.steps.rows(self.steps.valid.any(-1))
+        steps.valid = steps.valid & steps.kept.unsqueeze(-1)
         self.steps = None
         records = []
         for _ in range(epochs):

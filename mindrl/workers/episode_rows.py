@@ -21,7 +21,8 @@ class ChunkSteps:
     (generation's), ``rewards`` / ``valid`` ``[rows, C]``, ``values [rows]``
     (generation's value head), ``advantages [rows, 1]`` (at the chunk level: the
     episode's, or the step's own under a value head) and ``returns [rows]`` (the value
-    head's targets; empty for a group algorithm)."""
+    head's targets; empty for a group algorithm) and ``kept [rows]`` (False: the row's
+    group was filtered out and trains nothing)."""
 
     images: torch.Tensor
     states: torch.Tensor
@@ -33,6 +34,7 @@ class ChunkSteps:
     values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    kept: torch.Tensor
 
     def __len__(self) -> int:
         return len(self.action_ids)
@@ -99,6 +101,7 @@ class SteppedEpisodes:
             values=torch.cat([c.values for c in chunks]),
             advantages=torch.zeros(0),
             returns=torch.zeros(0),
+            kept=torch.ones(sum(len(c.action_ids) for c in chunks), dtype=torch.bool),
         )
 
     def seconds(self, env: SimulatorStages) -> dict[str, float]:
@@ -117,3 +120,15 @@ def reset_state_ids(first_env_id: int, num_envs: int, group_size: int, groups: i
     consecutive environments by global number), new every iteration."""
     global_ids = first_env_id + np.arange(num_envs)
     return iteration * groups + global_ids // group_size
+
+
+def informative_groups(success: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
+    """``[envs]``: whether each environment's group holds both a success and a failure.
+
+    RLinf-VLA's success-rate filter: in a group whose episodes all succeeded, or all
+    failed, no episode did better at the task than another, and a group algorithm's
+    advantages there are only the shaping's differences (scaled up to unit spread where
+    the advantages are divided by the group's std)."""
+    _, inverse = np.unique(group_ids, return_inverse=True)
+    rate = np.bincount(inverse, weights=success.astype(np.float64)) / np.bincount(inverse)
+    return ((rate > 0) & (rate < 1))[inverse]

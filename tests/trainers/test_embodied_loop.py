@@ -16,7 +16,7 @@ from mindrl.envs.embodied import VectorEnv
 from mindrl.metrics import read_metrics
 from mindrl.run_plan import EMBODIED, build_run_plan
 from mindrl.workers.embodied import restarted
-from mindrl.workers.episode_rows import reset_state_ids
+from mindrl.workers.episode_rows import informative_groups, reset_state_ids
 from trainers.driver.setup import RunSetupError, _preflight
 from trainers.driver.train import train
 from trainers.registry import get_algorithm
@@ -170,7 +170,6 @@ def test_the_recipes_plan_runs_the_episodes_and_the_update_on_the_actor_alone():
     ("trainer", "overrides", "line"),
     [
         ("reinforce_pp", (), "--trainer reinforce_pp: embodied runs train group algorithms"),
-        ("dapo", (), "dynamic sampling is not built for embodied runs"),
         ("grpo", ("rollout.placement=disaggregated", "rollout.devices=1"), "runs collocated"),
         ("grpo", ("env.auto_reset=true",), "set env.auto_reset=false"),
         ("grpo", ("algorithm.reward_level=action",), "algorithm.reward_level=action is not"),
@@ -225,8 +224,9 @@ PLACEMENTS = {
     "hybrid-1": ("env.placement=hybrid",),
     "hybrid-2": ("env.placement=hybrid", "env.pipeline_stages=2"),
 }
-#: The same small run with PPO (GAE over chunk steps from the policy's value head).
-PPO_RUN = "ppo"
+#: The same small run with PPO (GAE over chunk steps from the policy's value head), and
+#: with DAPO (its dynamic sampling: the success-rate filter), one iteration, no cloning.
+PPO_RUN, DAPO_RUN = "ppo", "dapo"
 
 
 @pytest.fixture(scope="module")
@@ -246,16 +246,18 @@ def placed_runs(tmp_path_factory, ray_cluster) -> dict[str, list[dict]]:
         ]
         assert train(load_config(RECIPE, overrides, algorithm=GRPO), "grpo", "cpu") == 0
         records[name] = read_metrics(root / name / "metrics.jsonl")
-    overrides = [
-        f"logging.dir={root / PPO_RUN}",
-        "logging.progress_bar=false",
-        "logging.backends=[]",
-        "iterations=2",
-        "env.clone_steps=0",
-        *SMALL,
-    ]
-    assert train(load_config(RECIPE, overrides, algorithm=PPO), "ppo", "cpu") == 0
-    records[PPO_RUN] = read_metrics(root / PPO_RUN / "metrics.jsonl")
+    for name, iterations in ((PPO_RUN, 2), (DAPO_RUN, 1)):
+        overrides = [
+            f"logging.dir={root / name}",
+            "logging.progress_bar=false",
+            "logging.backends=[]",
+            f"iterations={iterations}",
+            "env.clone_steps=0",
+            *SMALL,
+        ]
+        algorithm = get_algorithm(name)
+        assert train(load_config(RECIPE, overrides, algorithm=algorithm), name, "cpu") == 0
+        records[name] = read_metrics(root / name / "metrics.jsonl")
     return records
 
 
@@ -265,6 +267,25 @@ def test_ppo_trains_the_policy_and_its_value_head_together(placed_runs):
         assert record["grad_norm"] > 0 and np.isfinite(record["pg_loss"])
         assert record["value_loss"] > 0 and np.isfinite(record["value_mean"])
         assert 0.0 <= record["success_rate"] <= 1.0 and record["episodes"] == 16
+
+
+@pytest.mark.ray
+def test_dapo_drops_the_groups_without_both_a_success_and_a_failure(placed_runs):
+    (record,) = placed_runs[DAPO_RUN]
+    assert 0 <= record["groups_dropped"] <= 4  # 16 environments in groups of 4
+    # A random policy rarely succeeds: where every group was dropped, the update still
+    # ran on every rank (no hang) and moved nothing.
+    if record["groups_dropped"] == 4:
+        assert record["grad_norm"] == 0 and record["pg_loss"] == 0
+    else:
+        assert record["grad_norm"] > 0
+
+
+def test_a_group_is_informative_only_with_both_a_success_and_a_failure():
+    success = np.array([1, 0, 1, 1, 0, 0, 1, 0], dtype=bool)
+    groups = np.array([5, 5, 7, 7, 9, 9, 3, 3])  # mixed, all succeeded, all failed, mixed
+    kept = informative_groups(success, groups)
+    assert kept.tolist() == [True, True, False, False, False, False, True, True]
 
 
 @pytest.mark.ray

@@ -22,7 +22,7 @@ from trainers.driver.state import RunState
 #: Behaviour-cloning steps per call to the actor's ranks: a progress line after each.
 CLONE_STEPS_PER_CALL = 50
 #: The rollout reports' sums over the data-parallel leaders (mindrl/workers/embodied.py).
-EPISODE_SUMS = ("episodes", "successes", "return_sum", "length_sum")
+EPISODE_SUMS = ("episodes", "successes", "return_sum", "length_sum", "groups_dropped")
 
 
 class EmbodiedRunner(IterationRunner):
@@ -93,6 +93,7 @@ class EmbodiedRunner(IterationRunner):
             "reward_mean": sums["return_sum"] / episodes,
             "episode_length_mean": sums["length_sum"] / episodes,
             "episodes": sums["episodes"],
+            "groups_dropped": sums["groups_dropped"],
             **mean_by_key(updates, skip=TIMING_KEYS),
             "env_frames_per_s": sums["length_sum"] / rollout_s if rollout_s > 0 else 0.0,
             "epoch_frames_per_s": sums["length_sum"] / epoch_s if epoch_s > 0 else 0.0,
