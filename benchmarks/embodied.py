@@ -25,7 +25,6 @@ generation's seconds per rollout, in all and per stage. Ratios: each cell's
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness.report import machine  # noqa: E402  (after the path)
+from benchmarks.harness.report import finish_report, machine  # noqa: E402  (after the path)
 
 CELLS = {
     "collocated": ("env.placement=collocated",),
@@ -210,11 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RunSetupError, RuntimeError) as error:
         print(f"embodied: error: {error}", file=sys.stderr)
         return 1
-    print_report(report)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"  report written to {args.json}")
-    return 0
+    return finish_report(report, print_report, args.json)
 
 
 if __name__ == "__main__":

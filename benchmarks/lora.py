@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness.report import machine  # noqa: E402  (after the path)
+from benchmarks.harness.report import finish_report, machine  # noqa: E402  (after the path)
 
 RECIPES = {
     "smollm2": {"full": ("smollm2_135m.yaml", []), "lora": ("smollm2_135m_lora.yaml", [])},
@@ -210,11 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         ray.shutdown()
-    print_report(report)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"  report written to {args.json}")
-    return 0
+    return finish_report(report, print_report, args.json)
 
 
 if __name__ == "__main__":

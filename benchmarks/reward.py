@@ -28,7 +28,6 @@ Two measurements, one process:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -40,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness.report import machine  # noqa: E402  (after the path)
+from benchmarks.harness.report import finish_report, machine  # noqa: E402  (after the path)
 
 TARGET = "benchmarks.harness.slow_reward:slow_digits"
 CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -216,11 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as error:
         print(f"reward: error: {error}", file=sys.stderr)
         return 1
-    print_report(report)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"  report written to {args.json}")
-    return 0
+    return finish_report(report, print_report, args.json)
 
 
 if __name__ == "__main__":
