@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from mindrl.algorithm import Algorithm, run_options
 from mindrl.config.compat import model_roles, uses_reference
 from mindrl.config.layout import DISAGGREGATED, OFFLINE, RunLayout, resolve_layout
-from mindrl.config.schema import AlgorithmConfig, MindRLConfig
+from mindrl.config.schema import HYBRID, AlgorithmConfig, MindRLConfig
 from mindrl.data.records import RECORD_FIELDS
 from mindrl.rewards.routing import reward_spec_of
 
@@ -347,6 +347,14 @@ def _embodied_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         stage_deadline_s=stage_deadline_s(config),
         options=options,
     )
+
+
+def embodied_env_workers(config: MindRLConfig, plan: RunPlan) -> int:
+    """Environment workers an embodied run places: under ``env.placement: hybrid`` one
+    beside each actor rank (one CPU slot each), else none."""
+    if config.env.embodied and config.env.placement == HYBRID:
+        return plan.layout.training["actor"].world
+    return 0
 
 
 def stage_deadline_s(config: MindRLConfig) -> float:

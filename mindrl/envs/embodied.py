@@ -163,10 +163,7 @@ class VectorEnv(abc.ABC):
         Raises:
             EnvConfigError: this environment has no scripted expert.
         """
-        raise EnvConfigError(
-            f"{type(self).__name__} has no scripted expert (VectorEnv.expert_actions) to "
-            "clone; set env.clone_steps=0"
-        )
+        raise EnvConfigError(no_expert_line(type(self).__name__))
 
     def checked_actions(self, actions: np.ndarray) -> np.ndarray:
         """``actions`` clipped to the action spec, once their shape is checked to be
@@ -214,6 +211,14 @@ class VectorEnv(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - a hook: most simulators hold nothing to release
         """Release what the environments hold (processes, renderers); nothing by default."""
+
+
+def no_expert_line(name: str) -> str:
+    """The one line refusing to clone the environment class ``name``, which has no
+    scripted expert."""
+    return (
+        f"{name} has no scripted expert (VectorEnv.expert_actions) to clone; set env.clone_steps=0"
+    )
 
 
 class InitialStates:

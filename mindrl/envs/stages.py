@@ -170,12 +170,8 @@ class SimulatorStages:
         return join_results([p.result() for p in pending])
 
     def expert_actions(self) -> np.ndarray:
-        """:meth:`VectorEnv.expert_actions` over the rank's rows."""
-        if not self.description.has_expert:
-            raise EnvConfigError(
-                f"{self.description.name} has no scripted expert (VectorEnv.expert_actions) "
-                "to clone; set env.clone_steps=0"
-            )
+        """:meth:`VectorEnv.expert_actions` over the rank's rows (a class without an
+        expert is refused at start-up, ``check_fits``)."""
         pending = [self._submit(stage, "expert_actions") for stage in range(self.count)]
         return np.concatenate([p.result() for p in pending])
 

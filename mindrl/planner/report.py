@@ -10,7 +10,6 @@ from dataclasses import asdict
 from backends.device import library_workspace_bytes
 from mindrl.config import MindRLConfig
 from mindrl.config.layout import DISAGGREGATED, GenerationLayout, TrainingLayout
-from mindrl.config.schema import HYBRID
 from mindrl.dock.schema import RL_FIELDS, RUN_FIELDS
 from mindrl.planner.checkpoint import checkpoint_plan
 from mindrl.planner.memory import (
@@ -28,7 +27,7 @@ from mindrl.planner.sample_flow import (
     link_flow,
     sample_flow,
 )
-from mindrl.run_plan import RunPlan
+from mindrl.run_plan import RunPlan, embodied_env_workers
 
 GB = 1e9
 
@@ -292,14 +291,13 @@ def environments(config: MindRLConfig, plan: RunPlan) -> dict | None:
     if not env.embodied:
         return None
     dp = plan.layout.training["actor"].dp or 1
-    hybrid = env.placement == HYBRID
     return {
         "class": env.cls,
         "num_envs": env.num_envs,
         "per_rank": env.num_envs // dp,
         "placement": env.placement,
         "pipeline_stages": env.pipeline_stages,
-        "env_workers": plan.layout.training["actor"].world if hybrid else 0,
+        "env_workers": embodied_env_workers(config, plan),
     }
 
 

@@ -175,7 +175,7 @@ class EmbodiedActor:
             env.submit_reset(stage, reset_state_ids=groups[layout.rows(stage)])
             for stage in range(env.count)
         ]
-        stepped = SteppedEpisodes(env.count, env.horizon // env.chunk_size, env.num_envs)
+        stepped = SteppedEpisodes(layout, env.horizon // env.chunk_size)
         for chunk_index in range(stepped.chunks + 1):
             for stage in range(env.count):
                 answer = pending[stage].result()

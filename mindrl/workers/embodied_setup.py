@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from backends.megatron.families.vla import ACTION_BINS, VLASpec
 from mindrl.config.schema import HYBRID, MindRLConfig
-from mindrl.envs.embodied import EnvConfigError
+from mindrl.envs.embodied import EnvConfigError, no_expert_line
 from mindrl.envs.stages import EnvDescription, SimulatorStages, StageLayout, build_stages
 from mindrl.workers.vector_env_worker import start_remote_stages
 
@@ -40,10 +40,7 @@ def check_fits(
                 f"model.vla.{key}={env_value}"
             )
     if clones and not env.has_expert:
-        raise EnvConfigError(
-            f"{name} has no scripted expert (VectorEnv.expert_actions) to clone; set "
-            "env.clone_steps=0"
-        )
+        raise EnvConfigError(no_expert_line(name))
     words = len(spec.instruction_vocab)
     if words > vocab_size - ACTION_BINS:
         raise EnvConfigError(

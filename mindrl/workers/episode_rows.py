@@ -10,7 +10,7 @@ import torch
 
 from backends.megatron.families.vla import VLAChunk, VLAObservation
 from mindrl.envs.embodied import Observations
-from mindrl.envs.stages import SimulatorStages
+from mindrl.envs.stages import SimulatorStages, StageLayout
 
 
 @dataclass
@@ -55,9 +55,16 @@ class SteppedEpisodes:
     chunk) and (rewards, valid), which environments succeeded, and the seconds it spent
     generating."""
 
-    stages: int
+    layout: StageLayout
     chunks: int
-    num_envs: int
+
+    @property
+    def stages(self) -> int:
+        return self.layout.count
+
+    @property
+    def num_envs(self) -> int:
+        return self.layout.num_envs
 
     def __post_init__(self) -> None:
         self.recorded: list[list[tuple[VLAObservation, VLAChunk]]] = [
@@ -70,14 +77,13 @@ class SteppedEpisodes:
         self.terminated = np.zeros(self.num_envs, dtype=np.bool_)
         self.last_observations: list[Observations | None] = [None] * self.stages
         self.generate_s = [0.0] * self.stages
-        self._offsets = np.arange(self.stages) * (self.num_envs // self.stages)
 
     def record_step(self, stage: int, answer: tuple) -> Observations:
         """Keep stage ``stage``'s chunk result; its next observations."""
         observations, rewards, terminations, _, info = answer
         outcome = (torch.tensor(rewards), torch.tensor(info["valid"]))  # copies: read-only
         self.outcomes[stage].append(outcome)
-        rows = slice(self._offsets[stage], self._offsets[stage] + len(rewards))
+        rows = self.layout.rows(stage)
         self.success[rows] |= info["success"]
         self.terminated[rows] |= terminations.any(axis=1)
         self.last_observations[stage] = observations

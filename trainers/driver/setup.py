@@ -25,7 +25,7 @@ import ray
 from backends.device import Device, get_device, library_workspace_bytes
 from backends.megatron import checkpoint
 from mindrl.config.layout import DISAGGREGATED, ROLLOUT_WORKER
-from mindrl.config.schema import HYBRID, MindRLConfig
+from mindrl.config.schema import MindRLConfig
 from mindrl.config.specs import engine_specs, vla_spec
 from mindrl.config.validate import is_vla
 from mindrl.data import PromptDataset, PromptRecord, load_tokenizer
@@ -41,7 +41,7 @@ from mindrl.planner.offload import plan_offload
 from mindrl.planner.render import environments_line
 from mindrl.planner.report import environments
 from mindrl.rewards.routing import reward_problems, reward_spec_of, served_judge, unrouted_problem
-from mindrl.run_plan import RunPlan, build_run_plan
+from mindrl.run_plan import RunPlan, build_run_plan, embodied_env_workers
 from mindrl.workers.context import model_context, stage_context
 from mindrl.workers.embodied_setup import check_fits
 from mindrl.workers.env_worker import env_worker_class
@@ -314,8 +314,8 @@ def serves_judge(config: MindRLConfig) -> bool:
 def env_workers(config: MindRLConfig, plan: RunPlan) -> int:
     """Environment workers a run places (one CPU slot each): a text run's
     ``env.workers``; an embodied hybrid run's one beside each actor rank."""
-    if config.env.embodied and config.env.placement == HYBRID:
-        return plan.layout.training["actor"].world
+    if config.env.embodied:
+        return embodied_env_workers(config, plan)
     return config.env.workers if config.env.enabled else 0
 
 
