@@ -231,15 +231,31 @@ class Algorithm(ABC):
         bootstrap: torch.Tensor,
         options: AlgorithmConfig,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(advantages, returns)`` ``[episodes, T]`` of each episode's chunk steps from
-        their ``rewards`` and ``values`` ``[episodes, T]``, ``valid`` (the steps with an
-        applied action) and ``bootstrap [episodes]``: the value of where an episode cut
-        off by its horizon stopped (0 for one that terminated) (``chunk_value_head``)."""
+        """``(advantages, returns)`` ``[episodes, T, width(reward_level)]`` of each
+        episode's chunk steps from the actions' ``rewards`` and ``valid`` ``[episodes, T,
+        C]`` (valid: applied), the value head's ``values`` (shaped as the results) and
+        ``bootstrap [episodes]``: the value of where an episode cut off by its horizon
+        stopped (0 for one that terminated) (``chunk_value_head``)."""
         raise NotImplementedError(f"{self.name} has no value head for chunk steps")
 
-    def valid_units(self, valid: torch.Tensor, options: AlgorithmConfig, action_dims: int) -> int:
-        """Units of ``options.logprob_level`` that the valid actions ``[..., C]`` hold."""
+    def valid_units(
+        self,
+        valid: torch.Tensor,
+        options: AlgorithmConfig,
+        action_dims: int,
+        level: str | None = None,
+    ) -> int:
+        """Units of ``level`` (default ``options.logprob_level``) that the valid actions
+        ``[..., C]`` hold."""
         raise NotImplementedError(f"{self.name} trains no chunked actions")
+
+    def chunk_value_loss(
+        self, values: torch.Tensor, batch: Batch, options: AlgorithmConfig, num_units: Number
+    ) -> LossAndMetrics:
+        """The value head's loss on chunk steps: ``values``, ``old_values`` and
+        ``returns`` ``[rows, width(reward_level)]``, ``valid [rows, C]``; each valid unit
+        of ``options.reward_level`` weighs ``1 / num_units`` (``chunk_value_head``)."""
+        raise NotImplementedError(f"{self.name} has no value head for chunk steps")
 
     def chunk_actor_loss(
         self,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from mindrl.algorithm import Algorithm, run_options
 from mindrl.config.compat import model_roles, uses_reference
 from mindrl.config.layout import DISAGGREGATED, OFFLINE, RunLayout, resolve_layout
-from mindrl.config.schema import HYBRID, AlgorithmConfig, MindRLConfig
+from mindrl.config.schema import ENV_WORKER_PLACEMENTS, AlgorithmConfig, MindRLConfig
 from mindrl.data.records import RECORD_FIELDS
 from mindrl.rewards.routing import reward_spec_of
 
@@ -153,6 +153,13 @@ class RunPlan:
         runs train on stored samples: the planner then places no generation engine and
         sizes no generation layout, KV cache or allgather-swap (mindrl/planner)."""
         return "rollout" in self.stage_names
+
+    @property
+    def has_generation_engine(self) -> bool:
+        """Whether the run holds a generation engine (weights resharded into it, a KV
+        cache, allgather-swap): a run that generates, unless it is embodied, whose policy
+        generates with the training model's own forward."""
+        return self.generates and self.runner != EMBODIED
 
     def dock_stages(self) -> dict[str, list[str]]:
         """Stage -> the fields its claims read, as the dock's controllers are built."""
@@ -350,9 +357,9 @@ def _embodied_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
 
 
 def embodied_env_workers(config: MindRLConfig, plan: RunPlan) -> int:
-    """Environment workers an embodied run places: under ``env.placement: hybrid`` one
-    beside each actor rank (one CPU slot each), else none."""
-    if config.env.embodied and config.env.placement == HYBRID:
+    """Environment workers an embodied run places: under ``env.placement: hybrid`` or
+    ``disaggregated`` one for each actor rank (one CPU slot each), else none."""
+    if config.env.embodied and config.env.placement in ENV_WORKER_PLACEMENTS:
         return plan.layout.training["actor"].world
     return 0
 

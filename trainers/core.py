@@ -354,10 +354,35 @@ class PolicyGradientAlgorithm(Algorithm):
         }
         return self.compute_advantages(batch, options)["advantages"][:, 0]
 
-    def valid_units(self, valid: torch.Tensor, options: AlgorithmConfig, action_dims: int) -> int:
-        """Units of ``options.logprob_level`` the valid actions ``[..., C]`` hold (a
-        chunk while any of its actions is valid, a token while its action is)."""
-        return int(valid_at(valid, options.logprob_level, action_dims).sum())
+    def valid_units(
+        self,
+        valid: torch.Tensor,
+        options: AlgorithmConfig,
+        action_dims: int,
+        level: str | None = None,
+    ) -> int:
+        """Units of ``level`` (default ``options.logprob_level``) the valid actions
+        ``[..., C]`` hold (a chunk while any of its actions is valid, a token while its
+        action is)."""
+        return int(valid_at(valid, level or options.logprob_level, action_dims).sum())
+
+    def chunk_value_loss(
+        self,
+        values: torch.Tensor,
+        batch: Mapping[str, torch.Tensor],
+        options: AlgorithmConfig,
+        num_units: Number,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`critic_loss` of the value head's ``values [rows, width(reward_level)]``
+        against ``returns`` around ``old_values`` (same shape), on the units of
+        ``options.reward_level`` that ``valid [rows, C]`` leaves (a chunk while any of
+        its actions is valid), each weighing ``1 / num_units``."""
+        units = {
+            "old_values": batch["old_values"],
+            "returns": batch["returns"],
+            "response_mask": valid_at(batch["valid"], options.reward_level, action_dims=1),
+        }
+        return self.critic_loss(values, units, options, num_tokens=num_units)
 
     def chunk_actor_loss(
         self,

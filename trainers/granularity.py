@@ -81,41 +81,6 @@ def spread(
     return values.repeat_interleave(copies, dim=-1)
 
 
-@torch.no_grad()
-def chunk_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    next_values: torch.Tensor,
-    terminated: torch.Tensor,
-    ended: torch.Tensor,
-    gamma: float,
-    lam: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over chunk steps ``[T, n]`` (time first).
-
-    ``next_values[t]`` is the value of the observation after step ``t``: the next
-    step's, or, where the episode was *truncated* at ``t``, the value of its final
-    observation (the environment's ``final_observations``), so a time limit bootstraps
-    from where the episode stopped instead of counting as failure; a *terminated* step
-    bootstraps nothing. ``ended`` (terminated or truncated) cuts the recursion, so an
-    auto-reset episode after it never leaks back. Per step:
-
-        delta_t = r_t + gamma * (1 - terminated_t) * V'_t - V_t
-        A_t     = delta_t + gamma * lam * (1 - ended_t) * A_{t+1}
-
-    Returns:
-        ``(advantages, returns)``, both ``[T, n]``; returns = advantages + values.
-    """
-    advantages = torch.zeros_like(values)
-    following = torch.zeros_like(values[0])
-    for t in reversed(range(values.shape[0])):
-        bootstrap = torch.where(terminated[t], 0.0, next_values[t])
-        delta = rewards[t] + gamma * bootstrap - values[t]
-        following = delta + gamma * lam * torch.where(ended[t], 0.0, following)
-        advantages[t] = following
-    return advantages, advantages + values
-
-
 def _known(level: str) -> str:
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; known: {', '.join(LEVELS)}")

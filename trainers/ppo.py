@@ -22,9 +22,9 @@ Adam step per iteration), not PPO's: every online trainer measured on it crosses
 entropy 0.3 between iterations 59 and 115, GRPO included, whose 1.0 at seed 1234 is
 0.50 at seed 7. ``lam`` 1 alone gave 0.91 at seed 1234 but 0.65 at seed 7, a 5x faster
 critic 0.79 at seed 7 with an unstable value; the bonus delays the collapse, and with
-``lam`` 1 it reached >= 0.9 at seeds 1234, 42 and 7 (last 10: 0.997, 0.95, 0.86; README,
-Algorithms). The base default stays ``entropy_coef`` 0 for the other trainers, each
-measured without it.
+``lam`` 1 it reached >= 0.9 at seeds 1234, 42 and 7 (last 10: 0.997, 0.95, 0.86;
+docs/guide/algorithms.md). The base default stays ``entropy_coef`` 0 for the other
+trainers, each measured without it.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import torch
 
 from mindrl.config.schema import AlgorithmConfig
 from trainers.core import Number, PolicyGradientAlgorithm, masked_whiten, value_loss
+from trainers.granularity import rewards_at, valid_at
 
 
 @torch.no_grad()
@@ -107,21 +108,30 @@ class PPO(PolicyGradientAlgorithm):
         bootstrap: torch.Tensor,
         options: AlgorithmConfig,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """GAE over each episode's chunk steps (a chunk step is GAE's token, its reward
-        the sum of its applied actions'): an episode cut off by its horizon is not an
-        ending, so the discounted ``bootstrap`` value of where it stopped is added to its
-        last valid step's reward (a terminated one's is 0); the next value after it is
-        0 either way. Whitened over the given episodes' valid steps unless
-        ``norm_adv_by_std`` is off: scaled to unit spread, the small advantages of a
-        policy that already succeeds become as large as a failing one's (the cloned
-        start's case, docs/guide/environments.md)."""
-        valid = valid.bool()
-        last = torch.where(valid, torch.arange(valid.shape[1]), -1).amax(dim=1)  # [episodes]
+        """GAE over each episode's units of ``options.reward_level`` in time order: its
+        chunk steps (a step's reward the sum of its applied actions') or every action of
+        every chunk (each its own reward and value, gamma per action; RLinf-VLA's
+        action level). An episode cut off by its horizon is not an ending, so the
+        discounted ``bootstrap`` value of where it stopped is added to its last valid
+        unit's reward (a terminated one's is 0); the next value after it is 0 either
+        way. Whitened over the given episodes' valid units unless ``norm_adv_by_std`` is
+        off: scaled to unit spread, the small advantages of a policy that already
+        succeeds become as large as a failing one's (the cloned start's case,
+        docs/guide/environments.md). Shapes: ``rewards`` / ``valid`` ``[episodes, T,
+        C]``, ``values`` and both results ``[episodes, T, width(reward_level)]``."""
+        level = options.reward_level
+        units = rewards_at(rewards, valid.bool(), level).to(values)
+        mask = valid_at(valid.bool(), level, action_dims=1)
+        episodes, steps, per_step = values.shape
+        flat_rewards, flat_mask = units.reshape(episodes, -1), mask.reshape(episodes, -1)
+        last = torch.where(flat_mask, torch.arange(steps * per_step), -1).amax(dim=1)
         rows = torch.nonzero(last >= 0).squeeze(-1)
-        rewards = rewards.clone()
-        rewards[rows, last[rows]] += options.gamma * bootstrap[rows].to(rewards)
-        whiten = bool(options.norm_adv_by_std)
-        return compute_gae(rewards, values, valid, options.gamma, options.lam, whiten)
+        flat_rewards[rows, last[rows]] += options.gamma * bootstrap[rows].to(flat_rewards)
+        flat_values, whiten = values.reshape(episodes, -1), bool(options.norm_adv_by_std)
+        advantages, returns = compute_gae(
+            flat_rewards, flat_values, flat_mask, options.gamma, options.lam, whiten
+        )
+        return advantages.view_as(values), returns.view_as(values)
 
     def critic_loss(
         self,

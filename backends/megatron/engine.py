@@ -463,6 +463,14 @@ class MegatronEngine:
         dist.all_reduce(sums, group=ps.get_data_parallel_group())
         return sums.tolist()
 
+    def max_over_data_parallel(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` maxed elementwise over the DP ranks (one all-reduce), on the CPU."""
+        from megatron.core import parallel_state as ps
+
+        maxed = values.to(self.device.device(), torch.double)
+        dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+        return maxed.cpu()
+
     def _token_use(self, micro_batches: list[_Scored]) -> dict[str, float]:
         """Positions the forward computes (pads included) and the real tokens among them,
         over the whole global batch: ``train_tokens_per_real_token`` is their ratio."""

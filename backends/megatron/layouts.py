@@ -108,8 +108,9 @@ def canonical_name(local_name: str, layer_offset: int, expert_offset: int) -> st
     return _EXPERT.sub(lambda m: f".local_experts.{int(m.group(1)) + expert_offset}.", name)
 
 
-#: Buffers that are weights: DeepSeek's router expert bias (HF ``e_score_correction_bias``).
-WEIGHT_BUFFERS = ("mlp.router.expert_bias",)
+#: Buffers that are weights: DeepSeek's router expert bias (HF ``e_score_correction_bias``)
+#: and a VLA policy's state normalisation (``families/vla.py``).
+WEIGHT_BUFFERS = ("mlp.router.expert_bias", "vla.state_centre", "vla.state_half_range")
 
 
 def canonical_parameters(model: nn.Module) -> dict[str, nn.Parameter | torch.Tensor]:

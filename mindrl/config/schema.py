@@ -14,8 +14,10 @@ from mindrl.config.fields import option, section
 from mindrl.metrics.sinks import SINKS, SinkSettings
 
 #: Where an embodied run's simulators step (``env.placement``), the default first.
-ENV_PLACEMENTS = ("collocated", "hybrid")
-HYBRID = "hybrid"
+ENV_PLACEMENTS = ("collocated", "hybrid", "disaggregated")
+HYBRID, ENV_DISAGGREGATED = "hybrid", "disaggregated"
+#: The placements that step a rank's simulators in an environment worker of its own.
+ENV_WORKER_PLACEMENTS = (HYBRID, ENV_DISAGGREGATED)
 
 
 def family_names() -> tuple[str, ...]:
@@ -459,7 +461,8 @@ class AlgorithmConfig:
     reward_level: str = option(
         "chunk",
         "embodied: where advantages live: chunk (the sum of its valid actions' rewards) or "
-        "action (each action's own).",
+        "action (each action's own: PPO's GAE over actions, a value per action; a group "
+        "algorithm's advantage is the episode's, so it takes chunk).",
         choices=REWARD_LEVELS,
     )
     logprob_level: str = option(
@@ -734,7 +737,9 @@ class EnvConfig:
         "embodied: where each actor rank's simulators step. collocated: in the rank's own "
         "process, between its generations; hybrid: in an environment worker beside the rank "
         "(its node, one CPU slot), which steps one of env.pipeline_stages sub-simulators "
-        "while the rank generates the next one's chunk (RLinf-VLA's hybrid placement).",
+        "while the rank generates the next one's chunk (RLinf-VLA's hybrid placement); "
+        "disaggregated: the same, the workers on CPUs the run reserves for them apart from "
+        "the actor's (one placement group, spread over the cluster's nodes).",
         choices=ENV_PLACEMENTS,
     )
     pipeline_stages: int = option(
@@ -758,6 +763,13 @@ class EnvConfig:
         "embodied: the behaviour-cloning steps' learning rate (a supervised phase takes a "
         "larger one than RL fine-tuning); None: actor.optim's schedule.",
         gt=0,
+    )
+    clone_state_range: bool = option(
+        False,
+        "embodied: before cloning, run one expert episode per environment and map each "
+        "state dimension's range over them to [-1, 1] at the policy's input (OpenVLA's "
+        "bounds normalisation; saved with the weights): for states that mix scales, such "
+        "as Meta-World's metres of position and centimetres of offset. Needs clone_steps.",
     )
     max_turns: int = option(
         4, "Most model turns of an episode (it ends earlier when step says done).", ge=1

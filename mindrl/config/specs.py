@@ -102,12 +102,15 @@ def gpt_spec(model: ModelConfig) -> GPTSpec:
     return GPTSpec(**fields)
 
 
-def vla_spec(model: ModelConfig) -> VLASpec:
+def vla_spec(model: ModelConfig, reward_level: str = "chunk") -> VLASpec:
     """The engine's :class:`VLASpec` (a vision-language-action family's inputs and
-    outputs) for ``model.vla``: the same names on both sides."""
+    outputs) for ``model.vla``: the same names on both sides; the value head gives one
+    value per unit of ``reward_level`` (``algorithm.reward_level``: a chunk or each of
+    its actions)."""
     from backends.megatron.families.vla import VLASpec
 
-    return VLASpec(**dataclasses.asdict(model.vla))
+    per_chunk = model.vla.chunk_size if reward_level == "action" else 1
+    return VLASpec(**dataclasses.asdict(model.vla), values_per_chunk=per_chunk)
 
 
 def model_section_for(spec: GPTSpec, model: ModelConfig) -> ModelConfig:

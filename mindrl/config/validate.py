@@ -538,6 +538,11 @@ def check_embodied_env(config: MindRLConfig) -> list[str]:
             "'mindrl.envs.batched_reach:BatchedReach')"
         ]
     problems = []
+    if env.clone_state_range and not env.clone_steps:
+        problems.append(
+            "env.clone_state_range fits the state normalisation to the scripted expert "
+            "before cloning: it needs env.clone_steps > 0 (or set it false)"
+        )
     try:
         split_class_path(env.cls)
     except EnvConfigError as exc:
@@ -563,9 +568,9 @@ def check_embodied_trainable(
     config: MindRLConfig, algorithm: AlgorithmTraits | None, layout: RunLayout
 ) -> list[str]:
     """What an embodied run's loop is built for (trainers/driver/embodied.py): a
-    vision-language-action policy, a group algorithm at the chunk reward level, collocated,
-    fixed-length episodes, groups within one rank's environments. Everything else is
-    refused, one line each."""
+    vision-language-action policy, a group algorithm at the chunk reward level or PPO at
+    either, collocated, fixed-length episodes, groups within one rank's environments.
+    Everything else is refused, one line each."""
     if algorithm is None or not config.env.embodied:
         return []
     return [line for applies, line in _embodied_limits(config, algorithm, layout) if applies]
@@ -649,7 +654,7 @@ def _embodied_limits(
     if options is not None:
         lines += [
             (
-                options.reward_level != "chunk",
+                options.reward_level != "chunk" and embodied_credit(algorithm) == "group",
                 f"{trainer}: algorithm.reward_level={options.reward_level} is not built (a "
                 "group algorithm's advantage is the episode's); set algorithm.reward_level=chunk",
             ),

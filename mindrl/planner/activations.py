@@ -69,9 +69,12 @@ def shares_prompts(config: MindRLConfig, role: RoleConfig) -> bool:
 
 
 def samples_per_step(config: MindRLConfig, role: RoleConfig) -> int:
-    """Samples one data-parallel rank trains on in one optimizer step."""
+    """Samples one data-parallel rank trains on in one optimizer step (an embodied
+    run's samples are its episodes' chunk steps)."""
     dp = max(training_layout(role, config.model, training_devices(config)).dp, 1)
     samples = config.data.global_batch_size * config.data.n_samples_per_prompt
+    if config.env.embodied:
+        samples *= config.env.horizon // config.env.chunk_size
     prompts_per_step = role.mini_batch_size or config.data.global_batch_size
     steps = max(-(-config.data.global_batch_size // prompts_per_step), 1)
     return max(samples // dp // steps, 1)
@@ -84,12 +87,26 @@ def micro_batch_shape(config: MindRLConfig, role: RoleConfig) -> MicroBatchShape
         return budget_shape(config, role, role.max_tokens_per_micro_batch)
     prompt, response = config.rollout.max_prompt_length, config.rollout.max_response_length
     rows = min(role.micro_batch_size, samples_per_step(config, role))
+    if config.env.embodied:
+        return chunk_step_shape(config, rows)
     n = config.data.n_samples_per_prompt
     if shares_prompts(config, role) and n > 1:
         per_row = min(n, rows)  # responses packed behind one prompt
         packed = -(-rows // per_row)
         return MicroBatchShape(packed, prompt + per_row * response, rows * response)
     return MicroBatchShape(rows, prompt + response, rows * response)
+
+
+def chunk_step_shape(config: MindRLConfig, rows: int) -> MicroBatchShape:
+    """``rows`` chunk steps of a vision-language-action policy: each row its image
+    patches, keypoint tokens, the state token, the instruction (at most
+    ``rollout.max_prompt_length`` words) and the chunk's action inputs but the last, the
+    logits those of the chunk's action tokens (backends/megatron/families/vla.py)."""
+    vla = config.model.vla
+    actions = vla.chunk_size * vla.action_dims
+    prefix = (vla.image_size // vla.patch_size) ** 2 + vla.keypoints + 1
+    seq = prefix + config.rollout.max_prompt_length + actions - 1
+    return MicroBatchShape(rows, seq, rows * actions)
 
 
 def budget_shape(config: MindRLConfig, role: RoleConfig, budget: int) -> MicroBatchShape:

@@ -75,7 +75,7 @@ def rollout_measured(config: MindRLConfig, plan: RunPlan) -> bool:
     when nothing generates, nor when a rollout worker's engine runs its TP ranks in
     processes of its own (disaggregated, ``rollout.tp > 1``: vLLM's ``mp`` workers hold
     the weights and the KV cache, the measured worker only the received copy)."""
-    return plan.generates and not rollout_worker_spans_devices(config)
+    return plan.has_generation_engine and not rollout_worker_spans_devices(config)
 
 
 def planned_actor_bytes(memory: MemoryPlan, config: MindRLConfig, plan: RunPlan) -> dict[str, int]:

@@ -52,12 +52,12 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
 
 def environments_line(envs: dict) -> str:
     """Where an embodied run's simulators step, in one line."""
-    where = (
-        f"stepped by {envs['env_workers']} environment worker(s), one beside each actor rank "
-        "(one CPU slot each)"
-        if envs["placement"] == "hybrid"
-        else "stepped in the actor ranks' own processes"
-    )
+    where = {
+        "hybrid": f"stepped by {envs['env_workers']} environment worker(s), one beside each "
+        "actor rank (one CPU slot each)",
+        "disaggregated": f"stepped by {envs['env_workers']} environment worker(s) on CPUs "
+        "reserved apart from the actor's (one placement group, spread over the nodes)",
+    }.get(envs["placement"], "stepped in the actor ranks' own processes")
     return (
         f"environments: {envs['num_envs']} {envs['class']}, {envs['per_rank']} per actor "
         f"rank, {where}, in {envs['pipeline_stages']} pipeline stage(s) ({envs['placement']})"
@@ -179,7 +179,7 @@ def offloaded_rows(mem: dict) -> list[tuple[str, int]]:
 
 
 def memory_table(plan: dict) -> Table:
-    if not plan["generates"]:
+    if plan["memory"]["generation_naive"] is None:  # no generation engine to size
         return training_memory_table(plan)
     mem = plan["memory"]
     naive, swap = mem["generation_naive"], mem["generation_swap"]
@@ -229,9 +229,14 @@ def memory_table(plan: dict) -> Table:
 
 
 def training_memory_table(plan: dict) -> Table:
-    """A run that generates nothing: the training stage alone (no KV cache, no swap)."""
+    """A run without a generation engine (one that generates nothing, or an embodied
+    policy generating with its training model): the training stage alone (no KV cache,
+    no swap)."""
     mem = plan["memory"]
-    table = Table(title=f"per-device memory (device: {gb(mem['device_bytes'])}; no generation)")
+    generation = (
+        "generation: the training model's own forward" if plan["generates"] else "no generation"
+    )
+    table = Table(title=f"per-device memory (device: {gb(mem['device_bytes'])}; {generation})")
     table.add_column("item")
     table.add_column("bytes", justify="right")
     for name, size in training_rows(mem) + offloaded_rows(mem):

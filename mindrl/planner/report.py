@@ -34,8 +34,8 @@ GB = 1e9
 
 def planned_roles(plan: RunPlan) -> tuple[str, ...]:
     """Roles that hold device memory: the model roles plus the generation engine, if the
-    run generates."""
-    if not plan.generates:
+    run holds one."""
+    if not plan.has_generation_engine:
         return plan.model_roles
     return (plan.model_roles[0], "rollout", *plan.model_roles[1:])
 
@@ -49,7 +49,7 @@ def plan_run_memory(
     A role the plan offloads is not resident beside the actor's stages: its state waits
     on the host (:func:`offloaded_bytes`)."""
     resident = tuple(r for r in planned_roles(plan) if r not in plan.offloaded_roles)
-    return plan_memory(config, device_bytes, resident, plan.generates, workspace)
+    return plan_memory(config, device_bytes, resident, plan.has_generation_engine, workspace)
 
 
 def offloaded_bytes(config: MindRLConfig, plan: RunPlan) -> dict[str, int]:
@@ -237,7 +237,7 @@ def fit_problems(
             "per device, "
             f"{over:.1f} GB more than the {memory.device_bytes / GB:.1f} GB available"
         )
-    if plan.generates:
+    if plan.has_generation_engine:
         problems += generation_problems(memory, config, plan)
     return problems
 
@@ -363,7 +363,7 @@ def build_plan(
         "link_flow": layout_link_flow(config, plan).as_dict(),
         "checkpoint": checkpoint_plan(config, plan),
         "environments": environments(config, plan),
-        "allgather_swap": config.rollout.swap and plan.generates,
+        "allgather_swap": config.rollout.swap and plan.has_generation_engine,
         "fit_problems": fit_problems(memory, config, plan, host_bytes),
     }
 

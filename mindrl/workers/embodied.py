@@ -75,7 +75,12 @@ class EmbodiedActor:
     (module docstring)."""
 
     def __init__(
-        self, config: MindRLConfig, engine: MegatronEngine, dp_rank: int, dp_size: int
+        self,
+        config: MindRLConfig,
+        engine: MegatronEngine,
+        dp_rank: int,
+        dp_size: int,
+        rank: int,
     ) -> None:
         env = config.env
         self.config, self.engine = config, engine
@@ -83,7 +88,7 @@ class EmbodiedActor:
         self.groups = env.num_envs // self.group_size
         per_rank = env.num_envs // dp_size
         self.env: SimulatorStages = start_stages(
-            config, StageLayout(per_rank, dp_rank * per_rank, env.pipeline_stages)
+            config, StageLayout(per_rank, dp_rank * per_rank, env.pipeline_stages), rank
         )
         self.vla: VLASpec = engine.vla
         check_fits(
@@ -135,22 +140,28 @@ class EmbodiedActor:
     def _credit_each_step(
         self, stepped: SteppedEpisodes, algorithm: Algorithm, options: AlgorithmConfig
     ) -> None:
-        """Each chunk step's advantage and the value head's return targets from the
-        algorithm's per-step estimator (PPO: GAE over the episode's chunk steps, with the
-        value of where an episode cut off by its horizon stopped as its bootstrap)."""
+        """Each chunk step's advantages and the value head's return targets (at
+        ``algorithm.reward_level``: one per chunk or per action) from the algorithm's
+        per-step estimator (PPO: GAE over the episode's steps, with the value of where an
+        episode cut off by its horizon stopped as its bootstrap)."""
         steps, envs = self.steps, self.env.num_envs
-        by_env = (stepped.chunks, envs)  # step-major rows -> [T, envs]; GAE reads [envs, T]
-        rewards = (steps.rewards.double() * steps.valid).sum(-1).view(by_env).T
-        valid = steps.valid.any(-1).view(by_env).T
-        values = steps.values.double().view(by_env).T
+        per_env = (stepped.chunks, envs, -1)  # step-major rows -> [T, envs, ...]
+
+        def by_episode(rows: torch.Tensor) -> torch.Tensor:  # [rows, k] -> [envs, T, k]
+            return rows.view(per_env).transpose(0, 1)
+
         final = join_observations(stepped.last_observations)
-        bootstrap = self.engine.vla_policy().values(self._observation(final)).double()
+        bootstrap = self.engine.vla_policy().values(self._observation(final))[:, 0].double()
         bootstrap[torch.from_numpy(stepped.terminated)] = 0.0
         advantages, returns = algorithm.chunk_step_advantages(
-            rewards, values, valid, bootstrap, options
+            by_episode(steps.rewards.double()),
+            by_episode(steps.values.double()),
+            by_episode(steps.valid),
+            bootstrap,
+            options,
         )
-        steps.advantages = advantages.T.reshape(-1, 1)
-        steps.returns = returns.T.reshape(-1)
+        steps.advantages = advantages.transpose(0, 1).reshape(len(steps), -1)
+        steps.returns = returns.transpose(0, 1).reshape(len(steps), -1)
 
     @contextlib.contextmanager
     def _rollout_threads(self) -> Iterator[None]:
@@ -228,7 +239,9 @@ class EmbodiedActor:
         ``1 - k / total``, with the policy's own draw otherwise, so the states visited
         move from the expert's towards the policy's. An environment whose episode ended
         starts a new one at once (from its own initial-state stream, never an RL
-        group's), so every step learns from live episodes. Returns the mean negative
+        group's), so every step learns from live episodes. With
+        ``env.clone_state_range`` the policy's state normalisation is first fitted to
+        the expert's episodes (:meth:`_fit_state_range`). Returns the mean negative
         log-likelihood of the expert's tokens at the first and last step."""
         env, policy = self.env, self.engine.vla_policy()
         tokens = env.num_envs * self.vla.action_tokens
@@ -238,6 +251,8 @@ class EmbodiedActor:
             return -policy.score(*labelled, self.sampling)["logprobs"].sum() / units
 
         if first == 0:
+            if self.config.env.clone_state_range:
+                self._fit_state_range()
             self._cloning_observations = env.reset()
         nll = []
         for step in range(first, first + count):
@@ -256,6 +271,23 @@ class EmbodiedActor:
             ended = np.flatnonzero((terminations | truncations).any(axis=1))
             self._cloning_observations = restarted(env, observations, ended)
         return {"clone_nll_first": nll[0], "clone_nll_last": nll[-1]} if nll else {}
+
+    def _fit_state_range(self) -> None:
+        """Before cloning, one expert episode in every environment: the range of the
+        states it visits, over every data-parallel rank, becomes the policy's state
+        normalisation (``VLAPolicy.set_state_range``), so every rank reads states alike."""
+        env = self.env
+        observations = env.reset()
+        seen, live = [observations.states], np.ones(env.num_envs, dtype=bool)
+        for _ in range(env.horizon // env.chunk_size):
+            observations, _, terminations, truncations, _ = env.chunk_step(env.expert_actions())
+            seen.append(observations.states[live])
+            live &= ~(terminations | truncations).any(axis=1)
+        states = torch.from_numpy(np.concatenate(seen)).double()
+        extremes = self.engine.max_over_data_parallel(
+            torch.stack([states.amax(dim=0), -states.amin(dim=0)])
+        )
+        self.engine.vla_policy().set_state_range(-extremes[1], extremes[0])
 
     # ---- update ---------------------------------------------------------------------------
     def update(
@@ -288,8 +320,11 @@ class EmbodiedActor:
     ) -> dict[str, float]:
         """One optimizer step on this rank's share ``mini`` of a mini-batch."""
         dims = self.vla.action_dims
-        units, chunks = self.engine.sum_over_data_parallel(
-            [algorithm.valid_units(mini.valid, options, dims), mini.valid.any(-1).sum()]
+        units, value_units = self.engine.sum_over_data_parallel(
+            [
+                algorithm.valid_units(mini.valid, options, dims),
+                algorithm.valid_units(mini.valid, options, dims, level=options.reward_level),
+            ]
         )
         collected: list[dict[str, torch.Tensor]] = []
 
@@ -305,8 +340,13 @@ class EmbodiedActor:
                 like, scored["entropy"], batch, options, dims, units
             )
             if algorithm.chunk_value_head:
-                value_loss, value_metrics = self._value_loss(
-                    scored["values"], micro, algorithm, options, chunks
+                value_batch = {
+                    "old_values": micro.values.to(like),
+                    "returns": micro.returns.to(like),
+                    "valid": micro.valid.to(like.device),
+                }
+                value_loss, value_metrics = algorithm.chunk_value_loss(
+                    scored["values"], value_batch, options, value_units
                 )
                 loss = loss + options.value_coef * value_loss
                 metrics = {**metrics, **value_metrics, "value_loss": value_loss.detach()}
@@ -317,23 +357,6 @@ class EmbodiedActor:
         stats = self.engine.train_vla_step(micro_batches, loss_fn)
         dp_size = self.engine.data_parallel_size()
         return {**stats, **step_metrics(collected, algorithm.additive_metrics, dp_size)}
-
-    @staticmethod
-    def _value_loss(
-        values: torch.Tensor,
-        micro: ChunkSteps,
-        algorithm: Algorithm,
-        options: AlgorithmConfig,
-        chunks: float,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The value head's clipped loss on the micro-batch's valid chunk steps, each
-        weighing ``1 / chunks`` (the mini-batch's valid chunk steps over every rank)."""
-        batch = {
-            "old_values": micro.values.to(values).unsqueeze(-1),
-            "returns": micro.returns.to(values).unsqueeze(-1),
-            "response_mask": micro.valid.any(-1, keepdim=True).to(values.device),
-        }
-        return algorithm.critic_loss(values.unsqueeze(-1), batch, options, num_tokens=chunks)
 
 
 def restarted(env: SimulatorStages, observations: Observations, ended: np.ndarray) -> Observations:

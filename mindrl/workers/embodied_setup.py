@@ -5,7 +5,7 @@ policy reads and writes what they observe and take."""
 from __future__ import annotations
 
 from backends.megatron.families.vla import ACTION_BINS, VLASpec
-from mindrl.config.schema import HYBRID, MindRLConfig
+from mindrl.config.schema import ENV_DISAGGREGATED, ENV_WORKER_PLACEMENTS, MindRLConfig
 from mindrl.envs.embodied import EnvConfigError, no_expert_line
 from mindrl.envs.stages import EnvDescription, SimulatorStages, StageLayout, build_stages
 from mindrl.workers.vector_env_worker import start_remote_stages
@@ -50,10 +50,11 @@ def check_fits(
         )
 
 
-def start_stages(config: MindRLConfig, layout: StageLayout) -> SimulatorStages:
-    """This rank's environments as ``env.pipeline_stages`` stages, stepped in this
-    process (``env.placement: collocated``) or by an environment worker beside it
-    (``hybrid``)."""
+def start_stages(config: MindRLConfig, layout: StageLayout, rank: int) -> SimulatorStages:
+    """Actor rank ``rank``'s environments as ``env.pipeline_stages`` stages, stepped in
+    this process (``env.placement: collocated``) or by an environment worker: beside it
+    (``hybrid``) or in the rank's bundle of the run's environment-worker group
+    (``disaggregated``)."""
     env = config.env
     options = {
         "chunk_size": env.chunk_size,
@@ -62,6 +63,7 @@ def start_stages(config: MindRLConfig, layout: StageLayout) -> SimulatorStages:
         "seed": config.seed,
         "kwargs": env.kwargs,
     }
-    if env.placement == HYBRID:
-        return start_remote_stages(env.cls, layout, **options)
+    if env.placement in ENV_WORKER_PLACEMENTS:
+        bundle = rank if env.placement == ENV_DISAGGREGATED else None
+        return start_remote_stages(env.cls, layout, bundle=bundle, **options)
     return build_stages(env.cls, layout, **options)

@@ -18,11 +18,12 @@ class ChunkSteps:
     """One rank's episodes of an iteration, one row per (chunk step, environment),
     step-major: ``images`` uint8 ``[rows, H, W, 3]``, ``states`` ``[rows, S]``,
     ``prompt_ids`` ``[rows, L]``, ``action_ids`` / ``logprobs`` ``[rows, C*A]``
-    (generation's), ``rewards`` / ``valid`` ``[rows, C]``, ``values [rows]``
-    (generation's value head), ``advantages [rows, 1]`` (at the chunk level: the
-    episode's, or the step's own under a value head) and ``returns [rows]`` (the value
-    head's targets; empty for a group algorithm) and ``kept [rows]`` (False: the row's
-    group was filtered out and trains nothing)."""
+    (generation's), ``rewards`` / ``valid`` ``[rows, C]``, ``values [rows, V]``
+    (generation's value head: one per chunk or per action), ``advantages [rows, W]``
+    (``W`` units of ``algorithm.reward_level``: the episode's under a group algorithm,
+    the step's own under a value head) and ``returns [rows, W]`` (the value head's
+    targets; empty for a group algorithm) and ``kept [rows]`` (False: the row's group
+    was filtered out and trains nothing)."""
 
     images: torch.Tensor
     states: torch.Tensor

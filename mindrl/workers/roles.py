@@ -192,11 +192,11 @@ class ModelWorker(WeightSource):
             self.specs.parallel,
             self.specs.optim,
             seed=self.config.seed,
-            vla=vla_spec(self.config.model),
+            vla=vla_spec(self.config.model, self.config.algorithm.reward_level),
         )
         self.engine.base_origin = base_origin(self.config)
         dp_rank, dp_size = self.engine.data_parallel_rank(), self.engine.data_parallel_size()
-        self.embodied = EmbodiedActor(self.config, self.engine, dp_rank, dp_size)
+        self.embodied = EmbodiedActor(self.config, self.engine, dp_rank, dp_size, self.rank)
 
     def embodied_rollout(self, iteration: int) -> dict:
         """One episode in each of this rank's environments, kept here for the update;

@@ -1,12 +1,15 @@
-"""The environment worker of an embodied run's hybrid placement: a process beside an
-actor rank that steps the rank's sub-simulators (mindrl/envs/stages.py) while the rank
-generates (docs/architecture.md §15).
+"""The environment worker of an embodied run's hybrid and disaggregated placements: a
+process for one actor rank that steps the rank's sub-simulators (mindrl/envs/stages.py)
+while the rank generates (docs/architecture.md §15).
 
-The actor rank starts its own worker on its own node (node affinity, one CPU slot: the
-run reserves it, trainers/driver/setup.py ``cpu_slots``), so the worker shares the
-rank's fate: it dies with the rank and a restarted rank starts a new one. Ray runs an
-actor's calls one at a time in the order they were sent, so the stages' chunk steps run
-in the order the rollout submits them.
+The actor rank starts its own worker (one CPU slot), so the worker shares the rank's
+fate: it dies with the rank and a restarted rank starts a new one. Under ``hybrid`` it
+sits on the rank's node (node affinity; the run counts its slot, trainers/driver/setup.py
+``cpu_slots``); under ``disaggregated`` in the rank's bundle of the environment-worker
+group the driver reserved for the run (:func:`reserve_env_workers`: one CPU bundle per
+actor rank, spread over the nodes, so simulation can live on CPU nodes of its own). Ray
+runs an actor's calls one at a time in the order they were sent, so the stages' chunk
+steps run in the order the rollout submits them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.util.placement_group import PlacementGroup, get_placement_group, placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from mindrl.envs.embodied import EnvConfigError
@@ -26,6 +30,11 @@ from mindrl.envs.stages import (
     build_stages,
     timed_call,
 )
+from mindrl.workers.group import on_bundle, wait_for_placement
+
+#: The name of a disaggregated run's environment-worker placement group (Ray scopes it
+#: to the run's namespace, so runs sharing a cluster do not meet).
+ENV_WORKER_GROUP = "mindrl-env-workers"
 
 
 class VectorEnvWorker:
@@ -42,6 +51,12 @@ class VectorEnvWorker:
     def describe(self) -> EnvDescription | str:
         """The stages' description, or the one line building them failed with."""
         return self.stages.description if self.stages else self.problem
+
+    def where(self) -> tuple[str, str | None]:
+        """This worker's node and placement group (hex ids; None: not in one)."""
+        context = ray.get_runtime_context()
+        group = context.get_placement_group_id()
+        return context.get_node_id(), group
 
     def call(self, stage: int, method: str, *args: Any) -> tuple[Any, float]:
         """``method(*args)`` on stage ``stage``'s environment, and the seconds it took."""
@@ -85,18 +100,41 @@ class RemoteStages(SimulatorStages):
         ray.kill(self.worker)
 
 
+def reserve_env_workers(count: int, timeout_s: float) -> PlacementGroup:
+    """The placement group of a disaggregated run's ``count`` environment workers (one
+    bundle of one CPU each, spread over the nodes), granted or refused in one line."""
+    group = placement_group([{"CPU": 1}] * count, strategy="SPREAD", name=ENV_WORKER_GROUP)
+    wait_for_placement(
+        group,
+        timeout_s,
+        f"the cluster cannot place {count} environment workers of 1 CPU each "
+        f"(env.placement=disaggregated) within {timeout_s:.0f} s; check `ray status` for "
+        "free CPUs, or step the simulators beside the actor (env.placement=hybrid)",
+    )
+    return group
+
+
 def start_remote_stages(
-    path: str, layout: StageLayout, *, chunk_size: int, horizon: int, **options: Any
+    path: str,
+    layout: StageLayout,
+    *,
+    chunk_size: int,
+    horizon: int,
+    bundle: int | None = None,
+    **options: Any,
 ) -> RemoteStages:
-    """An environment worker on this process's node holding ``layout``'s stages (built
-    there: a class or keyword it refuses fails here, at start-up, in its one line)."""
-    node = ray.get_runtime_context().get_node_id()
+    """An environment worker holding ``layout``'s stages (built there: a class or
+    keyword it refuses fails here, at start-up, in its one line): on this process's node,
+    or in ``bundle`` of the run's :data:`ENV_WORKER_GROUP`."""
+    if bundle is None:
+        node = ray.get_runtime_context().get_node_id()
+        affinity = NodeAffinitySchedulingStrategy(node, soft=False)
+        placement = {"num_cpus": 1, "scheduling_strategy": affinity}
+    else:
+        placement = on_bundle(get_placement_group(ENV_WORKER_GROUP), bundle, {"num_cpus": 1})
     worker = (
         ray.remote(VectorEnvWorker)
-        .options(
-            num_cpus=1,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-        )
+        .options(**placement)
         .remote(path, layout, {"chunk_size": chunk_size, "horizon": horizon, **options})
     )
     return RemoteStages(worker, layout, chunk_size, horizon)

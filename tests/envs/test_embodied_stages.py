@@ -1,14 +1,17 @@
 """A rank's environments split into pipeline stages step exactly what one whole
-simulator steps, in place (collocated) and in an environment worker (hybrid), and the
-worker steps one stage while the caller goes on."""
+simulator steps, in place (collocated) and in an environment worker (hybrid, or in the
+run's reserved group: disaggregated), and the worker steps one stage while the caller
+goes on."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import ray
 
 from mindrl.envs.embodied import EnvConfigError
 from mindrl.envs.stages import StageLayout, build_stages
+from mindrl.workers.group import StageTimeoutError
 from tests.envs.test_embodied_reach import assert_same_outputs, random_actions
 
 PATH = "mindrl.envs.batched_reach:BatchedReach"
@@ -89,3 +92,34 @@ def test_an_environment_worker_refusing_its_keywords_says_so_in_one_line():
     layout = StageLayout(NUM_ENVS, 0, 2)
     with pytest.raises(EnvConfigError, match=r"refuses env\.kwargs"):
         start_remote_stages(PATH, layout, **OPTIONS, kwargs={"colour_count": 9})
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_disaggregated_environment_worker_steps_in_its_ranks_bundle_of_the_runs_group():
+    from ray.util.placement_group import remove_placement_group
+
+    from mindrl.workers.vector_env_worker import reserve_env_workers, start_remote_stages
+
+    group = reserve_env_workers(2, timeout_s=60)
+    groups = np.repeat(np.arange(4), 2)
+    actions = random_actions(NUM_ENVS, HORIZON // CHUNK + 1, CHUNK, seed=6)
+    remote = start_remote_stages(PATH, StageLayout(NUM_ENVS, FIRST, 2), bundle=1, **OPTIONS)
+    try:
+        assert ray.get(remote.worker.where.remote())[1] == group.id.hex()
+        for mine, theirs in zip(
+            episode(remote, groups, actions), episode(stages(1), groups, actions), strict=True
+        ):
+            assert_same_outputs(mine, theirs)
+    finally:
+        remote.close()
+        remove_placement_group(group)
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_cluster")
+def test_environment_workers_the_cluster_cannot_hold_are_refused_in_one_line():
+    from mindrl.workers.vector_env_worker import reserve_env_workers
+
+    with pytest.raises(StageTimeoutError, match="cannot place 4096 environment workers of 1 CPU"):
+        reserve_env_workers(4096, timeout_s=1)

@@ -42,7 +42,14 @@ def test_the_vla_options_reach_the_engine_under_the_same_names():
         decode="parallel",
         action_head="gaussian",
     )
+    assert vla_spec(model, reward_level="action").values_per_chunk == 3  # a value per action
     assert gpt_spec(model).family == "vla"
+
+
+def test_a_value_head_of_neither_one_value_per_chunk_nor_one_per_action_is_refused():
+    line = r"values_per_chunk=2: one value per chunk \(1\) or per action \(3\)"
+    with pytest.raises(ValueError, match=line):
+        VLASpec(chunk_size=3, values_per_chunk=2)
 
 
 def test_a_training_run_of_the_vla_family_on_a_text_task_is_refused_in_one_line():

@@ -70,8 +70,11 @@ def test_only_action_ids_are_ever_drawn(one, decode):
     assert bool(torch.isfinite(one["tp1"][decode]["generated"].logprobs).all())
 
 
-def test_the_value_head_gives_one_value_per_row(one):
-    assert one["tp1"]["scored"]["values"].shape == (vla_cases.ROWS,)
+def test_the_value_head_gives_one_value_per_row_or_one_per_action(one):
+    assert one["tp1"]["scored"]["values"].shape == (vla_cases.ROWS, 1)
+    per_action = (vla_cases.ROWS, vla_cases.VLA.chunk_size)
+    assert one["tp1_gaussian"]["scored"]["values"].shape == per_action
+    assert one["tp1_gaussian"]["parallel"]["generated"].values.shape == per_action
     # Read alone (a truncated episode's bootstrap), it is the value generation gave.
     for decode in DECODES:
         generated = one["tp1"][decode]["generated"].values

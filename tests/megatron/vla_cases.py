@@ -37,18 +37,21 @@ TRUNK = replace(
     dtype="float64",
 )
 VLA = VLASpec(image_size=16, patch_size=8, state_dim=3, action_dims=3, chunk_size=2)
-#: The same policy with the ordinal (gaussian) action head and two keypoint tokens.
-GAUSSIAN = replace(VLA, action_head="gaussian", keypoints=2)
+#: The same policy with the ordinal (gaussian) action head, two keypoint tokens and a
+#: value per action (the action level's head).
+GAUSSIAN = replace(VLA, action_head="gaussian", keypoints=2, values_per_chunk=VLA.chunk_size)
 SAMPLING = ActionSampling(temperature=0.8, top_k=50)
 ROWS, PROMPT = 3, 5
 
 
 def shared_weights(layouts: dict) -> dict[str, torch.Tensor]:
     """``cases.named_weights`` with the vocabulary padding rows zero, as every loader
-    pads them: the same policy at every TP size."""
+    pads them (the same policy at every TP size), and a positive state range."""
     full = named_weights(layouts)
     for name in ("embedding.word_embeddings.weight", "output_layer.weight"):
         full[name][TRUNK.vocab_size :] = 0.0
+    # The state's range: drawn like a weight, kept a positive half-width.
+    full["vla.state_half_range"] = 0.5 + full["vla.state_half_range"].abs()
     return full
 
 

@@ -14,6 +14,9 @@ from mindrl.config import ConfigError, load_config
 from mindrl.envs.batched_reach import BatchedReach
 from mindrl.envs.embodied import VectorEnv
 from mindrl.metrics import read_metrics
+from mindrl.planner.activations import MicroBatchShape, micro_batch_shape
+from mindrl.planner.render import environments_line
+from mindrl.planner.report import environments, plan_run_memory
 from mindrl.run_plan import EMBODIED, build_run_plan
 from mindrl.workers.embodied import restarted
 from mindrl.workers.episode_rows import informative_groups, reset_state_ids
@@ -101,29 +104,80 @@ def ppo_options(*overrides: str):
 def test_ppo_credits_each_chunk_step_with_its_return_to_go_bootstrapped_where_cut_off():
     # Episode 0 ran all 3 chunk steps and was cut off by the horizon (bootstrap 0.5);
     # episode 1 terminated at its second step (bootstrap ignored: nothing follows).
-    rewards = torch.tensor([[1.0, 0.0, 2.0], [0.5, 1.0, 0.0]], dtype=torch.float64)
-    values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 0.9]], dtype=torch.float64)
-    valid = torch.tensor([[True, True, True], [True, True, False]])
+    # Chunks of two actions: a chunk's reward is its applied actions' sum.
+    rewards = torch.tensor(
+        [[[1.0, 0.0], [0.0, 0.0], [1.5, 0.5]], [[0.25, 0.25], [1.0, 0.0], [0.0, 0.0]]],
+        dtype=torch.float64,
+    )
+    values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 0.9]], dtype=torch.float64).unsqueeze(-1)
+    valid = torch.tensor([[True, True, True], [True, True, False]]).unsqueeze(-1).expand(2, 3, 2)
     bootstrap = torch.tensor([0.5, 0.0], dtype=torch.float64)
     options = ppo_options("algorithm.gamma=1.0", "algorithm.lam=1.0")
     advantages, returns = PPO.chunk_step_advantages(rewards, values, valid, bootstrap, options)
-    expected = torch.tensor([[3.5, 2.5, 2.5], [1.5, 1.0, 0.0]], dtype=torch.float64)
+    expected = torch.tensor([[3.5, 2.5, 2.5], [1.5, 1.0, 0.0]], dtype=torch.float64).unsqueeze(-1)
     torch.testing.assert_close(returns, expected)
-    raw = (expected - values)[valid]  # lam 1: the return minus the value (the recipe's)
-    torch.testing.assert_close(advantages[valid], raw)
-    assert advantages[1, 2] == 0
+    steps = valid[..., :1]
+    raw = (expected - values)[steps]  # lam 1: the return minus the value (the recipe's)
+    torch.testing.assert_close(advantages[steps], raw)
+    assert advantages[1, 2, 0] == 0
     whitened = ppo_options("algorithm.lam=1.0", "algorithm.norm_adv_by_std=true")
     advantages, _ = PPO.chunk_step_advantages(rewards, values, valid, bootstrap, whitened)
-    torch.testing.assert_close(advantages[valid], (raw - raw.mean()) / raw.std())
+    torch.testing.assert_close(advantages[steps], (raw - raw.mean()) / raw.std())
 
 
 def test_ppo_discounts_the_bootstrap_as_the_step_after_the_last():
-    rewards, values = torch.zeros(1, 2, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
+    zeros = torch.zeros(1, 2, 1, dtype=torch.float64)
     options = ppo_options("algorithm.gamma=0.9", "algorithm.lam=1.0")
     _, returns = PPO.chunk_step_advantages(
-        rewards, values, torch.ones(1, 2, dtype=torch.bool), torch.tensor([1.0]), options
+        zeros, zeros, torch.ones(1, 2, 1, dtype=torch.bool), torch.tensor([1.0]), options
     )
-    torch.testing.assert_close(returns, torch.tensor([[0.81, 0.9]], dtype=torch.float64))
+    torch.testing.assert_close(returns, torch.tensor([[[0.81], [0.9]]], dtype=torch.float64))
+
+
+def test_ppo_at_the_action_level_credits_every_applied_action_with_its_own_return():
+    # Two chunk steps of two actions each, a value per action, gamma 0.5 per action.
+    # Episode 0 was cut off (bootstrap 1.0); episode 1 terminated at its third action:
+    # its fourth was never applied, so its reward (9) counts nowhere.
+    rewards = torch.tensor(
+        [[[1.0, 0.0], [0.0, 2.0]], [[0.5, 1.0], [4.0, 9.0]]], dtype=torch.float64
+    )
+    values = torch.tensor([[[0.1, 0.2], [0.3, 0.4]], [[0.5, 0.6], [0.7, 0.8]]], dtype=torch.float64)
+    valid = torch.tensor([[[True, True], [True, True]], [[True, True], [True, False]]])
+    bootstrap = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    options = ppo_options(
+        "algorithm.reward_level=action",
+        "algorithm.logprob_level=action",
+        "algorithm.gamma=0.5",
+        "algorithm.lam=1.0",
+    )
+    advantages, returns = PPO.chunk_step_advantages(rewards, values, valid, bootstrap, options)
+    # Return-to-go per action: r + 0.5 * next; episode 0's last adds 0.5 * bootstrap.
+    expected = torch.tensor(
+        [[[1.3125, 0.625], [1.25, 2.5]], [[2.0, 3.0], [4.0, 0.0]]], dtype=torch.float64
+    )
+    torch.testing.assert_close(returns, expected)
+    torch.testing.assert_close(advantages[valid], (expected - values)[valid])
+    assert advantages[1, 1, 1] == 0
+
+
+def test_with_chunks_of_one_action_ppo_credits_the_action_level_as_the_chunk_level():
+    generator = torch.Generator().manual_seed(3)
+    rewards = torch.rand(4, 5, 1, generator=generator, dtype=torch.float64)
+    values = torch.rand(4, 5, 1, generator=generator, dtype=torch.float64)
+    valid = torch.arange(5).expand(4, 5).unsqueeze(-1) < torch.tensor([5, 3, 1, 4])[:, None, None]
+    bootstrap = torch.rand(4, generator=generator, dtype=torch.float64)
+    at = {
+        level: PPO.chunk_step_advantages(
+            rewards,
+            values,
+            valid,
+            bootstrap,
+            ppo_options(f"algorithm.reward_level={level}", f"algorithm.logprob_level={level}"),
+        )
+        for level in ("chunk", "action")
+    }
+    for chunk_result, action_result in zip(at["chunk"], at["action"], strict=True):
+        assert torch.equal(chunk_result, action_result)
 
 
 def test_ppo_trains_the_embodied_recipe_on_the_actor_alone_with_a_shared_value_head():
@@ -166,6 +220,41 @@ def test_the_recipes_plan_runs_the_episodes_and_the_update_on_the_actor_alone():
     ]
 
 
+def test_the_plan_sizes_the_policy_generating_with_its_training_model_and_chunk_step_rows():
+    config = load_config(RECIPE, algorithm=GRPO)
+    plan = build_run_plan(GRPO, config)
+    assert plan.generates and not plan.has_generation_engine
+    memory = plan_run_memory(config, plan, device_bytes=16 * 2**30)
+    assert memory.generation_naive is None and memory.rollout is None  # no KV cache, no swap
+    vla, env = config.model.vla, config.env
+    # 64 environments x 6 chunk steps over 2 ranks and 2 optimizer steps: 96 rows a step,
+    # in micro-batches of 64; a row is the prefix, the instruction and the action inputs.
+    rows = env.num_envs * (env.horizon // env.chunk_size) // 2 // 2
+    assert micro_batch_shape(config, config.actor) == MicroBatchShape(
+        rows=min(config.actor.micro_batch_size, rows),
+        seq=(vla.image_size // vla.patch_size) ** 2 + vla.keypoints + 1
+        + config.rollout.max_prompt_length + vla.chunk_size * vla.action_dims - 1,
+        logit_positions=min(config.actor.micro_batch_size, rows) * vla.chunk_size * vla.action_dims,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("placement", "workers", "where"),
+    [
+        ("collocated", 0, "stepped in the actor ranks' own processes"),
+        ("hybrid", 2, "stepped by 2 environment worker(s), one beside each actor rank"),
+        ("disaggregated", 2, "stepped by 2 environment worker(s) on CPUs reserved apart"),
+    ],
+)
+def test_the_dry_run_says_where_the_simulators_step_and_how_many_workers_that_takes(
+    placement, workers, where
+):
+    config = load_config(RECIPE, [f"env.placement={placement}"], algorithm=GRPO)
+    envs = environments(config, build_run_plan(GRPO, config))
+    assert (envs["placement"], envs["env_workers"], envs["per_rank"]) == (placement, workers, 32)
+    assert where in environments_line(envs)
+
+
 @pytest.mark.parametrize(
     ("trainer", "overrides", "line"),
     [
@@ -180,6 +269,7 @@ def test_the_recipes_plan_runs_the_episodes_and_the_update_on_the_actor_alone():
         ("grpo", ("model.vla.chunk_size=2",), "model.vla.chunk_size=2 differs"),
         ("grpo", ("model.family=llama",), "set model.family=vla (got llama)"),
         ("grpo", ("env.pipeline_stages=3",), "env.pipeline_stages=3 does not divide a rank's 32"),
+        ("grpo", ("env.clone_state_range=true", "env.clone_steps=0"), "it needs env.clone_steps"),
     ],
 )
 def test_what_the_embodied_loop_does_not_build_is_refused_in_one_line(trainer, overrides, line):
@@ -218,15 +308,20 @@ def test_cloning_an_environment_without_a_scripted_expert_is_refused_at_start_up
 
 
 #: Where the environments step: in the actor's ranks, or in an environment worker beside
-#: each, whole or split into two pipeline stages.
+#: each (whole or split into two pipeline stages) or in the run's own group of them.
 PLACEMENTS = {
-    "collocated": ("env.placement=collocated",),
+    "collocated": ("env.placement=collocated", "checkpoint.every=1"),
     "hybrid-1": ("env.placement=hybrid",),
     "hybrid-2": ("env.placement=hybrid", "env.pipeline_stages=2"),
+    "disaggregated-2": ("env.placement=disaggregated", "env.pipeline_stages=2"),
 }
-#: The same small run with PPO (GAE over chunk steps from the policy's value head), and
-#: with DAPO (its dynamic sampling: the success-rate filter), one iteration, no cloning.
+#: The collocated run resumed from its checkpoint after iteration 0.
+RESUMED = "resumed"
+#: The same small run with PPO at the action level (GAE over every action from the
+#: policy's value head, one value per action), and with DAPO (its dynamic sampling: the
+#: success-rate filter), one iteration, no cloning.
 PPO_RUN, DAPO_RUN = "ppo", "dapo"
+ACTION_LEVEL = ("algorithm.reward_level=action", "algorithm.logprob_level=action")
 
 
 @pytest.fixture(scope="module")
@@ -241,11 +336,20 @@ def placed_runs(tmp_path_factory, ray_cluster) -> dict[str, list[dict]]:
             "logging.backends=[]",
             "iterations=2",
             "env.clone_steps=3",
+            "env.clone_state_range=true",
             *SMALL,
             *placement,
         ]
         assert train(load_config(RECIPE, overrides, algorithm=GRPO), "grpo", "cpu") == 0
         records[name] = read_metrics(root / name / "metrics.jsonl")
+    first = sorted((root / "collocated" / "checkpoints" / "actor").glob("step_*"))[0]
+    overrides = [
+        f"logging.dir={root / RESUMED}", "logging.progress_bar=false", "logging.backends=[]",
+        "iterations=2", "env.clone_steps=3", "env.clone_state_range=true", *SMALL,
+    ]  # fmt: skip
+    config = load_config(RECIPE, overrides, algorithm=GRPO)
+    assert train(config, "grpo", "cpu", resume=str(first)) == 0
+    records[RESUMED] = read_metrics(root / RESUMED / "metrics.jsonl")
     for name, iterations in ((PPO_RUN, 2), (DAPO_RUN, 1)):
         overrides = [
             f"logging.dir={root / name}",
@@ -254,6 +358,7 @@ def placed_runs(tmp_path_factory, ray_cluster) -> dict[str, list[dict]]:
             f"iterations={iterations}",
             "env.clone_steps=0",
             *SMALL,
+            *(ACTION_LEVEL if name == PPO_RUN else ()),
         ]
         algorithm = get_algorithm(name)
         assert train(load_config(RECIPE, overrides, algorithm=algorithm), name, "cpu") == 0
@@ -262,7 +367,7 @@ def placed_runs(tmp_path_factory, ray_cluster) -> dict[str, list[dict]]:
 
 
 @pytest.mark.ray
-def test_ppo_trains_the_policy_and_its_value_head_together(placed_runs):
+def test_ppo_trains_the_policy_and_its_value_head_together_at_the_action_level(placed_runs):
     for record in placed_runs[PPO_RUN]:
         assert record["grad_norm"] > 0 and np.isfinite(record["pg_loss"])
         assert record["value_loss"] > 0 and np.isfinite(record["value_mean"])
@@ -311,7 +416,7 @@ def test_two_iterations_of_the_embodied_recipe_clone_train_and_record_success(
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("placement", ["hybrid-1", "hybrid-2"])
+@pytest.mark.parametrize("placement", ["hybrid-1", "hybrid-2", "disaggregated-2"])
 def test_where_the_environments_step_changes_no_figure_of_the_run(placed_runs, placement):
     """Sampling noise is drawn per environment and the stages step one simulator's
     trajectories: the clone, the episodes and the updates are those of the collocated run."""
@@ -322,6 +427,20 @@ def test_where_the_environments_step_changes_no_figure_of_the_run(placed_runs, p
             if key in reference:
                 # float32 forwards over batches of other sizes: rounding, no more
                 assert mine[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-8), key
+
+
+@pytest.mark.ray
+def test_a_resumed_embodied_run_continues_as_the_uninterrupted_one(placed_runs):
+    """The checkpoint after iteration 0 holds the cloned weights, the optimizer and the
+    state normalisation fitted before cloning: the resumed run does not clone again and
+    its iteration 1 is the uninterrupted run's."""
+    (resumed,) = placed_runs[RESUMED]
+    expected = placed_runs["collocated"][1]
+    assert resumed["iteration"] == 1 and "clone" not in resumed["time"]
+    for key in ("success_rate", "reward_mean", "episode_length_mean"):
+        assert resumed[key] == expected[key], key
+    for key in ("pg_loss", "grad_norm", "entropy"):
+        assert resumed[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9), key
 
 
 @pytest.mark.ray

@@ -1,6 +1,6 @@
 """Embodied RL's levels (trainers/granularity.py): chunk, action and token units, their
-masks after a done, the refused pairs, and GAE over chunk steps with a truncated
-episode bootstrapping from its final observation."""
+masks after a done and the refused pairs (PPO's GAE over chunk steps and actions:
+tests/trainers/test_embodied_loop.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import torch
 
 from trainers.core import aggregate_loss
 from trainers.granularity import (
-    chunk_gae,
     logprobs_at,
     rewards_at,
     spread,
@@ -81,34 +80,3 @@ def test_advantages_are_spread_onto_finer_units_and_never_onto_coarser_ones():
     assert spread(torch.tensor([[5.0]]), "chunk", "action", 2, 3).tolist() == [[5.0, 5.0]]
     with pytest.raises(ValueError, match="cannot spread action values onto coarser chunk"):
         spread(per_action, "action", "chunk", 2, 3)
-
-
-def test_gae_bootstraps_a_truncated_episode_from_its_final_observation_and_not_a_terminated_one():
-    gamma, lam = 0.9, 0.5
-    # one environment, three chunk steps: truncated at step 0 (time limit), a new
-    # episode at step 1 that terminates at step 2
-    rewards = torch.tensor([[1.0], [0.0], [2.0]])
-    values = torch.tensor([[0.5], [0.2], [0.4]])
-    next_values = torch.tensor([[0.8], [0.4], [9.0]])  # 0.8: the truncated final obs
-    terminated = torch.tensor([[False], [False], [True]])
-    ended = torch.tensor([[True], [False], [True]])
-    advantages, returns = chunk_gae(rewards, values, next_values, terminated, ended, gamma, lam)
-    delta2 = 2.0 - 0.4  # terminated: the 9.0 is never used
-    delta1 = 0.0 + gamma * 0.4 - 0.2
-    delta0 = 1.0 + gamma * 0.8 - 0.5  # truncated: bootstraps, and its episode ends here
-    expected = [delta0, delta1 + gamma * lam * delta2, delta2]
-    assert advantages[:, 0].tolist() == pytest.approx(expected)
-    assert torch.equal(returns, advantages + values)
-
-
-def test_gae_with_lambda_one_and_no_ends_is_the_discounted_return_minus_the_value():
-    rewards = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-    values = torch.tensor([[0.3, 0.1], [0.2, 0.6], [0.4, 0.5]])
-    last = torch.tensor([[0.7, 0.9]])  # the value after the last step
-    next_values = torch.cat([values[1:], last])
-    never = torch.zeros_like(rewards, dtype=torch.bool)
-    advantages, _ = chunk_gae(rewards, values, next_values, never, never, 0.9, 1.0)
-    discounted = [
-        rewards[t:].T @ (0.9 ** torch.arange(3 - t)) + 0.9 ** (3 - t) * last[0] for t in range(3)
-    ]
-    assert torch.allclose(advantages, torch.stack(discounted) - values, rtol=0, atol=1e-12)

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.placement_group import remove_placement_group
 
 from backends.device import Device, get_device, library_workspace_bytes
 from backends.megatron import checkpoint
 from mindrl.config.layout import DISAGGREGATED, ROLLOUT_WORKER
-from mindrl.config.schema import MindRLConfig
+from mindrl.config.schema import ENV_DISAGGREGATED, MindRLConfig
 from mindrl.config.specs import engine_specs, vla_spec
 from mindrl.config.validate import is_vla
 from mindrl.data import PromptDataset, PromptRecord, load_tokenizer
@@ -50,6 +51,7 @@ from mindrl.workers.judge_server import JudgeServer
 from mindrl.workers.placement import DevicePlacement
 from mindrl.workers.reward import RewardWorker
 from mindrl.workers.roles import ModelWorker
+from mindrl.workers.vector_env_worker import reserve_env_workers
 from trainers.driver.rollout_placement import connect_rollout_workers, start_rollout_workers
 from trainers.driver.state import RunState
 from trainers.kl_control import make_kl_controller
@@ -363,6 +365,9 @@ def _place_workers(run: RunState, device_name: str) -> None:
     run.placement = DevicePlacement(
         device, plan.layout, config.resources.cpus_per_worker, strategy=_model_placement(config)
     )
+    if config.env.embodied and config.env.placement == ENV_DISAGGREGATED:
+        workers = embodied_env_workers(config, plan)
+        run.env_workers = reserve_env_workers(workers, plan.stage_deadline_s)
     started: dict[str, dict[str, Any]] = {}  # group -> worker name -> its start-up call
     for role in plan.model_roles:
         specs = engine_specs(
@@ -567,6 +572,8 @@ def stop_run(run: RunState) -> None:
         group.shutdown()
     if run.placement is not None:
         run.placement.remove()
+    if run.env_workers is not None:
+        remove_placement_group(run.env_workers)
     if run.dock_handle is not None:
         shutdown_dock(run.dock_handle)
     if run.ray_started_here:

@@ -38,6 +38,8 @@ class RunState:
     groups: dict[str, WorkerGroup] = field(default_factory=dict)
     #: The run's devices as one placement group (one bundle per device).
     placement: DevicePlacement | None = None
+    #: A disaggregated embodied run's environment-worker placement group.
+    env_workers: Any = None
     dp_ranks: dict[str, list[int]] = field(default_factory=dict)
     rendezvous: dict[str, tuple[str, int]] = field(default_factory=dict)
     worker_nodes: dict[str, str] = field(default_factory=dict)

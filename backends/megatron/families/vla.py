@@ -25,7 +25,8 @@ scores a chunk with the very row generation built (placeholders or drawn ids). O
 256 action ids are ever drawn: the distribution is the action logits (others dropped),
 divided by the temperature, cut to the top k (:func:`action_log_probs`), the same
 function in generation and in the update. The value head (PPO's critic, sharing the
-actor's trunk) reads the hidden state of the last prompt position: one value per chunk.
+actor's trunk) reads the hidden state of the last prompt position: one value per chunk,
+or one per action of it (``VLASpec.values_per_chunk``).
 
 The extra modules live in ``GPTModel.vla`` (replicated over TP; :class:`VLAHeads`), so
 the engine's canonical names, gathers and loads cover them as replicated weights.
@@ -63,7 +64,10 @@ INITIAL_SCALE = 0.5
 #: Its scale's bounds: a quarter bin (the distribution is then one bin) to the initial
 #: scale. Not wider: a normal much wider than [-1, 1] is flat over the bins and gives its
 #: mean almost no gradient, and behaviour cloning settled there (its NLL at the uniform's
-#: for 600 steps) where capped at 0.5 it found the target by step 300.
+#: for 600 steps) where capped at 0.5 it found the target by step 300. A clamp: a scale
+#: past the cap has no gradient until the head's output comes back under it (a smooth
+#: sigmoid bound instead cloned BatchedReach to 0.81 success where the clamp gives
+#: 0.94, seed 1234; docs/guide/environments.md).
 SCALE_BOUNDS = (0.25 * 2.0 / ACTION_BINS, INITIAL_SCALE)
 #: The keypoints' spatial softmax's inverse temperature at initialisation (learned after).
 INITIAL_SHARPNESS = 10.0
@@ -93,6 +97,10 @@ class VLASpec:
         chunk_size: actions per chunk ``C``.
         decode: ``autoregressive`` (OpenVLA) or ``parallel`` (OFT).
         action_head: ``tokens`` or ``gaussian`` (:data:`ACTION_HEADS`).
+        values_per_chunk: the value head's outputs per chunk: 1, the value of the
+            chunk's observation, or ``chunk_size``, one per action (RLinf-VLA's
+            action-level value: output ``j`` estimates the return from the chunk's
+            ``j``-th action on, read from the same observation).
     """
 
     image_size: int = 32
@@ -103,6 +111,7 @@ class VLASpec:
     chunk_size: int = 2
     decode: str = "autoregressive"
     action_head: str = "tokens"
+    values_per_chunk: int = 1
 
     def __post_init__(self) -> None:
         if self.image_size % self.patch_size:
@@ -114,6 +123,11 @@ class VLASpec:
         if self.action_head not in ACTION_HEADS:
             raise ValueError(
                 f"VLASpec.action_head '{self.action_head}' is unknown; choose one of {ACTION_HEADS}"
+            )
+        if self.values_per_chunk not in (1, self.chunk_size):
+            raise ValueError(
+                f"VLASpec.values_per_chunk={self.values_per_chunk}: one value per chunk (1) "
+                f"or per action ({self.chunk_size})"
             )
 
     @property
@@ -178,7 +192,7 @@ class VLAChunk:
     """A generated chunk: ``action_ids [n, C*A]`` (vocabulary ids; token ``j`` is
     dimension ``j % A`` of action ``j // A``, so ``reshape(n, C, A)`` gives the actions'
     ids), their ``logprobs [n, C*A]`` under the sampling distribution and the chunk's
-    ``values [n]``."""
+    ``values [n, V]`` (``V = values_per_chunk``)."""
 
     action_ids: torch.Tensor
     logprobs: torch.Tensor
@@ -198,8 +212,14 @@ class VLAHeads(nn.Module):
         self.patch_positions = nn.Parameter(0.02 * torch.randn(vla.num_patches, hidden_size))
         self.keypoints = KeypointEncoder(vla, hidden_size) if vla.keypoints else None
         self.state_projection = nn.Linear(vla.state_dim, hidden_size, dtype=dtype)
+        # The state enters as (state - centre) / half_range: identity until a range is
+        # set (VLAPolicy.set_state_range), then each dimension's range maps to [-1, 1],
+        # as OpenVLA normalises its proprioception by its data's bounds. Weights, not
+        # statistics: checkpointed and resharded with the parameters (WEIGHT_BUFFERS).
+        self.register_buffer("state_centre", torch.zeros(vla.state_dim, dtype=dtype))
+        self.register_buffer("state_half_range", torch.ones(vla.state_dim, dtype=dtype))
         self.action_queries = nn.Parameter(0.02 * torch.randn(vla.action_tokens, hidden_size))
-        self.value_head = nn.Linear(hidden_size, 1, dtype=dtype)
+        self.value_head = nn.Linear(hidden_size, vla.values_per_chunk, dtype=dtype)
         if vla.action_head == "gaussian":
             self.action_head = nn.Linear(hidden_size, 2, dtype=dtype)  # mean, log scale
             with torch.no_grad():
@@ -219,7 +239,8 @@ class VLAHeads(nn.Module):
         patches = pixels.reshape(n, height // p, p, width // p, p, channels)
         patches = patches.permute(0, 1, 3, 2, 4, 5).reshape(n, -1, p * p * channels)
         image = self.patch_embedding(patches) + self.patch_positions
-        state = self.state_projection(states.to(dtype)).unsqueeze(1)
+        scaled = (states.to(dtype) - self.state_centre) / self.state_half_range
+        state = self.state_projection(scaled).unsqueeze(1)
         if self.keypoints is None:
             return torch.cat([image, state], dim=1)
         return torch.cat([image, self.keypoints(pixels, instruction), state], dim=1)
@@ -336,6 +357,20 @@ class VLAPolicy:
         """The id of bin 0; bin ``b`` is ``first_action_id + b``."""
         return self.spec.vocab_size - ACTION_BINS
 
+    @torch.no_grad()
+    def set_state_range(self, low: torch.Tensor, high: torch.Tensor) -> None:
+        """Read each state dimension's ``[low, high]`` as ``[-1, 1]`` from now on (a
+        dimension whose range is empty is only shifted). Why: a robot's raw state mixes
+        metres of absolute position with the centimetres that matter (Meta-World's hand
+        to puck); an MLP cloned offline from the raw floats succeeded in 0.06-0.38 of
+        sampled episodes, from the same data scaled by its range in 0.94-1.0
+        (docs/guide/environments.md)."""
+        heads = self.model.vla
+        low, high = (bound.to(heads.state_centre) for bound in (low, high))
+        half = (high - low) / 2
+        heads.state_centre.copy_((high + low) / 2)
+        heads.state_half_range.copy_(torch.where(half > 1e-6, half, torch.ones_like(half)))
+
     def score(
         self,
         observation: VLAObservation,
@@ -344,7 +379,7 @@ class VLAPolicy:
         decode: str | None = None,
     ) -> dict[str, torch.Tensor]:
         """The update's view of generated chunks (differentiable): ``logprobs`` and
-        ``entropy`` ``[n, C*A]`` of ``action_ids`` under ``sampling``, ``values [n]``."""
+        ``entropy`` ``[n, C*A]`` of ``action_ids`` under ``sampling``, ``values [n, V]``."""
         decode = decode or self.vla.decode
         self._check(observation)
         logits, values = self._action_logits(
@@ -405,7 +440,7 @@ class VLAPolicy:
 
     @torch.no_grad()
     def values(self, observation: VLAObservation) -> torch.Tensor:
-        """The value head's ``[n]`` (CPU) at each observation, as :meth:`generate` reads
+        """The value head's ``[n, V]`` (CPU) at each observation, as :meth:`generate` reads
         it (at the prompt's last position, before any action): one forward of the
         prompt alone, for bootstrapping an episode cut off by its horizon."""
         self._check(observation)
@@ -455,7 +490,7 @@ class VLAPolicy:
         self, observation: VLAObservation, action_inputs: torch.Tensor, first: int, count: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Action logits ``[n, count, 256]`` of tokens ``first .. first + count - 1`` and,
-        with ``first == 0``, the values ``[n]`` (read at the same, last prompt position)."""
+        with ``first == 0``, the values ``[n, V]`` (read at the same, last prompt position)."""
         vla = self.model.vla
         device = vla.action_queries.device
         prompt_ids = observation.prompt_ids.to(device)
@@ -488,7 +523,7 @@ class VLAPolicy:
             # policy weight (a head trained through the trunk from its random start undid
             # a cloned policy within ten PPO iterations, docs/guide/environments.md).
             features = hidden_at_window["hidden"][0].detach()
-            values = at_least_float32(vla.value_head(features)).squeeze(-1)
+            values = at_least_float32(vla.value_head(features))
         return logits, values
 
     def _hidden(self, row: torch.Tensor) -> torch.Tensor:
