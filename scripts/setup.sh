@@ -5,7 +5,7 @@
 #
 # On a machine with neither an NVIDIA driver nor CANN the install is constrained by
 # constraints/cpu.txt, so pip takes the local CPU torch==2.13.0 wheel and never pulls
-# CUDA packages. GPU / NPU machines keep the torch they already have (see README).
+# CUDA packages. GPU / NPU machines keep the torch they already have (docs/guide/accelerators.md, "Installing").
 # Re-running is cheap: a stamp of the install inputs skips pip when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

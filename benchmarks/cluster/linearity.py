@@ -19,7 +19,8 @@ than the unshaped one takes) or the CPUs (the unshaped run's time). A table, a p
         --plot docs/figures/cluster_linearity.png
 
 Needs root, ``ip netns`` and tc (refused in one line otherwise). Results and what they
-mean: README, "A shaped cluster on one machine"; docs/pipeline.md, "Scaling on links".
+mean: docs/guide/benchmarks.md, "A shaped cluster on one machine"; docs/pipeline.md,
+"Scaling on links".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A cluster of N Ray nodes on one Linux machine, each in its own network namespace
 behind a link shaped to a given rate, so every byte between nodes crosses a real,
-rate-limited network path (README, "A shaped cluster on one machine").
+rate-limited network path (docs/guide/benchmarks.md, "A shaped cluster on one machine").
 
 Layout: one namespace per node (``eth0`` with ``10.77.0.<i+1>/24``, ``lo``), all joined
 by a bridge that lives in a namespace of its own (the "switch"), so the machine's own

@@ -1,5 +1,5 @@
 """benchmarks/env.py without training: its cells' configs, ratios and argument errors
-(the figures themselves come from running it; README, Benchmarks)."""
+(the figures themselves come from running it; docs/guide/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -217,7 +217,8 @@ def tiny_gguf_package(root, name: str = "tiny_gguf_tokenizer") -> str:
 
 def test_a_tokenizer_from_an_hf_folder_is_written_beside_the_model(exported, tmp_path):
     # Loaded by its own class: for a qwen2 config.json (this checkpoint's family)
-    # transformers 5 swaps any tokenizer for Qwen2Tokenizer under AutoTokenizer (README).
+    # transformers 5 swaps any tokenizer for Qwen2Tokenizer under AutoTokenizer
+    # (docs/guide/checkpoints.md).
     from transformers import PreTrainedTokenizerFast
 
     build_tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
