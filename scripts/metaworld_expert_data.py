@@ -5,8 +5,9 @@
         --out expert_push.npz
 
 Prints the expert's success rate measured through the vector environment (near 1.0
-when the environment is wired right) and writes ``states`` [T, 39], ``actions`` [T, 4],
-``episode`` [T] and ``success`` [episodes] to ``--out``.
+when the environment is wired right) and writes ``states`` [T, 39], ``actions``
+[T, 1, 4], ``instruction_ids`` [T, L], ``episode`` [T] and ``success`` [episodes] to
+``--out``: a demonstration set for ``env.clone_data`` (mindrl/envs/demonstrations.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import time
 
 import numpy as np
 
-from mindrl.envs.metaworld_env import MetaWorldVectorEnv, collect_expert_dataset
+from mindrl.envs.demonstrations import record_expert
+from mindrl.envs.metaworld_env import MetaWorldVectorEnv
 
 
 def main() -> None:
@@ -40,7 +42,7 @@ def main() -> None:
         num_processes=args.num_processes,
     )
     try:
-        data = collect_expert_dataset(env, args.episodes)
+        data = record_expert(env, args.episodes)
     finally:
         env.close()
     np.savez_compressed(args.out, **data)

@@ -764,10 +764,21 @@ class EnvConfig:
         "larger one than RL fine-tuning); None: actor.optim's schedule.",
         gt=0,
     )
+    clone_data: str | None = option(
+        None,
+        "embodied: an .npz of demonstrations (states, actions; optionally images and "
+        "instruction_ids: mindrl/envs/demonstrations.py) to clone from in shuffled batches "
+        "of env.clone_batch, instead of DAgger from the scripted expert (RLinf-VLA's SFT "
+        "start; scripts/metaworld_expert_data.py writes one). None: DAgger.",
+    )
+    clone_batch: int = option(
+        64, "embodied: demonstration pairs per cloning step (env.clone_data), over all ranks.", ge=1
+    )
     clone_state_range: bool = option(
         False,
-        "embodied: before cloning, run one expert episode per environment and map each "
-        "state dimension's range over them to [-1, 1] at the policy's input (OpenVLA's "
+        "embodied: before cloning, run one expert episode per environment (or read "
+        "env.clone_data) and map each state dimension's range to [-1, 1] at the policy's "
+        "input (OpenVLA's "
         "bounds normalisation; saved with the weights): for states that mix scales, such "
         "as Meta-World's metres of position and centimetres of offset. Needs clone_steps.",
     )

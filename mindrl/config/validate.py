@@ -543,6 +543,11 @@ def check_embodied_env(config: MindRLConfig) -> list[str]:
             "env.clone_state_range fits the state normalisation to the scripted expert "
             "before cloning: it needs env.clone_steps > 0 (or set it false)"
         )
+    if env.clone_data and not env.clone_steps:
+        problems.append(
+            f"env.clone_data={env.clone_data!r} is cloned in env.clone_steps steps: set "
+            "env.clone_steps > 0 (or unset env.clone_data)"
+        )
     try:
         split_class_path(env.cls)
     except EnvConfigError as exc:

@@ -41,7 +41,7 @@ import multiprocessing as mp
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -228,63 +228,6 @@ def scripted_expert(task: str) -> Callable[[np.ndarray], np.ndarray]:
         return np.clip(actions, -1.0, 1.0).astype(np.float32)
 
     return act
-
-
-def collect_expert_dataset(env: MetaWorldVectorEnv, episodes: int) -> dict[str, np.ndarray]:
-    """Roll the task's scripted expert out through ``env`` (built with ``chunk_size=1``,
-    so the expert acts on every observation) from a reset until ``episodes`` episodes
-    have ended.
-
-    Returns ``states`` float32 ``[T, 39]`` and ``actions`` float32 ``[T, 4]`` (every
-    applied action with the state it was taken in: the behaviour-cloning set),
-    ``episode`` int64 ``[T]`` (which ended episode each pair belongs to, in the order
-    they ended) and ``success`` bool ``[episodes]``.
-    """
-    if env.chunk_size != 1:
-        raise ValueError(
-            f"collect_expert_dataset: the expert acts on every observation; build the "
-            f"environment with chunk_size=1, not {env.chunk_size}"
-        )
-    act = scripted_expert(env.task)
-    num_envs = env.num_envs
-    pairs = ExpertPairs()
-    running: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(num_envs)]
-    observations = env.reset()
-    while len(pairs.success) < episodes:
-        chosen = act(observations.states)
-        for e in range(num_envs):
-            running[e].append((observations.states[e], chosen[e]))
-        observations, _, terminations, truncations, info = env.chunk_step(chosen[:, None])
-        for e in np.flatnonzero((terminations | truncations).any(axis=1)):
-            if len(pairs.success) < episodes:
-                pairs.add_episode(running[e], bool(info["success"][e]))
-            running[e] = []
-    return pairs.arrays()
-
-
-@dataclass
-class ExpertPairs:
-    """Ended episodes' (state, action) pairs, gathered in the order they end."""
-
-    states: list[np.ndarray] = field(default_factory=list)
-    actions: list[np.ndarray] = field(default_factory=list)
-    episode: list[int] = field(default_factory=list)
-    success: list[bool] = field(default_factory=list)
-
-    def add_episode(self, steps: list[tuple[np.ndarray, np.ndarray]], succeeded: bool) -> None:
-        for state, action in steps:
-            self.states.append(state)
-            self.actions.append(action)
-            self.episode.append(len(self.success))
-        self.success.append(succeeded)
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {
-            "states": np.stack(self.states).astype(np.float32),
-            "actions": np.stack(self.actions).astype(np.float32),
-            "episode": np.array(self.episode, dtype=np.int64),
-            "success": np.array(self.success, dtype=np.bool_),
-        }
 
 
 # --- worker processes -------------------------------------------------------------------

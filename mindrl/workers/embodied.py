@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -50,6 +51,7 @@ from backends.megatron.families.vla import (
 from mindrl.algorithm import Algorithm
 from mindrl.config.schema import HYBRID, AlgorithmConfig, MindRLConfig
 from mindrl.envs.action_tokenizer import ActionTokenizer
+from mindrl.envs.demonstrations import Demonstrations, load_demonstrations
 from mindrl.envs.embodied import EnvConfigError, Observations
 from mindrl.envs.stages import (
     SimulatorStages,
@@ -93,7 +95,7 @@ class EmbodiedActor:
         self.vla: VLASpec = engine.vla
         check_fits(
             self.env.description, env.chunk_size, self.vla, engine.spec.vocab_size,
-            clones=env.clone_steps > 0,
+            clones=env.clone_steps > 0 and not env.clone_data,
         )  # fmt: skip
         spec = self.env.description.action_spec
         self.actions = ActionTokenizer(engine.spec.vocab_size, ACTION_BINS, spec.low, spec.high)
@@ -101,6 +103,7 @@ class EmbodiedActor:
         self.sampling = ActionSampling(config.rollout.temperature, top_k if top_k > 0 else None)
         self.steps: ChunkSteps | None = None
         self._cloning_observations: Observations | None = None  # between clone_expert calls
+        self._demonstration_set: Demonstrations | None = None  # env.clone_data, once read
 
     # ---- rollout --------------------------------------------------------------------------
     def rollout(self, iteration: int, algorithm: Algorithm, options: AlgorithmConfig) -> dict:
@@ -233,7 +236,9 @@ class EmbodiedActor:
     # ---- a behaviour-cloned start ----------------------------------------------------------
     def clone_expert(self, first: int, count: int, total: int) -> dict[str, float]:
         """Steps ``first .. first + count - 1`` of ``total`` optimizer steps of behaviour
-        cloning from the environment's scripted expert, DAgger-style (Ross, Gordon and
+        cloning: from ``env.clone_data``'s demonstrations where the run names a file
+        (:meth:`_clone_demonstrations`), else from the environment's scripted expert,
+        DAgger-style (Ross, Gordon and
         Bagnell 2011): every observation is labelled with the expert's chunk, and at step
         ``k`` each environment acts with the expert's chunk with probability
         ``1 - k / total``, with the policy's own draw otherwise, so the states visited
@@ -243,6 +248,8 @@ class EmbodiedActor:
         ``env.clone_state_range`` the policy's state normalisation is first fitted to
         the expert's episodes (:meth:`_fit_state_range`). Returns the mean negative
         log-likelihood of the expert's tokens at the first and last step."""
+        if self.config.env.clone_data:
+            return self._clone_demonstrations(first, count)
         env, policy = self.env, self.engine.vla_policy()
         tokens = env.num_envs * self.vla.action_tokens
         (units,) = self.engine.sum_over_data_parallel([torch.tensor(float(tokens))])
@@ -271,6 +278,66 @@ class EmbodiedActor:
             ended = np.flatnonzero((terminations | truncations).any(axis=1))
             self._cloning_observations = restarted(env, observations, ended)
         return {"clone_nll_first": nll[0], "clone_nll_last": nll[-1]} if nll else {}
+
+    def _clone_demonstrations(self, first: int, count: int) -> dict[str, float]:
+        """Optimizer steps ``first .. first + count - 1`` on shuffled batches of
+        ``env.clone_batch`` demonstration pairs (each rank its share of the same batch),
+        the loss their action tokens' mean NLL (RLinf-VLA's SFT start). With
+        ``env.clone_state_range`` the state normalisation is the demonstrations' range."""
+        demos, env = self._demonstrations(), self.config.env
+        if first == 0 and env.clone_state_range:
+            states = torch.from_numpy(demos.states).double()
+            self.engine.vla_policy().set_state_range(states.amin(dim=0), states.amax(dim=0))
+        rank, ranks = self.engine.data_parallel_rank(), self.engine.data_parallel_size()
+        tokens = min(env.clone_batch, len(demos)) * self.vla.action_tokens
+
+        def loss_fn(policy: VLAPolicy, labelled: tuple) -> torch.Tensor:
+            return -policy.score(*labelled, self.sampling)["logprobs"].sum() / tokens
+
+        nll = []
+        for step in range(first, first + count):
+            rows = demos.batch_rows(step, self.config.seed, env.clone_batch, rank, ranks)
+            labelled = self._demonstration_batch(demos, rows)
+            stepped = self.engine.train_vla_step([labelled], loss_fn, lr=env.clone_lr)
+            nll.append(stepped["loss"])
+        return {"clone_nll_first": nll[0], "clone_nll_last": nll[-1]} if nll else {}
+
+    def _demonstrations(self) -> Demonstrations:
+        """``env.clone_data``, loaded once and checked against this run's environment;
+        pairs without instruction ids carry the environment's one instruction."""
+        if self._demonstration_set is None:
+            spec = self.env.description.observation_spec
+            env = self.config.env
+            demos = load_demonstrations(env.clone_data, spec, env.chunk_size, self.vla.action_dims)
+            if demos.instruction_ids is None:
+                ids = self.env.reset().instruction_ids
+                if ids is None or (ids != ids[:1]).any():
+                    raise EnvConfigError(
+                        f"env.clone_data={env.clone_data!r} has no instruction_ids and "
+                        f"{self.env.description.name}'s instructions differ between episodes; "
+                        "save each pair's instruction_ids with the demonstrations"
+                    )
+                demos = replace(demos, instruction_ids=np.repeat(ids[:1], len(demos), axis=0))
+            self._demonstration_set = demos
+        return self._demonstration_set
+
+    def _demonstration_batch(
+        self, demos: Demonstrations, rows: np.ndarray
+    ) -> tuple[VLAObservation, torch.Tensor]:
+        """The policy's observation of demonstration pairs ``rows`` and their chunks'
+        action ids (blank images where the file has none)."""
+        spec = self.env.description.observation_spec
+        if demos.images is None:
+            images = np.zeros((len(rows), spec.image_height, spec.image_width, 3), np.uint8)
+        else:
+            images = demos.images[rows]
+        observation = VLAObservation(
+            images=torch.from_numpy(images),
+            states=torch.from_numpy(demos.states[rows]),
+            prompt_ids=torch.from_numpy(demos.instruction_ids[rows].astype(np.int64)),
+        )
+        ids = self.actions.actions_to_ids(demos.actions[rows]).reshape(len(rows), -1)
+        return observation, torch.from_numpy(ids)
 
     def _fit_state_range(self) -> None:
         """Before cloning, one expert episode in every environment: the range of the

@@ -52,7 +52,7 @@ def test_a_trainer_on_an_embodied_env_with_a_text_model_is_refused_in_one_line()
             "env.kind=embodied; set env.clone_steps=0",
         ),
         (["env.placement=hybrid"], "env.placement=hybrid / env.pipeline_stages=1 place a"),
-        ([*EMBODIED, "env.placement=disaggregated"], "env.placement"),
+        ([*EMBODIED, "env.placement=remote"], "env.placement"),
     ],
 )
 def test_a_malformed_embodied_section_is_refused_at_load(overrides, message):

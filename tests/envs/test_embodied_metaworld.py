@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("metaworld", reason="needs Meta-World: pip install 'mindrl[metaworld]'")
 import psutil
 
+from mindrl.envs.demonstrations import record_expert
 from mindrl.envs.embodied import EnvConfigError, VectorEnv
 from mindrl.envs.metaworld_env import (
     MetaWorldVectorEnv,
-    collect_expert_dataset,
     scripted_expert,
 )
 
@@ -123,12 +123,12 @@ def _alive(pid: int) -> bool:
 
 
 def test_the_expert_dataset_pairs_every_applied_action_with_its_state(env):
-    data = collect_expert_dataset(env, episodes=3)
+    data = record_expert(env, episodes=3)
     assert data["success"].shape == (3,) and data["success"].sum() >= 2
     lengths = np.bincount(data["episode"], minlength=3)
     assert np.all((lengths > 10) & (lengths <= HORIZON))
     assert data["states"].shape == (lengths.sum(), STATE_DIM)
-    assert data["actions"].shape == (lengths.sum(), 4)
+    assert data["actions"].shape == (lengths.sum(), 1, 4)  # chunks of one
     assert np.abs(data["actions"]).max() <= 1.0
     # Each state holds the previous frame (floats 18..35 repeat the last state's 0..17):
     # an episode's pairs are its own, in the order they were taken.

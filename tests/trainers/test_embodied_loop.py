@@ -12,6 +12,7 @@ import torch
 
 from mindrl.config import ConfigError, load_config
 from mindrl.envs.batched_reach import BatchedReach
+from mindrl.envs.demonstrations import record_expert
 from mindrl.envs.embodied import VectorEnv
 from mindrl.metrics import read_metrics
 from mindrl.planner.activations import MicroBatchShape, micro_batch_shape
@@ -270,6 +271,7 @@ def test_the_dry_run_says_where_the_simulators_step_and_how_many_workers_that_ta
         ("grpo", ("model.family=llama",), "set model.family=vla (got llama)"),
         ("grpo", ("env.pipeline_stages=3",), "env.pipeline_stages=3 does not divide a rank's 32"),
         ("grpo", ("env.clone_state_range=true", "env.clone_steps=0"), "it needs env.clone_steps"),
+        ("grpo", ("env.clone_data=d.npz", "env.clone_steps=0"), "is cloned in env.clone_steps"),
     ],
 )
 def test_what_the_embodied_loop_does_not_build_is_refused_in_one_line(trainer, overrides, line):
@@ -299,6 +301,14 @@ class ExpertlessReach(BatchedReach):
     expert_actions = VectorEnv.expert_actions
 
 
+def test_demonstrations_that_do_not_fit_the_environment_are_refused_at_start_up(tmp_path):
+    path = tmp_path / "demos.npz"
+    np.savez(path, states=np.zeros((4, 3)), actions=np.zeros((4, 4, 2)))  # BatchedReach: 2
+    config = load_config(RECIPE, [f"env.clone_data={path}"], algorithm=GRPO)
+    with pytest.raises(RunSetupError, match=r"states is \[4, 3\]; this run reads \[4, 2\]"):
+        _preflight(config, offline=False)
+
+
 def test_cloning_an_environment_without_a_scripted_expert_is_refused_at_start_up():
     expertless = f"env.cls={__name__}:ExpertlessReach"
     config = load_config(RECIPE, [expertless, "env.clone_steps=5"], algorithm=GRPO)
@@ -308,18 +318,19 @@ def test_cloning_an_environment_without_a_scripted_expert_is_refused_at_start_up
 
 
 #: Where the environments step: in the actor's ranks, or in an environment worker beside
-#: each (whole or split into two pipeline stages) or in the run's own group of them.
+#: each, whole or split into two pipeline stages.
 PLACEMENTS = {
     "collocated": ("env.placement=collocated", "checkpoint.every=1"),
     "hybrid-1": ("env.placement=hybrid",),
     "hybrid-2": ("env.placement=hybrid", "env.pipeline_stages=2"),
-    "disaggregated-2": ("env.placement=disaggregated", "env.pipeline_stages=2"),
 }
-#: The collocated run resumed from its checkpoint after iteration 0.
+#: The collocated run resumed from its checkpoint after iteration 0, its simulators now
+#: in the run's own group of environment workers (one whole run tests both).
 RESUMED = "resumed"
+DISAGGREGATED_2 = ("env.placement=disaggregated", "env.pipeline_stages=2")
 #: The same small run with PPO at the action level (GAE over every action from the
-#: policy's value head, one value per action), and with DAPO (its dynamic sampling: the
-#: success-rate filter), one iteration, no cloning.
+#: policy's value head, one value per action) cloned first from recorded demonstrations,
+#: and with DAPO (its dynamic sampling: the success-rate filter), one iteration, no cloning.
 PPO_RUN, DAPO_RUN = "ppo", "dapo"
 ACTION_LEVEL = ("algorithm.reward_level=action", "algorithm.logprob_level=action")
 
@@ -346,10 +357,16 @@ def placed_runs(tmp_path_factory, ray_cluster) -> dict[str, list[dict]]:
     overrides = [
         f"logging.dir={root / RESUMED}", "logging.progress_bar=false", "logging.backends=[]",
         "iterations=2", "env.clone_steps=3", "env.clone_state_range=true", *SMALL,
+        *DISAGGREGATED_2,
     ]  # fmt: skip
     config = load_config(RECIPE, overrides, algorithm=GRPO)
     assert train(config, "grpo", "cpu", resume=str(first)) == 0
     records[RESUMED] = read_metrics(root / RESUMED / "metrics.jsonl")
+    demonstrations = root / "reach_demonstrations.npz"
+    expert = BatchedReach(num_envs=4, chunk_size=2, horizon=4, auto_reset=True, seed=5)
+    np.savez(demonstrations, **record_expert(expert, episodes=6, images=True))
+    # PPO starts from 3 cloning steps on those recorded demonstrations, DAPO from scratch.
+    cloned = (f"env.clone_data={demonstrations}", "env.clone_steps=3", "env.clone_batch=8")
     for name, iterations in ((PPO_RUN, 2), (DAPO_RUN, 1)):
         overrides = [
             f"logging.dir={root / name}",
@@ -358,7 +375,7 @@ def placed_runs(tmp_path_factory, ray_cluster) -> dict[str, list[dict]]:
             f"iterations={iterations}",
             "env.clone_steps=0",
             *SMALL,
-            *(ACTION_LEVEL if name == PPO_RUN else ()),
+            *((*ACTION_LEVEL, *cloned) if name == PPO_RUN else ()),
         ]
         algorithm = get_algorithm(name)
         assert train(load_config(RECIPE, overrides, algorithm=algorithm), name, "cpu") == 0
@@ -368,6 +385,8 @@ def placed_runs(tmp_path_factory, ray_cluster) -> dict[str, list[dict]]:
 
 @pytest.mark.ray
 def test_ppo_trains_the_policy_and_its_value_head_together_at_the_action_level(placed_runs):
+    first = placed_runs[PPO_RUN][0]  # after 3 steps on the recorded demonstrations
+    assert "clone" in first["time"] and np.isfinite(first["clone_nll_last"])
     for record in placed_runs[PPO_RUN]:
         assert record["grad_norm"] > 0 and np.isfinite(record["pg_loss"])
         assert record["value_loss"] > 0 and np.isfinite(record["value_mean"])
@@ -416,7 +435,7 @@ def test_two_iterations_of_the_embodied_recipe_clone_train_and_record_success(
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("placement", ["hybrid-1", "hybrid-2", "disaggregated-2"])
+@pytest.mark.parametrize("placement", ["hybrid-1", "hybrid-2"])
 def test_where_the_environments_step_changes_no_figure_of_the_run(placed_runs, placement):
     """Sampling noise is drawn per environment and the stages step one simulator's
     trajectories: the clone, the episodes and the updates are those of the collocated run."""
@@ -430,10 +449,13 @@ def test_where_the_environments_step_changes_no_figure_of_the_run(placed_runs, p
 
 
 @pytest.mark.ray
-def test_a_resumed_embodied_run_continues_as_the_uninterrupted_one(placed_runs):
+def test_a_resumed_embodied_run_continues_as_the_uninterrupted_one_wherever_it_steps(
+    placed_runs,
+):
     """The checkpoint after iteration 0 holds the cloned weights, the optimizer and the
     state normalisation fitted before cloning: the resumed run does not clone again and
-    its iteration 1 is the uninterrupted run's."""
+    its iteration 1 is the uninterrupted run's, though its simulators now step in the
+    run's own (disaggregated) environment workers, two pipeline stages each."""
     (resumed,) = placed_runs[RESUMED]
     expected = placed_runs["collocated"][1]
     assert resumed["iteration"] == 1 and "clone" not in resumed["time"]

@@ -35,6 +35,7 @@ from mindrl.data.run_prompts import prompt_dataset
 from mindrl.dock import DockClient, FieldSpec, create_dock, shutdown_dock
 from mindrl.dock.schema import RUN_FIELDS
 from mindrl.envs import EnvConfigError, load_env_class
+from mindrl.envs.demonstrations import load_demonstrations
 from mindrl.envs.embodied import load_vector_env_class, make_vector_env
 from mindrl.envs.stages import EnvDescription
 from mindrl.planner.capacity import CapacityError, device_bytes, host_bytes
@@ -218,13 +219,16 @@ def _check_policy_fits(config: MindRLConfig) -> None:
         env.cls, num_envs=1, chunk_size=env.chunk_size, horizon=env.horizon, kwargs=env.kwargs
     )
     try:
-        clones = env.clone_steps > 0
+        clones = env.clone_steps > 0 and not env.clone_data  # from the scripted expert
         description = EnvDescription.of(one)
         if clones and description.has_expert:
             one.expert_actions()  # an expert that cannot give this run's chunks says so now
-        check_fits(
-            description, env.chunk_size, vla_spec(config.model), config.model.vocab_size, clones
-        )
+        vla = vla_spec(config.model)
+        check_fits(description, env.chunk_size, vla, config.model.vocab_size, clones)
+        if env.clone_data and env.clone_steps:
+            load_demonstrations(
+                env.clone_data, description.observation_spec, env.chunk_size, vla.action_dims
+            )
     finally:
         one.close()
 
