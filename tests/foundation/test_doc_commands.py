@@ -46,6 +46,7 @@ EXPENSIVE = {
     "device checks": "needs a GPU or NPU",
     "reads a finished run": "needs the run folder a training run leaves",
     "viewer": "a server that runs until it is stopped",
+    "recording": "rolls a simulator's scripted expert out: a minute or more",
 }
 UNKNOWN = "unknown"
 
@@ -124,6 +125,8 @@ def kind_of(words: list[str]) -> str:
         target = args[1] if args[:1] == ["-m"] else args[0]
         if target.startswith("benchmarks"):
             return RUN if helped else "benchmark run"
+        if target == "scripts/metaworld_expert_data.py":
+            return RUN if helped else "recording"
     if program == "bash" and args:
         if args[0] in INSTALL_SCRIPTS:
             return "install"
