@@ -809,6 +809,12 @@ class EnvConfig:
         """Whether the run steps a vector of simulators (``kind: embodied``)."""
         return self.kind == "embodied"
 
+    @property
+    def clones_expert(self) -> bool:
+        """Whether the cloned start asks the simulator's scripted expert (DAgger), not a
+        recorded demonstration set (``clone_data``)."""
+        return self.clone_steps > 0 and not self.clone_data
+
 
 @dataclass
 class ResilienceConfig:

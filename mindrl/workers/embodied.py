@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -95,7 +95,7 @@ class EmbodiedActor:
         self.vla: VLASpec = engine.vla
         check_fits(
             self.env.description, env.chunk_size, self.vla, engine.spec.vocab_size,
-            clones=env.clone_steps > 0 and not env.clone_data,
+            clones=env.clones_expert,
         )  # fmt: skip
         spec = self.env.description.action_spec
         self.actions = ActionTokenizer(engine.spec.vocab_size, ACTION_BINS, spec.low, spec.high)
@@ -253,10 +253,7 @@ class EmbodiedActor:
         env, policy = self.env, self.engine.vla_policy()
         tokens = env.num_envs * self.vla.action_tokens
         (units,) = self.engine.sum_over_data_parallel([torch.tensor(float(tokens))])
-
-        def loss_fn(policy: VLAPolicy, labelled: tuple) -> torch.Tensor:
-            return -policy.score(*labelled, self.sampling)["logprobs"].sum() / units
-
+        loss_fn = self._cloning_loss(units)
         if first == 0:
             if self.config.env.clone_state_range:
                 self._fit_state_range()
@@ -277,7 +274,7 @@ class EmbodiedActor:
             observations, _, terminations, truncations, _ = env.chunk_step(actions)
             ended = np.flatnonzero((terminations | truncations).any(axis=1))
             self._cloning_observations = restarted(env, observations, ended)
-        return {"clone_nll_first": nll[0], "clone_nll_last": nll[-1]} if nll else {}
+        return cloning_record(nll)
 
     def _clone_demonstrations(self, first: int, count: int) -> dict[str, float]:
         """Optimizer steps ``first .. first + count - 1`` on shuffled batches of
@@ -289,18 +286,24 @@ class EmbodiedActor:
             states = torch.from_numpy(demos.states).double()
             self.engine.vla_policy().set_state_range(states.amin(dim=0), states.amax(dim=0))
         rank, ranks = self.engine.data_parallel_rank(), self.engine.data_parallel_size()
-        tokens = min(env.clone_batch, len(demos)) * self.vla.action_tokens
-
-        def loss_fn(policy: VLAPolicy, labelled: tuple) -> torch.Tensor:
-            return -policy.score(*labelled, self.sampling)["logprobs"].sum() / tokens
-
+        loss_fn = self._cloning_loss(min(env.clone_batch, len(demos)) * self.vla.action_tokens)
         nll = []
         for step in range(first, first + count):
             rows = demos.batch_rows(step, self.config.seed, env.clone_batch, rank, ranks)
             labelled = self._demonstration_batch(demos, rows)
             stepped = self.engine.train_vla_step([labelled], loss_fn, lr=env.clone_lr)
             nll.append(stepped["loss"])
-        return {"clone_nll_first": nll[0], "clone_nll_last": nll[-1]} if nll else {}
+        return cloning_record(nll)
+
+    def _cloning_loss(self, units: float) -> Callable[[VLAPolicy, tuple], torch.Tensor]:
+        """A cloning step's loss on a labelled micro-batch ``(observation, action ids)``:
+        its tokens' NLL under the rollout's sampling, over ``units``, the step's tokens
+        on every rank (so the step's loss is their mean however the batch is split)."""
+
+        def loss_fn(policy: VLAPolicy, labelled: tuple) -> torch.Tensor:
+            return -policy.score(*labelled, self.sampling)["logprobs"].sum() / units
+
+        return loss_fn
 
     def _demonstrations(self) -> Demonstrations:
         """``env.clone_data``, loaded once and checked against this run's environment;
@@ -424,6 +427,11 @@ class EmbodiedActor:
         stats = self.engine.train_vla_step(micro_batches, loss_fn)
         dp_size = self.engine.data_parallel_size()
         return {**stats, **step_metrics(collected, algorithm.additive_metrics, dp_size)}
+
+
+def cloning_record(nll: list[float]) -> dict[str, float]:
+    """A cloning call's record: the NLL at its first and last step (none: no step)."""
+    return {"clone_nll_first": nll[0], "clone_nll_last": nll[-1]} if nll else {}
 
 
 def restarted(env: SimulatorStages, observations: Observations, ended: np.ndarray) -> Observations:

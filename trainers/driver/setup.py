@@ -219,13 +219,12 @@ def _check_policy_fits(config: MindRLConfig) -> None:
         env.cls, num_envs=1, chunk_size=env.chunk_size, horizon=env.horizon, kwargs=env.kwargs
     )
     try:
-        clones = env.clone_steps > 0 and not env.clone_data  # from the scripted expert
         description = EnvDescription.of(one)
-        if clones and description.has_expert:
+        if env.clones_expert and description.has_expert:
             one.expert_actions()  # an expert that cannot give this run's chunks says so now
         vla = vla_spec(config.model)
-        check_fits(description, env.chunk_size, vla, config.model.vocab_size, clones)
-        if env.clone_data and env.clone_steps:
+        check_fits(description, env.chunk_size, vla, config.model.vocab_size, env.clones_expert)
+        if env.clone_data:  # with clone_steps: refused at load otherwise
             load_demonstrations(
                 env.clone_data, description.observation_spec, env.chunk_size, vla.action_dims
             )
@@ -319,7 +318,7 @@ def serves_judge(config: MindRLConfig) -> bool:
 
 def env_workers(config: MindRLConfig, plan: RunPlan) -> int:
     """Environment workers a run places (one CPU slot each): a text run's
-    ``env.workers``; an embodied hybrid run's one beside each actor rank."""
+    ``env.workers``; an embodied run's (``run_plan.embodied_env_workers``)."""
     if config.env.embodied:
         return embodied_env_workers(config, plan)
     return config.env.workers if config.env.enabled else 0
