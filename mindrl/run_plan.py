@@ -18,6 +18,7 @@ from mindrl.config.compat import model_roles, uses_reference
 from mindrl.config.layout import DISAGGREGATED, OFFLINE, RunLayout, resolve_layout
 from mindrl.config.schema import ENV_WORKER_PLACEMENTS, AlgorithmConfig, MindRLConfig
 from mindrl.data.records import RECORD_FIELDS
+from mindrl.dock.schema import chunk_step_fields
 from mindrl.rewards.routing import reward_spec_of
 
 #: Fields every model stage reads: the packed sequence is prompt + response.
@@ -329,20 +330,27 @@ def _offline_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
 
 
 def _embodied_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
-    """An embodied run's plan: the actor's ranks run the episodes (``rollout``) and
-    train on them (``update``); the episodes stay on the ranks that stepped them, so
-    neither stage claims dock fields. A group is ``data.n_samples_per_prompt``
-    environments sharing an initial state; ``env.num_envs`` of them run per iteration.
-    The actor is the only model role: PPO's values come from a head on the policy."""
+    """An embodied run's plan: the actor's ranks run the episodes (``rollout``) and put
+    each chunk step into the dock as a sample, with its advantages (a group's episodes
+    are stepped on one rank); the ``update`` claims them for the actor's data-parallel
+    ranks. A group is ``data.n_samples_per_prompt`` environments sharing an initial
+    state; ``env.num_envs`` of them run per iteration, so the dock holds ``num_envs``
+    samples per chunk of the horizon. The actor is the only model role: PPO's values
+    come from a head on the policy."""
     options = run_options(algorithm, config)
     roles = ("actor",)
     layout = resolve_layout(config, roles)
+    fields = chunk_step_fields(algorithm.chunk_value_head)
+    chunk_steps = config.env.horizon // config.env.chunk_size * config.env.num_envs
     return RunPlan(
         trainer=algorithm.name,
         mode=layout.mode,
         runner=EMBODIED,
         layout=layout,
-        stages=(StagePlan("rollout", "actor", (), ()), StagePlan("update", "actor", (), ())),
+        stages=(
+            StagePlan("rollout", "actor", (), fields),
+            StagePlan("update", "actor", fields, ()),
+        ),
         needs_reference=False,
         needs_critic=False,
         needs_old_logprob=False,
@@ -350,7 +358,7 @@ def _embodied_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         group_size=config.data.n_samples_per_prompt,
         uses_groups=algorithm.uses_groups,
         sample_batches=1,
-        dock_groups=config.data.global_batch_size,
+        dock_groups=chunk_steps // config.data.n_samples_per_prompt,
         stage_deadline_s=stage_deadline_s(config),
         options=options,
     )

@@ -15,7 +15,16 @@ import numpy as np
 from mindrl.data.records import RECORD_FIELDS
 from mindrl.dock.errors import DockError
 
-__all__ = ["RL_FIELDS", "TOKEN_FIELDS", "DockError", "FieldSpec", "check_column"]
+__all__ = [
+    "CHUNK_STEP_FIELDS",
+    "CHUNK_VALUE_FIELDS",
+    "RL_FIELDS",
+    "TOKEN_FIELDS",
+    "DockError",
+    "FieldSpec",
+    "check_column",
+    "chunk_step_fields",
+]
 
 #: The fields whose lengths add up to a sample's tokens (what a training forward runs over):
 #: a claim deals its samples to the data-parallel ranks balanced by them.
@@ -68,7 +77,33 @@ RL_FIELDS: dict[str, FieldSpec] = {
     "values": FieldSpec("float32", variable=True),
     "advantages": FieldSpec("float32", variable=True),
     "returns": FieldSpec("float32", variable=True),
+    # An embodied chunk step (mindrl/workers/episode_rows.py): its observation's image
+    # (H x W x 3, flattened) and robot state, and which of its chunk's actions train
+    # (applied before the episode's end, in a group the filter kept).
+    "images": FieldSpec("uint8", variable=True),
+    "states": FieldSpec("float32", variable=True),
+    "action_valid": FieldSpec("bool", variable=True),
 }
+
+#: An embodied chunk step as a dock sample: the observation and the instruction's ids as
+#: the prompt, the chunk's action ids as the response, their log-probs at generation, the
+#: valid actions and the advantages the rank that stepped the episode gave them...
+CHUNK_STEP_FIELDS = (
+    "images",
+    "states",
+    "prompt_ids",
+    "response_ids",
+    "rollout_logprob",
+    "action_valid",
+    "advantages",
+)
+#: ... and, with a value head (PPO), its values at generation and the return targets.
+CHUNK_VALUE_FIELDS = ("values", "returns")
+
+
+def chunk_step_fields(value_head: bool) -> tuple[str, ...]:
+    """The fields of an embodied chunk step the update reads (a value head's too)."""
+    return (*CHUNK_STEP_FIELDS, *(CHUNK_VALUE_FIELDS if value_head else ()))
 
 
 #: The fields a training run's dock holds: the RL fields plus what the driver puts beside

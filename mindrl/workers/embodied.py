@@ -21,12 +21,18 @@ initial states and sampling noise however the environments are split. An iterati
    straddles ranks (the config check makes ``num_envs / dp`` a multiple of the group).
    With a value head (PPO) each chunk step has its own advantage instead
    (``Algorithm.chunk_step_advantages``).
-3. **Update.** ``ppo_epochs`` x mini-batches of ``engine.train_vla_step`` over the rank's
-   chunk steps, the loss the algorithm's ``chunk_actor_loss`` at ``logprob_level`` with
-   each valid unit weighing ``1 / T``, ``T`` the mini-batch's valid units over every rank
-   (plus the value head's loss under PPO).
+3. **Into the dock.** Each chunk step with a valid action becomes a dock sample
+   (``ChunkSteps.dock_fields``): chunk step ``t`` of environment ``e`` at index
+   ``t * num_envs + e``, the layout of one whole simulator's rollout whatever the ranks.
+   The rank keeps nothing of its episodes after the put.
+4. **Update.** The driver claims the samples for the actor's data-parallel ranks (each
+   its share, balanced, from its own node's warehouse where it can); each rank fetches
+   its share and takes ``ppo_epochs`` x mini-batches of ``engine.train_vla_step`` on it,
+   the loss the algorithm's ``chunk_actor_loss`` at ``logprob_level`` with each valid
+   unit weighing ``1 / T``, ``T`` the mini-batch's valid units over every rank (plus the
+   value head's loss under PPO).
 
-The episode data never leaves the rank that stepped it: the driver gets scalar figures.
+The driver hands out the iteration and the claimed indexes and gets scalar figures back.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ from backends.megatron.families.vla import (
 )
 from mindrl.algorithm import Algorithm
 from mindrl.config.schema import HYBRID, AlgorithmConfig, MindRLConfig
+from mindrl.dock import DockClient
+from mindrl.dock.schema import chunk_step_fields
 from mindrl.envs.action_tokenizer import ActionTokenizer
 from mindrl.envs.demonstrations import Demonstrations, load_demonstrations
 from mindrl.envs.embodied import EnvConfigError, Observations
@@ -65,6 +73,7 @@ from mindrl.workers.episode_rows import (
     SteppedEpisodes,
     informative_groups,
     reset_state_ids,
+    rows_to_put,
 )
 from mindrl.workers.updates import minibatch_slices, step_metrics
 
@@ -83,9 +92,10 @@ class EmbodiedActor:
         dp_rank: int,
         dp_size: int,
         rank: int,
+        dock: DockClient,
     ) -> None:
         env = config.env
-        self.config, self.engine = config, engine
+        self.config, self.engine, self.dock = config, engine, dock
         self.group_size = config.data.n_samples_per_prompt
         self.groups = env.num_envs // self.group_size
         per_rank = env.num_envs // dp_size
@@ -101,28 +111,28 @@ class EmbodiedActor:
         self.actions = ActionTokenizer(engine.spec.vocab_size, ACTION_BINS, spec.low, spec.high)
         top_k = config.rollout.top_k
         self.sampling = ActionSampling(config.rollout.temperature, top_k if top_k > 0 else None)
-        self.steps: ChunkSteps | None = None
         self._cloning_observations: Observations | None = None  # between clone_expert calls
         self._demonstration_set: Demonstrations | None = None  # env.clone_data, once read
 
     # ---- rollout --------------------------------------------------------------------------
     def rollout(self, iteration: int, algorithm: Algorithm, options: AlgorithmConfig) -> dict:
-        """Run one episode in every environment with the current weights, keep its chunk
-        steps and their advantages for :meth:`update`; the episodes' sums and the
-        stages' environment and generation seconds for the record (the driver adds the
-        ranks' sums)."""
+        """Run one episode in every environment with the current weights and put its
+        chunk steps with their advantages into the dock (the data-parallel leader; its
+        TP peers stepped the same episodes); the episodes' sums, the samples put
+        (``chunk_steps``) and the stages' environment and generation seconds for the
+        record (the driver adds the ranks' sums)."""
         env = self.env
         groups = reset_state_ids(
             env.first_env_id, env.num_envs, self.group_size, self.groups, iteration
         )
         with self._rollout_threads():
             stepped = self._pipelined_episodes(groups, self._generators(iteration))
-        self.steps = steps = stepped.chunk_steps()
+        steps = stepped.chunk_steps()
         per_env = (stepped.chunks, env.num_envs, -1)
         returns = steps.rewards.double().view(per_env).sum(dim=(0, 2))  # [envs]
         dropped = 0
         if algorithm.chunk_value_head:
-            self._credit_each_step(stepped, algorithm, options)
+            self._credit_each_step(steps, stepped, algorithm, options)
         else:
             advantages = algorithm.episode_advantages(returns, torch.from_numpy(groups), options)
             steps.advantages = advantages.repeat(stepped.chunks).unsqueeze(-1)
@@ -131,7 +141,9 @@ class EmbodiedActor:
                 steps.kept = torch.from_numpy(kept).repeat(stepped.chunks)
                 dropped = len(np.unique(groups[~kept]))
         lengths = steps.valid.view(per_env).sum(dim=(0, 2))
+        put = self._put(steps, algorithm)
         return {
+            "chunk_steps": float(put),
             "groups_dropped": float(dropped),
             "episodes": float(env.num_envs),
             "successes": float(stepped.success.sum()),
@@ -140,14 +152,41 @@ class EmbodiedActor:
             **stepped.seconds(env),
         }
 
+    def _put(self, steps: ChunkSteps, algorithm: Algorithm) -> int:
+        """Put the chunk steps :meth:`_rows_to_put` picks into the dock (the
+        data-parallel leader), each at its place in one whole simulator's step-major
+        rows (``t * num_envs + env_id``); how many (0 on a TP peer)."""
+        envs = self.env.num_envs
+        chunk = torch.arange(len(steps)) // envs
+        env_ids = self.env.first_env_id + torch.arange(len(steps)) % envs
+        rows = self._rows_to_put(steps.valid.any(-1))
+        if not self.engine.is_data_leader():
+            return 0
+        indexes = (chunk * self.config.env.num_envs + env_ids)[rows]
+        self.dock.put(indexes.numpy(), steps.rows(rows).dock_fields(algorithm.chunk_value_head))
+        return len(indexes)
+
+    def _rows_to_put(self, live: torch.Tensor) -> torch.Tensor:
+        """``[rows]``: the chunk steps this rank puts (:func:`rows_to_put` over every
+        data-parallel rank's count of rows with a valid action; TP peers join the
+        count's all-reduce too)."""
+        dp, rank = self.engine.data_parallel_size(), self.engine.data_parallel_rank()
+        counts = [float(live.sum()) if r == rank else 0.0 for r in range(dp)]
+        counts = self.engine.sum_over_data_parallel(counts)
+        return rows_to_put(live, [int(c) for c in counts], rank)
+
     def _credit_each_step(
-        self, stepped: SteppedEpisodes, algorithm: Algorithm, options: AlgorithmConfig
+        self,
+        steps: ChunkSteps,
+        stepped: SteppedEpisodes,
+        algorithm: Algorithm,
+        options: AlgorithmConfig,
     ) -> None:
         """Each chunk step's advantages and the value head's return targets (at
         ``algorithm.reward_level``: one per chunk or per action) from the algorithm's
         per-step estimator (PPO: GAE over the episode's steps, with the value of where an
         episode cut off by its horizon stopped as its bootstrap)."""
-        steps, envs = self.steps, self.env.num_envs
+        envs = self.env.num_envs
         per_env = (stepped.chunks, envs, -1)  # step-major rows -> [T, envs, ...]
 
         def by_episode(rows: torch.Tensor) -> torch.Tensor:  # [rows, k] -> [envs, T, k]
@@ -362,19 +401,22 @@ class EmbodiedActor:
     # ---- update ---------------------------------------------------------------------------
     def update(
         self,
+        indexes: np.ndarray,
         algorithm: Algorithm,
         options: AlgorithmConfig,
         epochs: int,
         num_minibatches: int,
         micro_batch_size: int | None,
     ) -> dict[str, float]:
-        """``epochs`` x ``num_minibatches`` optimizer steps on the rollout's chunk steps
-        (those with a valid action; the others train nothing); the steps' mean metrics.
+        """``epochs`` x ``num_minibatches`` optimizer steps on the chunk steps
+        ``indexes`` the driver claimed for this rank (in index order: the same rows make
+        the same mini-batches however the claim listed them); the steps' mean metrics.
         A filtered group's rows stay in the forward with no valid unit, so a rank whose
-        groups were all filtered still joins every step's collectives."""
-        steps = self.steps.rows(self.steps.valid.any(-1))
-        steps.valid = steps.valid & steps.kept.unsqueeze(-1)
-        self.steps = None
+        rows are all filtered still joins every step's collectives."""
+        fields = chunk_step_fields(algorithm.chunk_value_head)
+        data = self.dock.fetch(np.sort(indexes), list(fields))
+        spec = self.env.description.observation_spec
+        steps = ChunkSteps.from_dock(data, (spec.image_height, spec.image_width, 3))
         records = []
         for _ in range(epochs):
             for part in minibatch_slices(len(steps), num_minibatches):

@@ -1,5 +1,7 @@
 """An embodied rollout's chunk steps as rows for the update (mindrl/workers/embodied.py):
-what the pipelined stages record as they step, and the step-major rows it becomes."""
+what the pipelined stages record as they step, the step-major rows it becomes, and those
+rows as dock samples (each chunk step one sample: the observation and instruction its
+prompt, the action tokens its response)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from backends.megatron.families.vla import VLAChunk, VLAObservation
 from mindrl.envs.embodied import Observations
@@ -48,6 +51,43 @@ class ChunkSteps:
 
     def observation(self) -> VLAObservation:
         return VLAObservation(self.images, self.states, self.prompt_ids)
+
+    def dock_fields(self, value_head: bool) -> dict[str, torch.Tensor]:
+        """The rows as dock samples (``CHUNK_STEP_FIELDS``, with ``CHUNK_VALUE_FIELDS``
+        under a value head), ``valid`` already cleared on the rows whose group the
+        filter dropped; images flattened, every figure float32 (the dock's)."""
+        columns = {
+            "images": self.images.reshape(len(self), -1),
+            "states": self.states.float(),
+            "prompt_ids": self.prompt_ids,
+            "response_ids": self.action_ids,
+            "rollout_logprob": self.logprobs.float(),
+            "action_valid": self.valid & self.kept.unsqueeze(-1),
+            "advantages": self.advantages.float(),
+        }
+        if value_head:
+            columns |= {"values": self.values.float(), "returns": self.returns.float()}
+        return columns
+
+    @classmethod
+    def from_dock(cls, data: TensorDict, image_shape: tuple[int, int, int]) -> ChunkSteps:
+        """Rows fetched from the dock (:meth:`dock_fields`' samples): every sample of an
+        embodied run has the same widths, so the fetched padded fields are whole."""
+        rows, keys = len(data), set(data.keys())
+        values = data["values"] if "values" in keys else torch.zeros(0)
+        return cls(
+            images=data["images"].reshape(rows, *image_shape),
+            states=data["states"],
+            prompt_ids=data["prompt_ids"],
+            action_ids=data["response_ids"],
+            logprobs=data["rollout_logprob"],
+            rewards=torch.zeros(0),  # the advantages hold what the update needs of them
+            valid=data["action_valid"],
+            values=values,
+            advantages=data["advantages"],
+            returns=data["returns"] if "returns" in keys else torch.zeros(0),
+            kept=torch.ones(rows, dtype=torch.bool),
+        )
 
 
 @dataclass
@@ -139,3 +179,22 @@ def informative_groups(success: np.ndarray, group_ids: np.ndarray) -> np.ndarray
     _, inverse = np.unique(group_ids, return_inverse=True)
     rate = np.bincount(inverse, weights=success.astype(np.float64)) / np.bincount(inverse)
     return ((rate > 0) & (rate < 1))[inverse]
+
+
+def rows_to_put(live: torch.Tensor, counts: list[int], rank: int) -> torch.Tensor:
+    """``[rows]``: which of data-parallel rank ``rank``'s chunk steps go into the dock.
+
+    ``live``: its rows with a valid action; ``counts``: every rank's number of them. The
+    live rows, and, where all ranks' together do not split evenly over the ranks (a
+    claim deals equal shares, so every rank takes as many optimizer steps), as few
+    others as make them: such a row trains nothing (no valid unit), and the lowest ranks
+    holding such rows give them. Every rank steps as many rows, and all of them split
+    evenly, so the rows needed are always there."""
+    ranks = len(counts)
+    short = -sum(counts) % ranks
+    spare = [len(live) - count for count in counts]
+    before = min(sum(spare[:rank]), short)
+    mine = min(spare[rank], short - before)
+    rows = live.clone()
+    rows[(~live).nonzero().squeeze(-1)[:mine]] = True
+    return rows

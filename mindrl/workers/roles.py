@@ -196,11 +196,14 @@ class ModelWorker(WeightSource):
         )
         self.engine.base_origin = base_origin(self.config)
         dp_rank, dp_size = self.engine.data_parallel_rank(), self.engine.data_parallel_size()
-        self.embodied = EmbodiedActor(self.config, self.engine, dp_rank, dp_size, self.rank)
+        self.embodied = EmbodiedActor(
+            self.config, self.engine, dp_rank, dp_size, self.rank, self.dock
+        )
 
     def embodied_rollout(self, iteration: int) -> dict:
-        """One episode in each of this rank's environments, kept here for the update;
-        the episodes' sums (TP peers step the same environments: only DP leaders count)."""
+        """One episode in each of this rank's environments, its chunk steps put into the
+        dock; the episodes' sums (TP peers step the same environments: only DP leaders
+        count)."""
         start = time.perf_counter()
         sums = self.embodied.rollout(iteration, self.algorithm, self.options)
         leader = self.engine.is_data_leader()
@@ -214,11 +217,15 @@ class ModelWorker(WeightSource):
         self.engine.release_gradients()
         return {**metrics, **self._timing(start)}
 
-    def embodied_update(self, num_minibatches: int, options: AlgorithmConfig | None = None) -> dict:
-        """The update on this rank's episodes of the last rollout."""
+    def embodied_update(
+        self, indexes: np.ndarray, num_minibatches: int, options: AlgorithmConfig | None = None
+    ) -> dict:
+        """The update on the chunk steps ``indexes`` (this DP rank's share of the last
+        rollout's)."""
         start = time.perf_counter()
         self.options = options if options is not None else self.options
         metrics = self.embodied.update(
+            indexes,
             self.algorithm,
             self.options,
             self.section.ppo_epochs,

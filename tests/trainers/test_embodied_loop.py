@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from mindrl.config import ConfigError, load_config
+from mindrl.dock import DockClient, create_dock, shutdown_dock
+from mindrl.dock.schema import RUN_FIELDS, chunk_step_fields
 from mindrl.envs.batched_reach import BatchedReach
 from mindrl.envs.demonstrations import record_expert
 from mindrl.envs.embodied import VectorEnv
@@ -20,7 +22,12 @@ from mindrl.planner.render import environments_line
 from mindrl.planner.report import environments, plan_run_memory
 from mindrl.run_plan import EMBODIED, build_run_plan
 from mindrl.workers.embodied import restarted
-from mindrl.workers.episode_rows import informative_groups, reset_state_ids
+from mindrl.workers.episode_rows import (
+    ChunkSteps,
+    informative_groups,
+    reset_state_ids,
+    rows_to_put,
+)
 from trainers.driver.setup import RunSetupError, _preflight
 from trainers.driver.train import train
 from trainers.registry import get_algorithm
@@ -213,12 +220,20 @@ def test_cloning_restarts_an_ended_episode_and_keeps_the_live_ones():
 
 
 def test_the_recipes_plan_runs_the_episodes_and_the_update_on_the_actor_alone():
-    plan = build_run_plan(GRPO, load_config(RECIPE, algorithm=GRPO))
+    config = load_config(RECIPE, algorithm=GRPO)
+    plan = build_run_plan(GRPO, config)
     assert (plan.runner, plan.mode, plan.model_roles) == (EMBODIED, "collocated", ("actor",))
-    assert [(s.name, s.role, s.reads) for s in plan.stages] == [
-        ("rollout", "actor", ()),
-        ("update", "actor", ()),
+    # The rollout puts each chunk step into the dock; the update claims them.
+    step = ("images", "states", "prompt_ids", "response_ids", "rollout_logprob", "action_valid")
+    assert [(s.name, s.role, s.reads, s.writes) for s in plan.stages] == [
+        ("rollout", "actor", (), (*step, "advantages")),
+        ("update", "actor", (*step, "advantages"), ()),
     ]
+    env = config.env
+    chunk_steps = env.horizon // env.chunk_size * env.num_envs
+    assert plan.dock_groups * plan.group_size == chunk_steps
+    ppo = build_run_plan(PPO, load_config(RECIPE, algorithm=PPO)).stage("update")
+    assert ppo.reads == (*step, "advantages", "values", "returns")
 
 
 def test_the_plan_sizes_the_policy_generating_with_its_training_model_and_chunk_step_rows():
@@ -405,6 +420,64 @@ def test_dapo_drops_the_groups_without_both_a_success_and_a_failure(placed_runs)
         assert record["grad_norm"] > 0
 
 
+def chunk_steps_of(rows: int, generator: torch.Generator) -> ChunkSteps:
+    """``rows`` chunk steps of 8x8 images, 3 state dimensions, 2-word instructions and
+    chunks of 2 actions of 3 dimensions, each figure drawn at random."""
+
+    def floats(*shape: int) -> torch.Tensor:
+        return torch.randn(rows, *shape, generator=generator)
+
+    return ChunkSteps(
+        images=torch.randint(0, 256, (rows, 8, 8, 3), generator=generator, dtype=torch.uint8),
+        states=floats(3),
+        prompt_ids=torch.randint(0, 40, (rows, 2), generator=generator),
+        action_ids=torch.randint(0, 256, (rows, 6), generator=generator),
+        logprobs=floats(6),
+        rewards=floats(2),
+        valid=torch.rand(rows, 2, generator=generator) > 0.3,
+        values=floats(2),
+        advantages=floats(2),
+        returns=floats(2),
+        kept=torch.rand(rows, generator=generator) > 0.2,
+    )
+
+
+@pytest.mark.ray
+def test_chunk_steps_come_back_from_the_dock_as_they_were_put(ray_cluster):
+    """Each chunk step is a dock sample: what the update fetches is the rollout's rows,
+    an action of a dropped group no longer valid, the figures the dock's float32."""
+    steps = chunk_steps_of(12, torch.Generator().manual_seed(3))
+    fields = chunk_step_fields(value_head=True)
+    handle = create_dock(RUN_FIELDS, {"rollout": [], "update": list(fields)}, 16, timeout_s=20)
+    try:
+        dock = DockClient(handle)
+        indexes = np.arange(4, 16)
+        dock.put(indexes, steps.dock_fields(value_head=True))
+        (claimed,) = dock.claim("update", list(fields), 12)
+        assert sorted(claimed.tolist()) == indexes.tolist()
+        back = ChunkSteps.from_dock(dock.fetch(indexes, list(fields)), (8, 8, 3))
+    finally:
+        shutdown_dock(handle)
+    for name in ("images", "prompt_ids", "action_ids"):
+        assert torch.equal(getattr(back, name), getattr(steps, name)), name
+    for name in ("states", "logprobs", "values", "advantages", "returns"):
+        assert torch.equal(getattr(back, name), getattr(steps, name).float()), name
+    assert torch.equal(back.valid, steps.valid & steps.kept.unsqueeze(-1))
+    assert back.kept.all() and len(back.rewards) == 0
+
+
+def test_ranks_put_their_live_chunk_steps_and_as_few_others_as_split_them_evenly():
+    live = {0: [True, True, False, True], 1: [False, True, False, True]}
+    counts = [3, 2]  # 5 live rows do not split over 2 ranks: rank 0 gives one more
+    put = {r: rows_to_put(torch.tensor(rows), counts, r).tolist() for r, rows in live.items()}
+    assert put == {0: [True, True, True, True], 1: [False, True, False, True]}
+    # A rank without a spare row leaves it to the next; counts that split need none.
+    full, sparse = torch.tensor([True] * 4), torch.tensor([False, False, True, False])
+    assert rows_to_put(full, [4, 1], 0).tolist() == [True] * 4
+    assert rows_to_put(sparse, [4, 1], 1).tolist() == [True, False, True, False]
+    assert rows_to_put(sparse, [3, 1], 1).tolist() == sparse.tolist()
+
+
 def test_a_group_is_informative_only_with_both_a_success_and_a_failure():
     success = np.array([1, 0, 1, 1, 0, 0, 1, 0], dtype=bool)
     groups = np.array([5, 5, 7, 7, 9, 9, 3, 3])  # mixed, all succeeded, all failed, mixed
@@ -427,6 +500,9 @@ def test_two_iterations_of_the_embodied_recipe_clone_train_and_record_success(
         assert record["entropy"] > 0
         assert record["env_s"] > 0 and record["generate_s"] > 0
         assert record["env_frames_per_s"] > record["epoch_frames_per_s"] > 0
+        # Every chunk step with a valid action went through the dock (the first chunk
+        # of each of the 16 episodes at least), in a number the 2 ranks split evenly.
+        assert 16 <= record["chunk_steps"] <= 32 and record["chunk_steps"] % 2 == 0
     # The behaviour-cloned start runs once, before the first rollout.
     assert set(records[0]["time"]) == {"clone", "rollout", "update"}
     assert set(records[1]["time"]) == {"rollout", "update"}

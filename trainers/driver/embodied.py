@@ -1,12 +1,13 @@
-"""One iteration of an embodied run, collocated: the actor's ranks step their vector
-environments with the vision-language-action policy, then train on those episodes
-(docs/architecture.md §15).
+"""One iteration of an embodied run: the actor's ranks step their vector environments
+with the vision-language-action policy and put each chunk step into the dock, then train
+on the samples the driver claims for them (docs/architecture.md §15).
 
 ``rollout`` (every actor rank: reset, ``horizon / chunk_size`` chunk steps of generate
--> chunk_step, the episodes' advantages) -> ``update`` (every actor rank: epochs x
-mini-batches on its own chunk steps). The episodes never leave the ranks that stepped
-them (mindrl/workers/embodied.py): the driver hands out the iteration and gets the
-episodes' sums and the update's metrics back, which make the record.
+-> chunk_step, the episodes' advantages, the chunk steps put into the dock) -> ``update``
+(the driver claims the samples for the actor's data-parallel ranks; each fetches its
+share and takes epochs x mini-batches on it) -> the dock is cleared for the next
+iteration. The driver carries indexes and gets the episodes' sums and the update's
+metrics back, which make the record (mindrl/workers/embodied.py).
 """
 
 from __future__ import annotations
@@ -22,13 +23,20 @@ from trainers.driver.state import RunState
 #: Behaviour-cloning steps per call to the actor's ranks: a progress line after each.
 CLONE_STEPS_PER_CALL = 50
 #: The rollout reports' sums over the data-parallel leaders (mindrl/workers/embodied.py).
-EPISODE_SUMS = ("episodes", "successes", "return_sum", "length_sum", "groups_dropped")
+EPISODE_SUMS = (
+    "episodes",
+    "successes",
+    "return_sum",
+    "length_sum",
+    "groups_dropped",
+    "chunk_steps",
+)
 
 
 class EmbodiedRunner(IterationRunner):
     """Runs an embodied run's iterations (module docstring). The shared runner's ledger,
-    stage timing, memory record and checkpoint hooks are reused; it has no batch source
-    of its own (nothing goes through the dock)."""
+    stage timing, claims, memory record and checkpoint hooks are reused; it has no batch
+    source of its own (the ranks put the samples themselves)."""
 
     def __init__(self, run: RunState) -> None:
         super().__init__(run, BatchSource)
@@ -40,7 +48,9 @@ class EmbodiedRunner(IterationRunner):
         if iteration == 0 and self.config.env.clone_steps:
             cloned = self._clone(ledger)
         episodes = self.stage(ledger, "rollout", self._rollout, iteration)
-        updates = self.stage(ledger, "update", self._update_episodes)
+        chunk_steps = int(episode_sums(episodes)["chunk_steps"])
+        updates = self.stage(ledger, "update", self._update_chunk_steps, chunk_steps)
+        self.timed_dock(ledger, self.run.dock.clear)
         seconds = time.perf_counter() - start
         return self._record(episodes, cloned + updates, ledger, seconds)
 
@@ -70,11 +80,20 @@ class EmbodiedRunner(IterationRunner):
             "embodied_rollout", iteration, stage="rollout", timeout_s=self.timeout
         )
 
-    def _update_episodes(self) -> list[dict]:
+    def _update_chunk_steps(self, chunk_steps: int) -> list[dict]:
+        """The actor's ranks train on the rollout's ``chunk_steps`` samples, each
+        data-parallel rank on its claimed share, in as many mini-batches as
+        ``actor.mini_batch_size`` groups make (at most one per sample of the smallest
+        share: every rank takes every step)."""
+        stage = self.plan.stage("update")
+        parts = self._by_dp_rank("update", stage.role, list(stage.reads), chunk_steps)
         per_step = self.config.actor.mini_batch_size or self.G
-        minibatches = max(-(-self.G // per_step), 1)
-        return self.run.groups["actor"].call(
-            "embodied_update", minibatches, stage="update", timeout_s=self.timeout
+        minibatches = max(min(-(-self.G // per_step), min(len(p) for p in parts)), 1)
+        return self.run.groups["actor"].call_each(
+            "embodied_update",
+            [(part, minibatches) for part in parts],
+            stage="update",
+            timeout_s=self.timeout,
         )
 
     def _record(
@@ -94,6 +113,7 @@ class EmbodiedRunner(IterationRunner):
             "episode_length_mean": sums["length_sum"] / episodes,
             "episodes": sums["episodes"],
             "groups_dropped": sums["groups_dropped"],
+            "chunk_steps": sums["chunk_steps"],
             **mean_by_key(updates, skip=TIMING_KEYS),
             "env_frames_per_s": sums["length_sum"] / rollout_s if rollout_s > 0 else 0.0,
             "epoch_frames_per_s": sums["length_sum"] / epoch_s if epoch_s > 0 else 0.0,
