@@ -11,6 +11,15 @@ when the storage is freed. So inside the mode the count is what a device allocat
 hold for the same program, op by op, transients included (the peak is taken after every
 op).
 
+A storage an op is *given* before any op inside the mode made it was allocated before
+the mode (or outside the dispatcher): it is remembered and never counted, not even when
+a view or an in-place op hands it back (a linear's ``weight.t()``, ``grad.zero_()``;
+``adopt`` counts such tensors on purpose). Counting it at that output instead, as this
+tracker once did, charged a window entered after a warm-up step with the weights and
+the grads a second time, allocations the window never made (``long_context.py``'s
+constant of two float32 models). The inputs of ``lift_fresh`` are the exception: that is
+how ``torch.tensor`` and ``torch.as_tensor`` hand the mode the tensor they just built.
+
 What a CPU run cannot tell apart by itself is what an accelerator run keeps on the
 *host*: the pinned swap buffers, an engine put to sleep. :meth:`LiveBytes.host` and
 :meth:`LiveBytes.host_allocations` say so; those storages are tracked but not counted.
@@ -39,8 +48,13 @@ from torch.utils.weak import WeakIdKeyDictionary
 @dataclass
 class _Entry:
     nbytes: int
-    on_device: bool
+    on_device: bool  # counted: device memory allocated inside the mode
     ref: weakref.ref | None = None
+
+
+#: Ops whose input is a tensor just built outside the dispatcher (``torch.tensor``,
+#: ``torch.as_tensor``, ``torch.from_numpy`` inside the mode): new, not from before it.
+_LIFTS = frozenset(op.default for op in (torch.ops.aten.lift_fresh, torch.ops.aten.lift_fresh_copy))
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,10 @@ class LiveBytes(TorchDispatchMode):
             self._resize = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func not in _LIFTS:  # an input not seen yet was made before the mode
+            for value in tree_flatten((args, kwargs))[0]:
+                if isinstance(value, torch.Tensor):
+                    self._see(value, made_here=False)
         out = func(*args, **(kwargs or {}))
         for value in tree_flatten(out)[0]:
             if isinstance(value, torch.Tensor):
@@ -104,13 +122,15 @@ class LiveBytes(TorchDispatchMode):
         torch.UntypedStorage.resize_ = resize_
 
     # ---- bookkeeping ----------------------------------------------------------------
-    def _see(self, tensor: torch.Tensor) -> None:
+    def _see(self, tensor: torch.Tensor, made_here: bool = True) -> None:
+        """Track ``tensor``'s storage: counted when an op inside the mode made it (an
+        output seen first), remembered uncounted when it existed before (an input)."""
         if tensor.is_sparse or tensor.device.type == "meta":
             return
         storage = tensor.untyped_storage()
         entry = self._entries.get(storage)
         if entry is None:
-            self._add(storage, on_device=self._host_depth == 0)
+            self._add(storage, on_device=made_here and self._host_depth == 0)
         elif entry.nbytes != storage.nbytes():  # an in-place resize through an op
             self._resized(storage)
 
@@ -160,9 +180,9 @@ class LiveBytes(TorchDispatchMode):
                 self._change(-entry.nbytes if on_host else entry.nbytes)
 
     def adopt(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Count tensors made before the mode was entered (device-resident)."""
-        for tensor in tensors:
-            self._see(tensor)
+        """Count tensors made before the mode was entered (device-resident), also those
+        an op inside it was already given (remembered uncounted, see the module doc)."""
+        self.host(tensors, on_host=False)
 
     # ---- windows ----------------------------------------------------------------------
     def window(self, name: str) -> Window:

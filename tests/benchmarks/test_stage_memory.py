@@ -35,6 +35,24 @@ def test_the_tracker_counts_live_storages_once_with_resizes_frees_and_host_memor
         assert live.current == 0 and live.window("second").peak == 4000
 
 
+def test_the_tracker_leaves_out_storages_from_before_it_even_returned_by_views_and_in_place_ops():
+    """A window entered after a warm-up step: the weights' views (a linear's ``weight.t()``)
+    and the grads' in-place zeroing hand back storages the window never allocated."""
+    weight, grad = torch.randn(1000), torch.ones(1000)
+    with LiveBytes() as live:
+        weight.t(), weight.view(10, 100), grad.zero_(), grad.add_(weight)
+        assert live.current == 0
+        product = weight * 2  # a new storage: counted
+        values = torch.tensor([1.0, 2.0])  # built outside the dispatcher, lifted: counted
+        assert live.current == 4008
+        live.adopt([weight])  # counted on purpose, once
+        live.adopt([weight])
+        assert live.current == 8008
+        del product, values
+        gc.collect()
+        assert live.window("step").peak == 8008 and live.current == 4000
+
+
 #: Gradient tolerance per dtype: float32 to rounding; bfloat16 to one unit in the last place
 #: (2**-7 relative), as the two sum a row's float32 terms in different orders before rounding.
 GRAD_TOLERANCE = {torch.float32: (1e-5, 1e-6), torch.bfloat16: (2**-7, 1e-6)}
