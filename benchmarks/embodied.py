@@ -20,6 +20,10 @@ generation's seconds per rollout, in all and per stage. Ratios: each cell's
 
     python benchmarks/embodied.py                        # 4 cells, 6 iterations each
     python benchmarks/embodied.py --json embodied.json --cells hybrid-1 hybrid-2 --repeats 2
+    python benchmarks/embodied.py --config configs/embodied_metaworld.yaml --num-envs 16
+
+Another simulator than BatchedReach (``--config`` naming it) runs at its own step cost:
+Meta-World's push-v3 on CPU MuJoCo, 16 environments, from the initial weights.
 """
 
 from __future__ import annotations
@@ -51,18 +55,27 @@ COMMON = (
     "logging.backends=[]",
     "logging.progress_bar=false",
 )
+#: BatchedReach's default ``render_scale`` here: its simulation then takes about as long
+#: as generation on one rank of the 2-core box.
+REACH_RENDER_SCALE = 8
 #: Per-rollout seconds a record carries (trainers/driver/embodied.py ``stage_seconds``).
 SECONDS = ("env_s", "generate_s")
 
 
 def cell_overrides(cell: str, args: argparse.Namespace) -> list[str]:
-    return [
-        *COMMON,
-        f"env.num_envs={args.num_envs}",
-        f"env.kwargs.render_scale={args.render_scale}",
-        *CELLS[cell],
-        *args.set,
-    ]
+    render = [f"env.kwargs.render_scale={args.render_scale}"] if args.render_scale else []
+    return [*COMMON, f"env.num_envs={args.num_envs}", *render, *CELLS[cell], *args.set]
+
+
+def default_render_scale(args: argparse.Namespace) -> None:
+    """BatchedReach renders at ``--render-scale`` 8 unless told otherwise; another
+    simulator (Meta-World's MuJoCo) has a step cost of its own and no such option."""
+    from mindrl.config import load_config
+    from trainers.registry import get_algorithm
+
+    env = load_config(args.config, [], algorithm=get_algorithm("grpo")).env
+    if args.render_scale is None and (env.cls or "").endswith(":BatchedReach"):
+        args.render_scale = REACH_RENDER_SCALE
 
 
 def train_once(args: argparse.Namespace, overrides: list[str], run_dir: Path) -> list[dict]:
@@ -176,7 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cells", nargs="+", choices=list(CELLS), default=list(CELLS))
     parser.add_argument("--num-envs", type=int, default=64, help="env.num_envs (default 64)")
     parser.add_argument(
-        "--render-scale", type=int, default=8, help="BatchedReach's render_scale (default 8)"
+        "--render-scale",
+        type=int,
+        default=None,
+        help="BatchedReach's render_scale (default 8; none for another simulator)",
     )
     parser.add_argument("--set", nargs="*", default=[], help="dotted overrides for every cell")
     parser.add_argument("--iterations", type=int, default=6)
@@ -193,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print("embodied: error: --iterations must exceed --warmup, --repeats >= 1",
               file=sys.stderr)  # fmt: skip
         return 2
-    if args.num_envs < 4 or args.num_envs % 4 or args.render_scale < 1:
+    if args.num_envs < 4 or args.num_envs % 4 or (args.render_scale or 1) < 1:
         print("embodied: error: --num-envs must be a multiple of 4 (hybrid-4 splits it), "
               "--render-scale >= 1", file=sys.stderr)  # fmt: skip
         return 2
@@ -205,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict[str, Any] = {"machine": machine()}
     try:
+        default_render_scale(args)
         report |= measure(args)
     except (ConfigError, RunSetupError, RuntimeError) as error:
         print(f"embodied: error: {error}", file=sys.stderr)
