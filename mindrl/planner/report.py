@@ -23,11 +23,13 @@ from mindrl.planner.params import model_params
 from mindrl.planner.sample_flow import (
     DockLayout,
     LinkFlow,
+    SampleFlow,
     StageWorkers,
     link_flow,
     sample_flow,
+    stored_sample_flow,
 )
-from mindrl.run_plan import RunPlan, embodied_env_workers
+from mindrl.run_plan import EMBODIED, RunPlan, embodied_env_workers
 
 GB = 1e9
 
@@ -87,7 +89,7 @@ def stage_workers(config: MindRLConfig, plan: RunPlan) -> list[StageWorkers]:
         elif stage.role == "reward":
             nodes, parts = reward_nodes, list(range(config.reward.workers))
             writers = [True] * len(parts)
-        elif stage.name == "rollout":
+        elif stage.name == "rollout" and plan.has_generation_engine:
             first = layout.train_devices if plan.mode == DISAGGREGATED else 0
             ranks = range(first, first + layout.generation.world)
             tp = layout.generation.tp
@@ -132,6 +134,10 @@ def layout_link_flow(
     fields = {f for s in plan.stages for f in (*s.reads, *s.writes)}
     stored = {f: per_sample(f, response_len) for f in fields}
     fetched = {f: per_sample(f, fetched_len) for f in fields}
+    samples, prompt_repeat = config.data.global_batch_size * plan.group_size, plan.group_size
+    if plan.runner == EMBODIED:  # chunk steps, put by the ranks that stepped them
+        stored = fetched = chunk_step_field_bytes(config)
+        samples, prompt_repeat = embodied_samples(config), 1
     nodes = config.resources.nodes
     layout = DockLayout(
         nodes=nodes,
@@ -139,11 +145,59 @@ def layout_link_flow(
         controller_nodes=dict.fromkeys(plan.stage_names, 0),
         local_claims=config.dock.local_claims,
     )
-    samples = config.data.global_batch_size * plan.group_size
     return link_flow(
         stage_workers(config, plan), prompt_fields, samples, layout, stored, fetched,
-        prompt_repeat=plan.group_size,
+        prompt_repeat=prompt_repeat,
     )  # fmt: skip
+
+
+def embodied_samples(config: MindRLConfig) -> int:
+    """The dock samples of an embodied iteration: one per chunk step of every episode."""
+    env = config.env
+    return env.horizon // env.chunk_size * env.num_envs
+
+
+def chunk_step_field_bytes(config: MindRLConfig) -> dict[str, float]:
+    """Bytes of each dock field of one embodied chunk step (``CHUNK_STEP_FIELDS``, and
+    the value head's): the image, the state, the instruction (at most
+    ``rollout.max_prompt_length`` words), the chunk's action ids and log-probs, its
+    valid actions, and one advantage, value and return per unit of
+    ``algorithm.reward_level``."""
+    vla = config.model.vla
+    actions = vla.chunk_size * vla.action_dims
+    units = vla.chunk_size if config.algorithm.reward_level == "action" else 1
+    widths = {
+        "images": vla.image_size**2 * 3,
+        "states": vla.state_dim,
+        "prompt_ids": config.rollout.max_prompt_length,
+        "response_ids": actions,
+        "rollout_logprob": actions,
+        "action_valid": vla.chunk_size,
+        "advantages": units,
+        "values": units,
+        "returns": units,
+    }
+    return {f: float(n * RUN_FIELDS[f].numpy_dtype.itemsize) for f, n in widths.items()}
+
+
+def run_sample_flow(config: MindRLConfig, plan: RunPlan) -> SampleFlow:
+    """One iteration's sample flow: the paper's Eq. 2 for a run of prompts and
+    responses; an embodied run's chunk steps at their fields' sizes."""
+    warehouses, controllers = config.dock.warehouses or config.resources.nodes, len(plan.stages)
+    if plan.runner == EMBODIED:
+        fields = chunk_step_field_bytes(config)
+        sample_bytes = sum(fields[f] for f in plan.stage("update").reads)
+        return stored_sample_flow(embodied_samples(config), sample_bytes, warehouses, controllers)
+    data = config.data
+    return sample_flow(
+        data.global_batch_size,
+        plan.group_size,  # samples per prompt: the responses, or a stored pair's two
+        config.rollout.max_prompt_length,
+        config.rollout.max_response_length,
+        response_fields(plan),
+        warehouses,
+        controllers,
+    )
 
 
 def layout_dict(layout: TrainingLayout) -> dict:
@@ -309,17 +363,8 @@ def build_plan(
     host_bytes: int,
 ) -> dict:
     """The whole plan as a JSON-serialisable dict."""
-    data = config.data
     memory = plan_run_memory(config, plan, device_bytes, library_workspace_bytes(device_name))
-    flow = sample_flow(
-        data.global_batch_size,
-        plan.group_size,  # samples per prompt: the responses, or a stored pair's two
-        config.rollout.max_prompt_length,
-        config.rollout.max_response_length,
-        response_fields(plan),
-        config.dock.warehouses or config.resources.nodes,
-        len(plan.stages),
-    )
+    flow = run_sample_flow(config, plan)
     params = model_params(config.model)
     return {
         "trainer": plan.trainer,

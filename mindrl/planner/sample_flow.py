@@ -35,6 +35,27 @@ def central_volume_bytes(g: int, n: int, prompt_len: int, n_items: int, response
     return float(g * n * (8 * prompt_len + 12 * n_items * response_len))
 
 
+def stored_sample_flow(
+    samples: int, sample_bytes: float, warehouses: int, controllers: int
+) -> SampleFlow:
+    """The same volumes for samples of a known size, each put once and fetched once (an
+    embodied run's chunk steps: mindrl/workers/embodied.py): ``2 * samples *
+    sample_bytes`` through a centralized buffer, that over ``warehouses`` plus the
+    controllers' metadata through each dock endpoint."""
+    central = 2.0 * samples * sample_bytes
+    metadata = float(samples * controllers * METADATA_SCALARS * SCALAR_BYTES)
+    endpoint = central / warehouses + metadata / warehouses
+    return SampleFlow(
+        central_bytes=central,
+        central_seconds=dispatch_seconds(central),
+        warehouses=warehouses,
+        controllers=controllers,
+        dock_endpoint_bytes=endpoint,
+        dock_metadata_bytes=metadata,
+        dock_endpoint_seconds=dispatch_seconds(endpoint),
+    )
+
+
 def dispatch_seconds(volume_bytes: float, mb_per_s: float = INTER_HOST_MB_PER_S) -> float:
     """Paper's dispatch time: GB (2^30 B) * 1024 / (MB/s)."""
     return volume_bytes / 2**30 * 1024 / mb_per_s

@@ -19,7 +19,7 @@ from mindrl.envs.embodied import VectorEnv
 from mindrl.metrics import read_metrics
 from mindrl.planner.activations import MicroBatchShape, micro_batch_shape
 from mindrl.planner.render import environments_line
-from mindrl.planner.report import environments, plan_run_memory
+from mindrl.planner.report import environments, plan_run_memory, run_sample_flow
 from mindrl.run_plan import EMBODIED, build_run_plan
 from mindrl.workers.embodied import restarted
 from mindrl.workers.episode_rows import (
@@ -252,6 +252,19 @@ def test_the_plan_sizes_the_policy_generating_with_its_training_model_and_chunk_
         + config.rollout.max_prompt_length + vla.chunk_size * vla.action_dims - 1,
         logit_positions=min(config.actor.micro_batch_size, rows) * vla.chunk_size * vla.action_dims,
     )  # fmt: skip
+
+
+def test_the_dry_run_counts_each_chunk_step_into_and_out_of_the_dock_at_its_fields_sizes():
+    config = load_config(RECIPE, algorithm=GRPO)
+    flow = run_sample_flow(config, build_run_plan(GRPO, config))
+    vla, env = config.model.vla, config.env
+    actions = vla.chunk_size * vla.action_dims
+    image, state = vla.image_size**2 * 3, vla.state_dim * 4  # uint8 pixels, float32 state
+    instruction = config.rollout.max_prompt_length * 8  # int64 ids
+    chunk = actions * (8 + 4) + vla.chunk_size + 4  # ids, log-probs, valid, one advantage
+    chunk_steps = env.horizon // env.chunk_size * env.num_envs
+    assert flow.central_bytes == 2 * chunk_steps * (image + state + instruction + chunk)
+    assert flow.controllers == 2 and flow.dock_endpoint_bytes > flow.central_bytes
 
 
 @pytest.mark.parametrize(
