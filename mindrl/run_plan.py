@@ -341,7 +341,6 @@ def _embodied_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
     roles = ("actor",)
     layout = resolve_layout(config, roles)
     fields = chunk_step_fields(algorithm.chunk_value_head)
-    chunk_steps = config.env.horizon // config.env.chunk_size * config.env.num_envs
     return RunPlan(
         trainer=algorithm.name,
         mode=layout.mode,
@@ -358,10 +357,17 @@ def _embodied_plan(algorithm: Algorithm, config: MindRLConfig) -> RunPlan:
         group_size=config.data.n_samples_per_prompt,
         uses_groups=algorithm.uses_groups,
         sample_batches=1,
-        dock_groups=chunk_steps // config.data.n_samples_per_prompt,
+        dock_groups=embodied_chunk_steps(config) // config.data.n_samples_per_prompt,
         stage_deadline_s=stage_deadline_s(config),
         options=options,
     )
+
+
+def embodied_chunk_steps(config: MindRLConfig) -> int:
+    """The chunk steps of an embodied iteration, each a dock sample: one per chunk of
+    the horizon in every environment."""
+    env = config.env
+    return env.horizon // env.chunk_size * env.num_envs
 
 
 def embodied_env_workers(config: MindRLConfig, plan: RunPlan) -> int:

@@ -29,7 +29,7 @@ from mindrl.planner.sample_flow import (
     sample_flow,
     stored_sample_flow,
 )
-from mindrl.run_plan import EMBODIED, RunPlan, embodied_env_workers
+from mindrl.run_plan import EMBODIED, RunPlan, embodied_chunk_steps, embodied_env_workers
 
 GB = 1e9
 
@@ -137,7 +137,7 @@ def layout_link_flow(
     samples, prompt_repeat = config.data.global_batch_size * plan.group_size, plan.group_size
     if plan.runner == EMBODIED:  # chunk steps, put by the ranks that stepped them
         stored = fetched = chunk_step_field_bytes(config)
-        samples, prompt_repeat = embodied_samples(config), 1
+        samples, prompt_repeat = embodied_chunk_steps(config), 1
     nodes = config.resources.nodes
     layout = DockLayout(
         nodes=nodes,
@@ -149,12 +149,6 @@ def layout_link_flow(
         stage_workers(config, plan), prompt_fields, samples, layout, stored, fetched,
         prompt_repeat=prompt_repeat,
     )  # fmt: skip
-
-
-def embodied_samples(config: MindRLConfig) -> int:
-    """The dock samples of an embodied iteration: one per chunk step of every episode."""
-    env = config.env
-    return env.horizon // env.chunk_size * env.num_envs
 
 
 def chunk_step_field_bytes(config: MindRLConfig) -> dict[str, float]:
@@ -187,7 +181,8 @@ def run_sample_flow(config: MindRLConfig, plan: RunPlan) -> SampleFlow:
     if plan.runner == EMBODIED:
         fields = chunk_step_field_bytes(config)
         sample_bytes = sum(fields[f] for f in plan.stage("update").reads)
-        return stored_sample_flow(embodied_samples(config), sample_bytes, warehouses, controllers)
+        samples = embodied_chunk_steps(config)
+        return stored_sample_flow(samples, sample_bytes, warehouses, controllers)
     data = config.data
     return sample_flow(
         data.global_batch_size,

@@ -42,7 +42,12 @@ def stored_sample_flow(
     embodied run's chunk steps: mindrl/workers/embodied.py): ``2 * samples *
     sample_bytes`` through a centralized buffer, that over ``warehouses`` plus the
     controllers' metadata through each dock endpoint."""
-    central = 2.0 * samples * sample_bytes
+    return flow_of(2.0 * samples * sample_bytes, samples, warehouses, controllers)
+
+
+def flow_of(central: float, samples: int, warehouses: int, controllers: int) -> SampleFlow:
+    """The flow of ``samples`` whose payloads put ``central`` bytes through a centralized
+    buffer: the same over ``warehouses`` dock endpoints, plus each controller's metadata."""
     metadata = float(samples * controllers * METADATA_SCALARS * SCALAR_BYTES)
     endpoint = central / warehouses + metadata / warehouses
     return SampleFlow(
@@ -72,17 +77,7 @@ def sample_flow(
 ) -> SampleFlow:
     """Volumes for a centralized buffer and for a dock with ``warehouses`` endpoints."""
     central = central_volume_bytes(g, n, prompt_len, n_items, response_len)
-    metadata = float(g * n * controllers * METADATA_SCALARS * SCALAR_BYTES)
-    endpoint = central / warehouses + metadata / warehouses
-    return SampleFlow(
-        central_bytes=central,
-        central_seconds=dispatch_seconds(central),
-        warehouses=warehouses,
-        controllers=controllers,
-        dock_endpoint_bytes=endpoint,
-        dock_metadata_bytes=metadata,
-        dock_endpoint_seconds=dispatch_seconds(endpoint),
-    )
+    return flow_of(central, g * n, warehouses, controllers)
 
 
 # ---- bytes on each node's link, for a layout ----------------------------------------------
