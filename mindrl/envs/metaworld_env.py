@@ -16,9 +16,13 @@ offscreen OpenGL context (MuJoCo's EGL or OSMesa backend), which this project's 
 machines lack, so the policy sees the state only. ``instructions`` name the task in a
 few words of the environment's own vocabulary.
 
-Episodes. Each atomic action gets the task's own reward (0 to 10). An action after
-which ``info["success"]`` holds terminates the episode; ``horizon`` actions truncate
-it. Actions are ``[-1, 1]^4`` (end-effector displacement, gripper effort).
+Episodes. Each atomic action gets the task's own shaped reward (0 to 10), or with
+``reward="success"`` 1 for the action that succeeds and 0 for every other, the sparse
+reward RLinf-VLA trains ManiSkill and LIBERO on. The shaped one pays each step near the
+goal, so a policy earns more by succeeding later (and ending its episode later); the
+sparse one pays success alone. An action after which ``info["success"]`` holds
+terminates the episode; ``horizon`` actions truncate it. Actions are ``[-1, 1]^4``
+(end-effector displacement, gripper effort).
 
 Initial states. Meta-World draws a task's object and goal positions (its "rand_vec")
 per reset from the environment's generator, redrawing until they suit the task (a puck
@@ -77,6 +81,9 @@ TASK_INSTRUCTIONS = {
     "pick-place-v3": "pick the puck and place it at the goal",
 }
 
+#: What ``reward`` may name: the task's shaped reward, or 1 at success and 0 elsewhere.
+REWARDS = ("shaped", "success")
+
 #: Meta-World's own cap on an episode's length (SawyerXYZEnv.max_path_length).
 MAX_HORIZON = 500
 
@@ -103,8 +110,11 @@ class MetaWorldVectorEnv(VectorEnv):
         task: str = "push-v3",
         num_processes: int = 2,
         image_size: int = 64,
+        reward: str = "shaped",
     ) -> None:
         super().__init__(num_envs, chunk_size, horizon, auto_reset, seed, first_env_id)
+        if reward not in REWARDS:
+            raise ValueError(f"MetaWorldVectorEnv: reward must be one of {REWARDS}, got {reward!r}")
         if task not in ALL_V3_ENVIRONMENTS:
             raise ValueError(
                 f"MetaWorldVectorEnv: unknown task {task!r}; pick one of "
@@ -119,6 +129,7 @@ class MetaWorldVectorEnv(VectorEnv):
                 f"of {MAX_HORIZON} actions"
             )
         self.task = task
+        self.sparse_reward = reward == "success"
         self.instruction = instruction_of(task)
         self._expert: Callable[[np.ndarray], np.ndarray] | None = None  # built when asked
         self._shares = np.array_split(np.arange(num_envs), num_processes)
@@ -158,6 +169,8 @@ class MetaWorldVectorEnv(VectorEnv):
             rewards[share], valid[share] = part.rewards, part.valid
             terminations[share], truncations[share] = part.terminations, part.truncations
         success = terminations.any(axis=1)  # an episode terminates only on success
+        if self.sparse_reward:
+            rewards = terminations.astype(np.float32)
         self._ended |= (terminations | truncations).any(axis=1)
         return self.finish_chunk(rewards, terminations, truncations, valid, success)
 

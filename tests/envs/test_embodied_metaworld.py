@@ -88,6 +88,33 @@ def test_the_scripted_expert_succeeds_on_most_episodes_through_the_vector_env(en
     assert success.sum() >= 3, success
 
 
+def test_the_success_reward_pays_one_for_the_succeeding_action_and_nothing_else():
+    env = MetaWorldVectorEnv(
+        num_envs=2,
+        chunk_size=1,
+        horizon=HORIZON,
+        seed=3,
+        task=TASK,
+        num_processes=1,
+        reward="success",
+    )
+    try:
+        act, observations = scripted_expert(TASK), env.reset()
+        returns, success = np.zeros(2), np.zeros(2, dtype=bool)
+        for _ in range(HORIZON):
+            observations, rewards, *_, info = env.chunk_step(act(observations.states)[:, None])
+            returns += np.where(success, 0.0, rewards[:, 0])
+            success |= info["success"]
+            if success.all():
+                break
+    finally:
+        env.close()
+    assert success.all()  # the expert pushes both pucks home
+    np.testing.assert_array_equal(returns, [1.0, 1.0])
+    with pytest.raises(ValueError, match="reward must be one of"):
+        MetaWorldVectorEnv(num_envs=1, reward="dense")
+
+
 def test_two_processes_give_exactly_the_episodes_of_one():
     # A horizon of 4 actions makes the second chunk truncate every episode and reset it.
     kwargs = {"num_envs": 2, "chunk_size": CHUNK, "horizon": 4, "seed": 11, "task": TASK}
