@@ -40,6 +40,8 @@ class OptimSpec:
         distributed_optimizer: use Megatron's ``DistributedDataParallel`` + distributed
             optimizer instead of torch AdamW: Adam moments and fp32 main weights sharded
             over data parallel (ZeRO-1), same step (see ``distributed_optim.py``).
+        value_lr: peak learning rate of the parameters of a value head (names containing
+            ``value_head.``), on the same schedule; ``None``: ``lr``. AdamW path only.
     """
 
     lr: float = 1e-5
@@ -53,6 +55,11 @@ class OptimSpec:
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
     distributed_optimizer: bool = False
+    value_lr: float | None = None
+
+
+#: What names a value head's parameters (the vla family's head on the policy's trunk).
+VALUE_HEAD_PARAM = "value_head."
 
 
 def lr_factor(step: int, optim: OptimSpec) -> float:
@@ -71,9 +78,11 @@ def lr_factor(step: int, optim: OptimSpec) -> float:
 
 def make_optimizer(model: nn.Module, optim: OptimSpec):
     """AdamW over the model's trainable parameters (a LoRA model's adapters only: its
-    frozen base gets no state) and a LambdaLR with :func:`lr_factor`."""
+    frozen base gets no state) and a LambdaLR with :func:`lr_factor`. With
+    ``optim.value_lr`` a value head's parameters are a second param group at that lr
+    (the first group is the rest, whose lr the engine reports)."""
     optimizer = torch.optim.AdamW(
-        [param for param in model.parameters() if param.requires_grad],
+        _param_groups(model, optim),
         lr=optim.lr,
         betas=(optim.adam_beta1, optim.adam_beta2),
         eps=optim.adam_eps,
@@ -81,6 +90,18 @@ def make_optimizer(model: nn.Module, optim: OptimSpec):
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, optim))
     return optimizer, scheduler
+
+
+def _param_groups(model: nn.Module, optim: OptimSpec) -> list[dict]:
+    """The trainable parameters, split off a value head's where it has its own lr."""
+    trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if optim.value_lr is None:
+        return [{"params": [p for _, p in trained]}]
+    head = [p for name, p in trained if VALUE_HEAD_PARAM in name]
+    if not head:
+        raise ValueError("optim.value_lr is set, but the model has no value head to apply it to")
+    rest = [p for name, p in trained if VALUE_HEAD_PARAM not in name]
+    return [{"params": rest}, {"params": head, "lr": optim.value_lr}]
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -213,6 +213,13 @@ class OptimConfig:
         "Megatron DDP + distributed optimizer: Adam moments and fp32 main weights sharded "
         "over data parallel (ZeRO-1), same step; false: torch AdamW, replicated over DP.",
     )
+    value_lr: float | None = option(
+        None,
+        "Peak learning rate of a value head that shares the policy's trunk (the vla family's "
+        "under PPO), on the same schedule; None: lr. The head starts from random weights "
+        "under a cloned trunk, so it may need a larger step. Needs distributed_optimizer: false.",
+        ge=0,
+    )
 
 
 @dataclass

@@ -56,6 +56,7 @@ def validate_config(config: MindRLConfig, algorithm: AlgorithmTraits | None = No
     problems += check_lora(config)
     problems += check_context_parallel(config)
     problems += check_vla(config, algorithm)
+    problems += check_value_lr(config)
     problems += check_validation(config, algorithm)
     placement = placement_problems(config)
     problems += placement
@@ -398,6 +399,24 @@ def check_vla(config: MindRLConfig, algorithm: AlgorithmTraits | None = None) ->
         problems.append(
             f"model.family={model.family} acts in simulators: it trains with env.kind=embodied "
             "(an env.cls VectorEnv); set them, or choose a text model family"
+        )
+    return problems
+
+
+def check_value_lr(config: MindRLConfig) -> list[str]:
+    """``optim.value_lr`` names the lr of a value head on the policy's trunk, which only
+    the vla family's actor has (a critic is a value model as a whole)."""
+    problems = []
+    if config.actor.optim.value_lr is not None and not is_vla(config):
+        problems.append(
+            f"actor.optim.value_lr applies to a value head on the policy (model.family=vla); "
+            f"a {config.model.family} policy has none: remove it (critic.optim.lr sets a "
+            f"critic's)"
+        )
+    if config.critic.optim.value_lr is not None:
+        problems.append(
+            "critic.optim.value_lr: a critic learns values with all its weights; set "
+            "critic.optim.lr instead"
         )
     return problems
 

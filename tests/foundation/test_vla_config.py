@@ -94,3 +94,14 @@ def test_lora_with_the_vla_family_is_refused_in_one_line():
         "actor.lora with model.family=vla is not supported yet (no adapters on its image, "
         "state and value heads); set actor.lora.rank=0"
     ]
+
+
+def test_a_value_lr_without_a_value_head_on_the_policy_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        load_config(TINY, ["actor.optim.value_lr=1e-3", "critic.optim.value_lr=1e-3"])
+    assert [p.removeprefix(f"{TINY}: ") for p in err.value.problems] == [
+        "actor.optim.value_lr applies to a value head on the policy (model.family=vla); a "
+        "llama policy has none: remove it (critic.optim.lr sets a critic's)",
+        "critic.optim.value_lr: a critic learns values with all its weights; set "
+        "critic.optim.lr instead",
+    ]

@@ -82,6 +82,20 @@ def test_the_value_head_gives_one_value_per_row_or_one_per_action(one):
     assert one["tp1"]["scored"]["entropy"].shape == (vla_cases.ROWS, vla_cases.VLA.action_tokens)
 
 
+def test_the_value_head_steps_at_its_own_lr_while_the_trunk_keeps_the_policys(one):
+    # The policy's lr is 0 and the head's 1e-2: only the head moves, by AdamW's first
+    # step of about the lr per weight.
+    step = one["value_lr"]
+    assert step["metrics"]["lr"] == 0.0  # the lr reported is the policy's
+    moved = {}
+    for name, weight in step["weights"].items():
+        moved[name] = (weight - step["initial"][name]).abs().max().item()
+    head = {name for name in moved if "value_head." in name}
+    assert head == {"vla.value_head.weight", "vla.value_head.bias"}
+    assert all(0.5e-2 < moved[name] <= 1.01e-2 for name in head), moved
+    assert all(moved[name] == 0.0 for name in moved.keys() - head)
+
+
 def test_a_one_token_chunk_is_drawn_from_the_same_distribution_by_both_decodes(one):
     auto, parallel = one["one_token"]["autoregressive"], one["one_token"]["parallel"]
     torch.testing.assert_close(auto["logits"], parallel["logits"], **EXACT)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from backends.megatron import MegatronEngine, ParallelSpec
+from backends.megatron import MegatronEngine, OptimSpec, ParallelSpec
 from backends.megatron.builder import destroy_parallel, initialize_parallel
 from backends.megatron.families.vla import (
     ACTION_BINS,
@@ -160,12 +160,15 @@ MICRO_BATCHES = [slice(0, 1), slice(1, ROWS)]
 
 
 def engine_step(
-    parallel: ParallelSpec, checkpoint_root: str | None = None, dp_split: bool = False
+    parallel: ParallelSpec,
+    checkpoint_root: str | None = None,
+    dp_split: bool = False,
+    optim: OptimSpec = NO_CLIP,
 ) -> dict:
-    """The engine's VLA: one AdamW step on an autoregressive chunk's loss over
+    """The engine's VLA: one AdamW step (``optim``) on an autoregressive chunk's loss over
     :data:`MICRO_BATCHES` (with ``dp_split``, one per data-parallel rank), then its
     weights (saved under ``checkpoint_root`` when given)."""
-    engine = MegatronEngine(TRUNK, parallel, NO_CLIP, vla=VLA)
+    engine = MegatronEngine(TRUNK, parallel, optim, vla=VLA)
     micro_batches = MICRO_BATCHES
     if dp_split:
         micro_batches = [MICRO_BATCHES[engine.data_parallel_rank()]]
@@ -208,6 +211,7 @@ def default_size() -> int:
 def on_one_rank(rank: int, world: int, checkpoint_root: str) -> dict:
     return {
         "engine": engine_step(ParallelSpec(), checkpoint_root),
+        "value_lr": engine_step(ParallelSpec(), optim=replace(NO_CLIP, lr=0.0, value_lr=1e-2)),
         "tp1": scored_and_generated(ParallelSpec()),
         "tp1_gaussian": scored_and_generated(ParallelSpec(), GAUSSIAN),
         "one_token": one_token_chunks(),
