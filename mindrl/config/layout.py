@@ -31,6 +31,8 @@ DISAGGREGATED = "disaggregated"
 OFFLINE = "offline"
 #: The process of a disaggregated rollout device (mindrl/workers/rollout_worker.py).
 ROLLOUT_WORKER = "rollout"
+#: An embodied run's environment worker, where it shares its actor rank's device.
+ENV_WORKER = "env"
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,12 @@ class RunLayout:
         rollout_devices: devices of their own that generate (disaggregated), else 0.
         training: each model role's training layout, in plan order (``actor`` first).
         generation: the generation layout; ``None`` when nothing generates (offline).
+        beside: worker processes that share every training device with the model roles
+            (an embodied run's environment workers under ``env.device: accelerator``,
+            ``env.placement: hybrid``).
+        env_devices: devices of their own that environment workers step simulators on
+            (``env.device: accelerator``, ``env.placement: disaggregated``), placed apart
+            from the run's placement group.
     """
 
     mode: str
@@ -101,11 +109,20 @@ class RunLayout:
     rollout_devices: int
     training: dict[str, TrainingLayout]
     generation: GenerationLayout | None
+    beside: tuple[str, ...] = ()
+    env_devices: int = 0
 
     @property
     def devices(self) -> int:
-        """Every device the run uses: the training ones and the rollout workers' own."""
-        return self.train_devices + self.rollout_devices
+        """Every device the run uses: the training ones, the rollout workers' own and
+        the environment workers' own."""
+        return self.train_devices + self.rollout_devices + self.env_devices
+
+    @property
+    def training_processes(self) -> tuple[str, ...]:
+        """The worker processes on each training device: the model roles, then those
+        beside them."""
+        return (*self.training, *self.beside)
 
     def device_processes(self) -> list[tuple[str, ...]]:
         """The placement: the worker processes on each device, by role, in device order.
@@ -117,7 +134,7 @@ class RunLayout:
         per device: Megatron-core's parallel state is one per process, and the roles'
         layouts may differ (docs/architecture.md, Placement).
         """
-        return [tuple(self.training)] * self.train_devices + [
+        return [self.training_processes] * self.train_devices + [
             (ROLLOUT_WORKER,)
         ] * self.rollout_devices
 
@@ -127,7 +144,7 @@ class RunLayout:
         generation TP group. A rollout worker at ``rollout.tp > 1`` owns its group whole:
         its vLLM engine starts one process per device itself."""
         per_worker = self.generation.tp if self.rollout_devices else 1
-        training = [DeviceBundle(tuple(self.training))] * self.train_devices
+        training = [DeviceBundle(self.training_processes)] * self.train_devices
         rollout = DeviceBundle((ROLLOUT_WORKER,), per_worker)
         return training + [rollout] * (self.rollout_devices // per_worker)
 
@@ -161,18 +178,21 @@ def resolve_layout(
     train = training_devices(config, offline)
     rollout = config.rollout.devices if mode == DISAGGREGATED else 0
     generating = rollout if mode == DISAGGREGATED else train
+    training = {role: training_layout(getattr(config, role), config.model, train) for role in roles}
+    env_workers = config.env.worker_devices
     return RunLayout(
         mode=mode,
         train_devices=train,
         rollout_devices=rollout,
-        training={
-            role: training_layout(getattr(config, role), config.model, train) for role in roles
-        },
+        training=training,
         generation=(
             None
             if mode == OFFLINE
             else GenerationLayout(generating, config.rollout.tp, config.rollout.ep)
         ),
+        beside=(ENV_WORKER,) if env_workers == "shared" else (),
+        # One environment worker per actor rank (run_plan.embodied_env_workers).
+        env_devices=training["actor"].world if env_workers == "own" and "actor" in training else 0,
     )
 
 

@@ -18,6 +18,8 @@ ENV_PLACEMENTS = ("collocated", "hybrid", "disaggregated")
 HYBRID, ENV_DISAGGREGATED = "hybrid", "disaggregated"
 #: The placements that step a rank's simulators in an environment worker of its own.
 ENV_WORKER_PLACEMENTS = (HYBRID, ENV_DISAGGREGATED)
+#: Where an embodied run's simulators hold their arrays (``env.device``), the default first.
+ENV_DEVICES = ("cpu", "accelerator")
 
 
 def family_names() -> tuple[str, ...]:
@@ -749,6 +751,16 @@ class EnvConfig:
         "the actor's (one placement group, spread over the cluster's nodes).",
         choices=ENV_PLACEMENTS,
     )
+    device: str = option(
+        "cpu",
+        "embodied: where the simulators step. cpu: on the host (CPU slots); accelerator: "
+        "on the run's device layer, the env class built with device=<torch device> (a GPU "
+        "simulator's, such as ManiSkill's): collocated, the rank's own device; hybrid, the "
+        "environment worker takes a share of its rank's device, so simulation, generation "
+        "and training share one (RLinf-VLA's hybrid); disaggregated, each environment "
+        "worker holds a device of its own, beyond resources.nodes x devices_per_node.",
+        choices=ENV_DEVICES,
+    )
     pipeline_stages: int = option(
         1,
         "embodied: sub-simulators each rank's environments split into (RLinf's "
@@ -815,6 +827,15 @@ class EnvConfig:
     def embodied(self) -> bool:
         """Whether the run steps a vector of simulators (``kind: embodied``)."""
         return self.kind == "embodied"
+
+    @property
+    def worker_devices(self) -> str | None:
+        """How an embodied run's environment workers hold devices: ``"shared"`` (a share
+        of their actor rank's: hybrid on accelerators), ``"own"`` (one each:
+        disaggregated on accelerators), or None (CPU slots, or no workers)."""
+        if not self.embodied or self.device != "accelerator":
+            return None
+        return {HYBRID: "shared", ENV_DISAGGREGATED: "own"}.get(self.placement)
 
     @property
     def clones_expert(self) -> bool:

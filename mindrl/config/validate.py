@@ -525,11 +525,11 @@ def check_env(config: MindRLConfig) -> list[str]:
             f"env.clone_steps={env.clone_steps} clones a simulator's scripted expert: it "
             "needs env.kind=embodied; set env.clone_steps=0"
         )
-    if env.placement != ENV_PLACEMENTS[0] or env.pipeline_stages != 1:
+    if env.placement != ENV_PLACEMENTS[0] or env.pipeline_stages != 1 or env.device != "cpu":
         problems.append(
-            f"env.placement={env.placement} / env.pipeline_stages={env.pipeline_stages} place "
-            "a simulator's steps: they need env.kind=embodied (text environments have "
-            "env.workers); remove them"
+            f"env.placement={env.placement} / env.pipeline_stages={env.pipeline_stages} / "
+            f"env.device={env.device} place a simulator's steps: they need env.kind=embodied "
+            "(text environments have env.workers); remove them"
         )
     if not env.enabled:
         return problems

@@ -38,6 +38,7 @@ exactly the trajectories of the whole one.
 from __future__ import annotations
 
 import abc
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -311,15 +312,25 @@ def make_vector_env(
     seed: int = 0,
     first_env_id: int = 0,
     kwargs: dict[str, Any] | None = None,
+    device: str | None = None,
 ) -> VectorEnv:
-    """The vector environment ``path`` names, built with the run's sizes and ``kwargs``.
+    """The vector environment ``path`` names, built with the run's sizes and ``kwargs``,
+    and with ``device=device`` where given (``env.device: accelerator``).
 
     Raises:
-        EnvConfigError: the class cannot be loaded, refuses ``kwargs``, or the sizes
-            do not fit together.
+        EnvConfigError: the class cannot be loaded, refuses ``kwargs``, takes no
+            ``device`` where one is given, or the sizes do not fit together.
     """
     cls = load_vector_env_class(path)
     kwargs = dict(kwargs or {})
+    if device is not None:
+        if "device" not in inspect.signature(cls).parameters:
+            raise EnvConfigError(
+                f"env.device=accelerator builds env.cls with device={device!r}, but "
+                f"{cls.__name__} takes no device keyword (it steps on the host): set "
+                "env.device=cpu"
+            )
+        kwargs["device"] = device
     try:
         return cls(
             num_envs=num_envs,

@@ -205,8 +205,10 @@ def build_stages(
     auto_reset: bool,
     seed: int,
     kwargs: dict[str, Any] | None = None,
+    device: str | None = None,
 ) -> LocalStages:
-    """The vector environments of ``layout``'s stages, built in this process."""
+    """The vector environments of ``layout``'s stages, built in this process (on
+    ``device``, where given: ``env.device: accelerator``)."""
     envs = [
         make_vector_env(
             path,
@@ -217,6 +219,7 @@ def build_stages(
             seed=seed,
             first_env_id=layout.first_env_id_of(stage),
             kwargs=kwargs,
+            device=device,
         )
         for stage in range(layout.count)
     ]

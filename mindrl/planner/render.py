@@ -52,12 +52,18 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
 
 def environments_line(envs: dict) -> str:
     """Where an embodied run's simulators step, in one line."""
+    on_devices = envs.get("device") == "accelerator"
+    beside = "a share of its rank's device" if on_devices else "one CPU slot each"
+    apart = "devices" if on_devices else "CPUs"
     where = {
         "hybrid": f"stepped by {envs['env_workers']} environment worker(s), one beside each "
-        "actor rank (one CPU slot each)",
-        "disaggregated": f"stepped by {envs['env_workers']} environment worker(s) on CPUs "
+        f"actor rank ({beside})",
+        "disaggregated": f"stepped by {envs['env_workers']} environment worker(s) on {apart} "
         "reserved apart from the actor's (one placement group, spread over the nodes)",
-    }.get(envs["placement"], "stepped in the actor ranks' own processes")
+    }.get(
+        envs["placement"],
+        "stepped in the actor ranks' own processes" + (" on their devices" if on_devices else ""),
+    )
     return (
         f"environments: {envs['num_envs']} {envs['class']}, {envs['per_rank']} per actor "
         f"rank, {where}, in {envs['pipeline_stages']} pipeline stage(s) ({envs['placement']})"

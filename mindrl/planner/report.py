@@ -347,6 +347,7 @@ def environments(config: MindRLConfig, plan: RunPlan) -> dict | None:
         "placement": env.placement,
         "pipeline_stages": env.pipeline_stages,
         "env_workers": embodied_env_workers(config, plan),
+        "device": env.device,
     }
 
 

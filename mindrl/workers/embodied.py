@@ -100,7 +100,10 @@ class EmbodiedActor:
         self.groups = env.num_envs // self.group_size
         per_rank = env.num_envs // dp_size
         self.env: SimulatorStages = start_stages(
-            config, StageLayout(per_rank, dp_rank * per_rank, env.pipeline_stages), rank
+            config,
+            StageLayout(per_rank, dp_rank * per_rank, env.pipeline_stages),
+            rank,
+            engine.device,
         )
         self.vla: VLASpec = engine.vla
         check_fits(

@@ -4,11 +4,14 @@ policy reads and writes what they observe and take."""
 
 from __future__ import annotations
 
+from backends.device import Device
 from backends.megatron.families.vla import ACTION_BINS, VLASpec
+from mindrl.config.layout import resolve_layout
 from mindrl.config.schema import ENV_DISAGGREGATED, ENV_WORKER_PLACEMENTS, MindRLConfig
 from mindrl.envs.embodied import EnvConfigError, no_expert_line
 from mindrl.envs.stages import EnvDescription, SimulatorStages, StageLayout, build_stages
-from mindrl.workers.vector_env_worker import start_remote_stages
+from mindrl.workers.placement import device_share
+from mindrl.workers.vector_env_worker import EnvWorkerPlace, start_remote_stages
 
 
 def check_fits(
@@ -50,11 +53,13 @@ def check_fits(
         )
 
 
-def start_stages(config: MindRLConfig, layout: StageLayout, rank: int) -> SimulatorStages:
+def start_stages(
+    config: MindRLConfig, layout: StageLayout, rank: int, device: Device
+) -> SimulatorStages:
     """Actor rank ``rank``'s environments as ``env.pipeline_stages`` stages, stepped in
     this process (``env.placement: collocated``) or by an environment worker: beside it
     (``hybrid``) or in the rank's bundle of the run's environment-worker group
-    (``disaggregated``)."""
+    (``disaggregated``); on ``device``'s accelerators under ``env.device: accelerator``."""
     env = config.env
     options = {
         "chunk_size": env.chunk_size,
@@ -64,6 +69,24 @@ def start_stages(config: MindRLConfig, layout: StageLayout, rank: int) -> Simula
         "kwargs": env.kwargs,
     }
     if env.placement in ENV_WORKER_PLACEMENTS:
-        bundle = rank if env.placement == ENV_DISAGGREGATED else None
-        return start_remote_stages(env.cls, layout, bundle=bundle, **options)
-    return build_stages(env.cls, layout, **options)
+        place = env_worker_place(config, rank, device)
+        return start_remote_stages(env.cls, layout, place=place, **options)
+    on_device = str(device.device()) if env.device == "accelerator" else None
+    return build_stages(env.cls, layout, device=on_device, **options)
+
+
+def env_worker_place(config: MindRLConfig, rank: int, device: Device) -> EnvWorkerPlace:
+    """Where actor rank ``rank``'s environment worker goes (``env.placement``,
+    ``env.device``): a CPU slot on the rank's node; a share of the rank's device, in
+    its bundle (actor rank ``r`` holds bundle ``r`` of the run's placement group,
+    mindrl/workers/placement.py); or bundle ``rank`` of the environment-worker group,
+    with a device of its own or not."""
+    env = config.env
+    if env.placement == ENV_DISAGGREGATED:
+        return EnvWorkerPlace(bundle=rank, device=device if env.worker_devices else None)
+    if env.worker_devices is None:
+        return EnvWorkerPlace()
+    bundle = resolve_layout(config).bundles()[rank]
+    share = device_share(len(bundle.processes)) * bundle.devices
+    cpus = config.resources.cpus_per_worker
+    return EnvWorkerPlace(rank, device, share, cpus, beside_rank=True)

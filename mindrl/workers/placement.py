@@ -56,6 +56,8 @@ def check_capacity(layout: RunLayout, device: Device, available: float) -> None:
     what = f"{layout.train_devices} training"
     if layout.rollout_devices:
         what += f" + {layout.rollout_devices} generating"
+    if layout.env_devices:
+        what += f" + {layout.env_devices} simulating (env.device=accelerator)"
     raise PlacementError(
         f"the plan needs {layout.devices} {device.name} devices ({what}; "
         f"resources.nodes x resources.devices_per_node), the Ray cluster has "

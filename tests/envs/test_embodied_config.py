@@ -51,7 +51,11 @@ def test_a_trainer_on_an_embodied_env_with_a_text_model_is_refused_in_one_line()
             "env.clone_steps=100 clones a simulator's scripted expert: it needs "
             "env.kind=embodied; set env.clone_steps=0",
         ),
-        (["env.placement=hybrid"], "env.placement=hybrid / env.pipeline_stages=1 place a"),
+        (
+            ["env.placement=hybrid"],
+            "env.placement=hybrid / env.pipeline_stages=1 / env.device=cpu place",
+        ),
+        (["env.device=accelerator"], "env.device=accelerator place a simulator"),
         ([*EMBODIED, "env.placement=remote"], "env.placement"),
     ],
 )

@@ -99,12 +99,17 @@ def test_an_environment_worker_refusing_its_keywords_says_so_in_one_line():
 def test_a_disaggregated_environment_worker_steps_in_its_ranks_bundle_of_the_runs_group():
     from ray.util.placement_group import remove_placement_group
 
-    from mindrl.workers.vector_env_worker import reserve_env_workers, start_remote_stages
+    from mindrl.workers.vector_env_worker import (
+        EnvWorkerPlace,
+        reserve_env_workers,
+        start_remote_stages,
+    )
 
     group = reserve_env_workers(2, timeout_s=60)
     groups = np.repeat(np.arange(4), 2)
     actions = random_actions(NUM_ENVS, HORIZON // CHUNK + 1, CHUNK, seed=6)
-    remote = start_remote_stages(PATH, StageLayout(NUM_ENVS, FIRST, 2), bundle=1, **OPTIONS)
+    layout, place = StageLayout(NUM_ENVS, FIRST, 2), EnvWorkerPlace(bundle=1)
+    remote = start_remote_stages(PATH, layout, place=place, **OPTIONS)
     try:
         assert ray.get(remote.worker.where.remote())[1] == group.id.hex()
         for mine, theirs in zip(
@@ -121,5 +126,11 @@ def test_a_disaggregated_environment_worker_steps_in_its_ranks_bundle_of_the_run
 def test_environment_workers_the_cluster_cannot_hold_are_refused_in_one_line():
     from mindrl.workers.vector_env_worker import reserve_env_workers
 
-    with pytest.raises(StageTimeoutError, match="cannot place 4096 environment workers of 1 CPU"):
+    with pytest.raises(StageTimeoutError, match="cannot place 4096 environment workers of "):
         reserve_env_workers(4096, timeout_s=1)
+
+
+def test_a_simulator_that_steps_on_the_host_refuses_a_device_in_one_line():
+    line = r"BatchedReach takes no device keyword \(it steps on the host\): set env.device=cpu"
+    with pytest.raises(EnvConfigError, match=line):
+        build_stages(PATH, StageLayout(NUM_ENVS, 0, 1), device="cuda:0", **OPTIONS)

@@ -19,8 +19,10 @@ import pytest
 from backends.device.cuda import CudaDevice
 from mindrl.config import load_config
 from mindrl.run_plan import build_run_plan
+from mindrl.workers.embodied_setup import env_worker_place
 from mindrl.workers.group import WorkerGroup
 from mindrl.workers.placement import DevicePlacement, PlacementError
+from mindrl.workers.vector_env_worker import reserve_env_workers
 from trainers.registry import get_algorithm
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
@@ -55,6 +57,20 @@ def stand_in_class():
                 "resources": context.get_assigned_resources(),
                 "visible": os.environ.get(self.env) if self.env else None,
             }
+
+        def start_env_worker(self, place) -> dict:
+            """A stand-in environment worker started as this rank starts its real one
+            (the real options, computed in the rank's process), and its report."""
+            import ray
+
+            from mindrl.workers.vector_env_worker import env_worker_options
+
+            worker = (
+                ray.remote(type(self))
+                .options(**env_worker_options(place))
+                .remote(self.rank, self.size, "env", self.env)
+            )
+            return ray.get(worker.report.remote())
 
     return StandIn
 
@@ -185,3 +201,75 @@ def test_a_plan_needing_more_devices_than_the_cluster_has_is_refused_at_once(
         "resources.devices_per_node), the Ray cluster has 4 (GPU); lower "
         "resources.devices_per_node or resources.nodes, or add devices to the cluster"
     )
+
+
+#: The embodied recipe on 2 devices, its simulators on the accelerators.
+EMBODIED_ON_DEVICES = [
+    "resources.devices_per_node=2",
+    "resources.cpus_per_worker=0.5",
+    "env.device=accelerator",
+]
+
+
+def place_env_workers(placement: str) -> tuple[list[dict], list[dict], object]:
+    """The embodied recipe's actor ranks placed as start-up places them, each starting
+    its environment worker as the real rank does: the ranks' and the workers' reports."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    device = CudaDevice()
+    config = load_config(
+        "configs/embodied_reach.yaml",
+        [*EMBODIED_ON_DEVICES, f"env.placement={placement}"],
+        get_algorithm("grpo"),
+    )
+    plan = build_run_plan(get_algorithm("grpo"), config)
+    env_group = reserve_env_workers(2, 60, device) if placement == "disaggregated" else None
+    placement_group = DevicePlacement(device, plan.layout, config.resources.cpus_per_worker, 60)
+    actors = placement_group.start(
+        "actor", ray.remote(stand_in_class()), ("actor", device.visible_devices_env)
+    )
+    try:
+        ranks = actors.call("report", stage="probe", timeout_s=60)
+        places = [env_worker_place(config, rank, device) for rank in range(2)]
+        calls = [w.start_env_worker.remote(p) for w, p in zip(actors.workers, places, strict=True)]
+        envs = ray.get(calls, timeout=60)
+    finally:
+        actors.shutdown()
+        placement_group.remove()
+        if env_group is not None:
+            remove_placement_group(env_group)
+    return ranks, envs, plan
+
+
+def test_hybrid_environment_workers_share_their_actor_ranks_device(fake_accelerator_node):
+    ranks, envs, plan = place_env_workers("hybrid")
+    assert plan.layout.device_processes() == [("actor", "env")] * 2
+    for rank, env in zip(ranks, envs, strict=True):
+        # The same accelerator and visible device as its rank, half of it each.
+        assert env["accelerators"]["GPU"] == rank["accelerators"]["GPU"]
+        assert env["visible"] == rank["visible"] == rank["accelerators"]["GPU"][0]
+        assert env["resources"]["GPU"] == rank["resources"]["GPU"] == pytest.approx(0.5)
+        assert env["node"] == rank["node"] == fake_accelerator_node.node_id
+    assert len({rank["visible"] for rank in ranks}) == 2
+
+
+def test_disaggregated_environment_workers_hold_devices_of_their_own(fake_accelerator_node):
+    ranks, envs, plan = place_env_workers("disaggregated")
+    assert plan.layout.devices == 4 and plan.layout.env_devices == 2
+    held = [tuple(r["accelerators"]["GPU"]) for r in ranks + envs]
+    assert all(len(ids) == 1 for ids in held) and len(set(held)) == 4  # none shared
+    assert all(env["resources"]["GPU"] == pytest.approx(1.0) for env in envs)
+
+
+def test_environment_devices_the_cluster_lacks_are_refused_with_the_actors_at_once(
+    fake_accelerator_node,
+):
+    config = load_config(
+        "configs/embodied_reach.yaml",
+        [*EMBODIED_ON_DEVICES, "resources.devices_per_node=4", "env.placement=disaggregated"],
+        get_algorithm("grpo"),
+    )
+    plan = build_run_plan(get_algorithm("grpo"), config)
+    with pytest.raises(PlacementError, match=r"needs 8 cuda devices \(4 training \+ 4 simulating"):
+        DevicePlacement(CudaDevice(), plan.layout, 0.5, 60)

@@ -137,8 +137,8 @@ def launch_run(
         on_connected()
     plan = run.plan
     reward = "" if plan.offline or run.config.env.embodied else ", reward"
-    if run.config.env.embodied and env_workers(run.config, plan):  # the actor's ranks start them
-        reward = f", env x {env_workers(run.config, plan)} (with the actor)"
+    if embodied_env_workers(run.config, plan):  # the actor's ranks start them
+        reward = f", env x {embodied_env_workers(run.config, plan)} (with the actor)"
     rollout = f", rollout x {plan.layout.rollout_devices}" if plan.mode == DISAGGREGATED else ""
     trainers = f"{' + '.join(plan.model_roles)} x {plan.layout.train_devices}"
     phase(f"starting worker processes: {trainers}{rollout}{reward}")
@@ -317,10 +317,11 @@ def serves_judge(config: MindRLConfig) -> bool:
 
 
 def env_workers(config: MindRLConfig, plan: RunPlan) -> int:
-    """Environment workers a run places (one CPU slot each): a text run's
-    ``env.workers``; an embodied run's (``run_plan.embodied_env_workers``)."""
+    """Environment workers a run places on CPU slots of their own: a text run's
+    ``env.workers``; an embodied run's (``run_plan.embodied_env_workers``) unless they
+    hold devices (``env.device: accelerator``: the layout counts those)."""
     if config.env.embodied:
-        return embodied_env_workers(config, plan)
+        return 0 if config.env.worker_devices else embodied_env_workers(config, plan)
     return config.env.workers if config.env.enabled else 0
 
 
@@ -370,7 +371,8 @@ def _place_workers(run: RunState, device_name: str) -> None:
     )
     if config.env.embodied and config.env.placement == ENV_DISAGGREGATED:
         workers = embodied_env_workers(config, plan)
-        run.env_workers = reserve_env_workers(workers, plan.stage_deadline_s)
+        own = device if config.env.worker_devices == "own" else None
+        run.env_workers = reserve_env_workers(workers, plan.stage_deadline_s, own)
     started: dict[str, dict[str, Any]] = {}  # group -> worker name -> its start-up call
     for role in plan.model_roles:
         specs = engine_specs(
