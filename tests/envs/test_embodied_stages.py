@@ -97,7 +97,7 @@ def test_an_environment_worker_refusing_its_keywords_says_so_in_one_line():
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_disaggregated_environment_worker_steps_in_its_ranks_bundle_of_the_runs_group():
-    from ray.util.placement_group import remove_placement_group
+    from ray.util.placement_group import placement_group_table, remove_placement_group
 
     from mindrl.workers.vector_env_worker import (
         EnvWorkerPlace,
@@ -111,7 +111,12 @@ def test_a_disaggregated_environment_worker_steps_in_its_ranks_bundle_of_the_run
     layout, place = StageLayout(NUM_ENVS, FIRST, 2), EnvWorkerPlace(bundle=1)
     remote = start_remote_stages(PATH, layout, place=place, **OPTIONS)
     try:
-        assert ray.get(remote.worker.where.remote())[1] == group.id.hex()
+        node, group_id = ray.get(remote.worker.where.remote())
+        assert group_id == group.id.hex()
+        # SPREAD over the session's three Ray nodes: the two bundles on two nodes, and
+        # the worker on its bundle's.
+        nodes = placement_group_table(group)["bundles_to_node_id"]
+        assert len(set(nodes.values())) == 2 and node == nodes[1]
         for mine, theirs in zip(
             episode(remote, groups, actions), episode(stages(1), groups, actions), strict=True
         ):
