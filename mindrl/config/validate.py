@@ -26,6 +26,7 @@ from mindrl.config.layout import (
 )
 from mindrl.config.schema import (
     EMBODIED_LEVELS,
+    ENV_DEVICES,
     ENV_PLACEMENTS,
     LORA_OUTPUT_TARGET,
     LORA_TARGETS,
@@ -525,7 +526,11 @@ def check_env(config: MindRLConfig) -> list[str]:
             f"env.clone_steps={env.clone_steps} clones a simulator's scripted expert: it "
             "needs env.kind=embodied; set env.clone_steps=0"
         )
-    if env.placement != ENV_PLACEMENTS[0] or env.pipeline_stages != 1 or env.device != "cpu":
+    if (
+        env.placement != ENV_PLACEMENTS[0]
+        or env.pipeline_stages != 1
+        or env.device != ENV_DEVICES[0]
+    ):
         problems.append(
             f"env.placement={env.placement} / env.pipeline_stages={env.pipeline_stages} / "
             f"env.device={env.device} place a simulator's steps: they need env.kind=embodied "

@@ -10,7 +10,7 @@ from mindrl.config.layout import resolve_layout
 from mindrl.config.schema import ENV_DISAGGREGATED, ENV_WORKER_PLACEMENTS, MindRLConfig
 from mindrl.envs.embodied import EnvConfigError, no_expert_line
 from mindrl.envs.stages import EnvDescription, SimulatorStages, StageLayout, build_stages
-from mindrl.workers.placement import device_share
+from mindrl.workers.placement import bundle_share
 from mindrl.workers.vector_env_worker import EnvWorkerPlace, start_remote_stages
 
 
@@ -86,7 +86,6 @@ def env_worker_place(config: MindRLConfig, rank: int, device: Device) -> EnvWork
         return EnvWorkerPlace(bundle=rank, device=device if env.worker_devices else None)
     if env.worker_devices is None:
         return EnvWorkerPlace()
-    bundle = resolve_layout(config).bundles()[rank]
-    share = device_share(len(bundle.processes)) * bundle.devices
+    share = bundle_share(resolve_layout(config).bundles()[rank])
     cpus = config.resources.cpus_per_worker
     return EnvWorkerPlace(rank, device, share, cpus, beside_rank=True)

@@ -26,7 +26,7 @@ from ray.util.placement_group import (
 )
 
 from backends.device import Device
-from mindrl.config.layout import RunLayout
+from mindrl.config.layout import DeviceBundle, RunLayout
 from mindrl.workers.group import WorkerGroup, on_bundle, wait_for_placement
 
 #: Ray keeps resource amounts in units of 1e-4; a share is rounded down to one, so k
@@ -42,6 +42,11 @@ def device_share(processes: int) -> float:
     """Each of ``processes`` processes' share of one device, rounded down to Ray's unit."""
     units = math.floor(1 / (processes * RAY_RESOURCE_UNIT))
     return units * RAY_RESOURCE_UNIT
+
+
+def bundle_share(bundle: DeviceBundle) -> float:
+    """Each process's share of ``bundle``'s devices (all of them, for one alone in it)."""
+    return device_share(len(bundle.processes)) * bundle.devices
 
 
 def cluster_devices(device: Device) -> float:
@@ -122,8 +127,7 @@ class DevicePlacement:
         bundle's devices (every device of it, for a process alone in a bundle)."""
         options = []
         for index in self.bundles_of(role):
-            bundle = self.bundles[index]
-            share = device_share(len(bundle.processes)) * bundle.devices
+            share = bundle_share(self.bundles[index])
             options.append(
                 on_bundle(
                     self.group, index, self.device.ray_actor_options(self.cpus_per_worker, share)
